@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU box's check: bash scripts/gpu_check.sh OUTDIR
+# For a machine with torch, triton, transformers and pytest preinstalled and no network:
+# installs this package without touching those, runs the GPU tests, the rest of the suite
+# (on CUDA tensors where a test's device fixture picks CUDA) and the demo. Every step
+# runs even when an earlier one failed; the exit code is non-zero if any step failed.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+
+failed=()
+step() { # step NAME COMMAND...: run it, remember a failure, carry on
+    local name=$1
+    shift
+    "$@" || failed+=("$name (exit $?)")
+}
+
+environment() {
+    nvidia-smi
+    python3 -c 'import sys, torch, triton
+print("python", sys.version.split()[0])
+print("torch", torch.__version__, "cuda", torch.version.cuda)
+print("triton", triton.__version__)'
+    echo "git $(git rev-parse --verify -q HEAD || echo 'unknown (no .git or no commit)')"
+}
+install() { python3 -m pip install --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1; }
+gpu_tests() {
+    python3 -m pytest tests -m gpu -q -p no:cacheprovider --junitxml "$out/gpu_tests.xml" 2>&1 |
+        tee "$out/tests.log"
+}
+other_tests() {
+    python3 -m pytest tests -q -m "not gpu" -p no:cacheprovider 2>&1 | tee -a "$out/tests.log"
+}
+demo() { python3 examples/causal_conv1d_demo.py --json "$out/demo.json" 2>&1 | tee "$out/demo.log"; }
+
+step environment environment >"$out/env.txt" 2>&1
+step install install
+step gpu_tests gpu_tests
+step other_tests other_tests
+step demo demo
+
+echo
+echo "=== summary (logs in $out)"
+grep -E '^(FAILED|ERROR) |^=* ?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' \
+    "$out/tests.log"
+sed -n '/^case /,$p' "$out/demo.log"
+if [ ${#failed[@]} -gt 0 ]; then
+    printf 'failed step: %s\n' "${failed[@]}"
+    exit 1
+fi
+echo "all steps passed"

@@ -1,0 +1,62 @@
+"""Every environment variable this project reads, in one place.
+
+Values are read when the attribute is accessed (``vllm.envs.VLLM_USE_TRITON_CONV1D``), not
+at import, so a variable set after import (a test's ``monkeypatch.setenv``, say) takes
+effect. Names not listed here raise AttributeError.
+
+VLLM_USE_TRITON_CONV1D (bool, default True)
+    Which causal-conv1d backend MambaMixer2 uses. True: the whole mixed batch goes
+    through the Triton ``causal_conv1d_fn`` in one launch. False ("0", "false", "no",
+    "off"): the CUDA pathway, prefill and decode tokens through separate CUDA ops.
+
+TRITON_INTERPRET (bool, default False)
+    Triton's own variable: run ``@triton.jit`` kernels in Triton's Python interpreter,
+    on CPU tensors. Read here, with Triton's own reading of the value ("1", "true",
+    "yes", "on", "y"; anything else is False), so that the ops can decide whether CPU
+    tensors go through the Triton kernels. Triton reads it when a kernel is decorated,
+    so it must be set before the kernel modules are imported.
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+_TRUE = ("1", "true", "yes", "on", "y")
+_FALSE = ("0", "false", "no", "off", "n")
+
+
+def _flag(name: str, default: bool) -> bool:
+    """A yes/no variable; unset or empty gives the default, a value we cannot read raises."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"environment variable {name}={os.environ[name]!r}: expected one of "
+        f"{', '.join(_TRUE + _FALSE)}"
+    )
+
+
+def _triton_flag(name: str) -> bool:
+    # Mirrors Triton's own parsing exactly, so that we never disagree with Triton about
+    # whether the interpreter is on.
+    return os.environ.get(name, "").lower() in _TRUE
+
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    "VLLM_USE_TRITON_CONV1D": lambda: _flag("VLLM_USE_TRITON_CONV1D", default=True),
+    "TRITON_INTERPRET": lambda: _triton_flag("TRITON_INTERPRET"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(environment_variables)
