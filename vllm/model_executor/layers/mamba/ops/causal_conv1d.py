@@ -1,0 +1,1171 @@
+"""Triton causal-conv1d kernels for Mamba-family layers.
+
+The operation, per feature ``d`` of a sequence with kernel width ``W``::
+
+    y[t, d] = act(bias[d] + sum_{k<W} w[d, k] * xx[t - (W-1) + k, d])
+
+where ``xx`` is the sequence's tokens preceded by W-1 columns of left context:
+the sequence's cache line when it has an initial state, zeros otherwise.
+``act`` is SiLU or identity. Products and sums are fp32; one cast at the store.
+
+Tensors (logical shapes; the stride that must be 1 in brackets):
+
+- ``x``: (dim, num_tokens) [dim] for ``causal_conv1d_fn``; the token stride may
+  exceed dim (a view into a wider projection). Never copied.
+- ``weight``: (dim, W) [W], 2 <= W <= 8.  ``bias``: (dim,) or None.
+- ``conv_states``: (num_cache_lines, dim, state_len) [dim], state_len >= W-1,
+  any of fp32/fp16/bf16 whatever x's dtype. Mutated in place.
+- ``query_start_loc``: (batch+1,) int32; ``cache_indices``: (batch,) int32;
+  ``has_initial_state``: (batch,) bool.
+
+Cache lines: the W-1 columns of history a sequence starts from are
+``line[:, off : off + W - 1]``, ``off = num_accepted_tokens - 1`` in speculative
+decoding and 0 otherwise. After a step over L tokens, with
+``xx = cat(history, tokens)``, the first ``W - 1 + L - shift`` columns hold
+``xx[:, shift:]``: ``shift = L`` normally (the last W-1 inputs) and
+``shift = min(L, 1)`` in speculative decoding, so the next step can start from
+any accepted prefix. Later columns are left as they are.
+
+Padded rows (cache index == ``pad_slot_id``) get zero outputs; their cache
+lines, and every line no sequence names, are not touched.
+
+``causal_conv1d_fn`` handles a whole continuous-batching step (fresh prefills,
+chunked-prefill continuations and one-token decodes) in one launch. Its grid
+tiles the concatenated token stream, not the sequences, so it needs no host
+data: each program finds its tokens' sequences itself, by binary search over
+``query_start_loc`` or, faster, through the token map of the step's metadata
+(``compute_causal_conv1d_metadata``). Tiles overlap by a few tokens and each
+program picks its boundaries so that every token that reads a cache line as
+context lies in the same program that writes that line back, so states are
+read and written without a race.
+
+``causal_conv1d_update`` serves decode and speculative decode with a grid of
+(batch, feature blocks) fixed by shapes, and no host sync, so it can be
+captured in a CUDA graph, padded rows included.
+
+On CPU tensors both ops run the fp32 references in ``causal_conv1d_ref``,
+unless ``TRITON_INTERPRET=1``, in which case the Triton kernels run through
+the interpreter. Without Triton the module still imports; CUDA calls then
+raise a RuntimeError.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm import envs
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
+    PAD_SLOT_ID,
+    _is_silu,
+    causal_conv1d_ref,
+    causal_conv1d_update_ref,
+)
+from vllm.triton_utils import HAS_TRITON, tl, triton
+
+__all__ = [
+    "PAD_SLOT_ID",
+    "CausalConv1dMetadata",
+    "causal_conv1d_fn",
+    "causal_conv1d_ref",
+    "causal_conv1d_update",
+    "causal_conv1d_update_ref",
+    "compute_causal_conv1d_metadata",
+]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_MIN_WIDTH, _MAX_WIDTH = 2, 8
+
+
+# --------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _count_starts_le(t, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB: tl.constexpr):
+    """Number of sequences b < batch with query_start_loc[b] <= t (t >= -1).
+
+    The sequence holding token t is this count minus one (empty sequences are
+    skipped because the count takes the last start not after t).
+    """
+    if HAS_SEQ_LB:
+        cnt = tl.load(seq_lb_ptr + tl.minimum(t + 1, num_tokens)).to(tl.int64)
+    else:
+        lo = t * 0
+        hi = lo + batch
+        for _ in range(n_search):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            v = tl.load(qsl_ptr + mid, mask=active, other=0)
+            go_right = active & (v <= t)
+            lo = tl.where(go_right, mid + 1, lo)
+            hi = tl.where(active & (v > t), mid, hi)
+        cnt = lo
+    return cnt
+
+
+@triton.jit
+def _tile_boundary(
+    c,
+    qsl_ptr,
+    seq_lb_ptr,
+    num_tokens,
+    batch,
+    n_search,
+    KERNEL_WIDTH: tl.constexpr,
+    OVERLAP: tl.constexpr,
+    HAS_SEQ_LB: tl.constexpr,
+):
+    """First token in [c, c + OVERLAP) where a tile may start.
+
+    A tile may start at a sequence start or at least W-1 tokens into a
+    sequence, never in between: the tokens that read a sequence's cache line
+    then all lie in the tile that writes it. Runs of forbidden positions are
+    at most W-2 long and OVERLAP >= W-1, so one always exists.
+    """
+    o_p = c + tl.arange(0, OVERLAP).to(tl.int64)
+    o_q = tl.maximum(tl.minimum(o_p, num_tokens - 1), 0)
+    seq = tl.maximum(
+        _count_starts_le(o_q, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB) - 1, 0
+    )
+    start = tl.load(qsl_ptr + seq).to(tl.int64)
+    ok = (o_p >= num_tokens) | (o_p == start) | (o_p - start >= KERNEL_WIDTH - 1)
+    b = tl.min(tl.where(ok, o_p, c + OVERLAP), axis=0)
+    return tl.minimum(b, num_tokens)
+
+
+@triton.jit
+def _fwd_rows(
+    x_ptr,
+    state_ptr,
+    qsl_ptr,
+    cache_idx_ptr,
+    has_init_ptr,
+    seq_lb_ptr,
+    out_ptr,
+    r0,
+    b_hi,
+    o_d,
+    m_d,
+    b_bias,
+    b_ws,
+    num_tokens,
+    batch,
+    n_search,
+    pad_slot_id,
+    stride_x_t,
+    stride_state_line,
+    stride_state_col,
+    stride_out_t,
+    KERNEL_WIDTH: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_CACHE_INDICES: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr,
+    HAS_SEQ_LB: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Outputs of tokens [r0, min(r0 + BLOCK_R, b_hi)), any mix of sequences."""
+    o_t = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
+    m_t = o_t < b_hi
+    t_q = tl.minimum(o_t, num_tokens - 1)
+    seq = _count_starts_le(t_q, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB)
+    seq = tl.maximum(seq - 1, 0)
+    start = tl.load(qsl_ptr + seq).to(tl.int64)
+    if HAS_CACHE_INDICES:
+        line = tl.load(cache_idx_ptr + seq).to(tl.int64)
+    else:
+        line = seq
+    m_live = m_t & (line != pad_slot_id)
+    if HAS_INITIAL_STATE:
+        init = tl.load(has_init_ptr + seq).to(tl.int1)
+        m_hist = m_live & init
+    p_line = state_ptr + line * stride_state_line
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32) + b_bias[None, :]
+    for k in tl.static_range(KERNEL_WIDTH):
+        pos = o_t - (KERNEL_WIDTH - 1) + k
+        in_seq = pos >= start
+        p_x = x_ptr + pos[:, None] * stride_x_t + o_d[None, :]
+        b_x = tl.load(p_x, mask=(m_live & in_seq)[:, None] & m_d[None, :], other=0.0)
+        b_v = b_x.to(tl.float32)
+        if HAS_INITIAL_STATE:
+            if k < KERNEL_WIDTH - 1:
+                col = pos - start + (KERNEL_WIDTH - 1)
+                p_h = p_line[:, None] + col[:, None] * stride_state_col + o_d[None, :]
+                m_h = (m_hist & ~in_seq)[:, None] & m_d[None, :]
+                b_v += tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
+        acc += b_v * b_ws[k][None, :]
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    acc = tl.where(m_live[:, None], acc, 0.0)
+    p_out = out_ptr + o_t[:, None] * stride_out_t + o_d[None, :]
+    tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _fwd_final_states(
+    x_ptr,
+    state_ptr,
+    qsl_ptr,
+    cache_idx_ptr,
+    has_init_ptr,
+    s_lo,
+    s_hi,
+    o_d,
+    m_d,
+    pad_slot_id,
+    stride_x_t,
+    stride_state_line,
+    stride_state_col,
+    KERNEL_WIDTH: tl.constexpr,
+    HAS_CACHE_INDICES: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Write the last W-1 inputs of sequences [s_lo, s_hi) into their cache lines.
+
+    Reads of a line (the old history of a short sequence) come before the
+    writes to it: column j is written after every read of a column >= j.
+    """
+    for s0 in range(s_lo, s_hi, BLOCK_S):
+        o_s = s0 + tl.arange(0, BLOCK_S).to(tl.int64)
+        m_s = o_s < s_hi
+        s_start = tl.load(qsl_ptr + o_s, mask=m_s, other=0).to(tl.int64)
+        s_end = tl.load(qsl_ptr + o_s + 1, mask=m_s, other=0).to(tl.int64)
+        if HAS_CACHE_INDICES:
+            s_line = tl.load(cache_idx_ptr + o_s, mask=m_s, other=pad_slot_id).to(tl.int64)
+        else:
+            s_line = o_s
+        m_w = m_s & (s_line != pad_slot_id)
+        p_s_line = state_ptr + s_line * stride_state_line
+        if HAS_INITIAL_STATE:
+            s_init = tl.load(has_init_ptr + o_s, mask=m_s, other=0).to(tl.int1)
+        for j in tl.static_range(KERNEL_WIDTH - 1):
+            s_pos = s_end - (KERNEL_WIDTH - 1) + j
+            s_from_x = s_pos >= s_start
+            p_s_x = x_ptr + s_pos[:, None] * stride_x_t + o_d[None, :]
+            m_s_x = (m_w & s_from_x)[:, None] & m_d[None, :]
+            b_s = tl.load(p_s_x, mask=m_s_x, other=0.0).to(state_ptr.dtype.element_ty)
+            if HAS_INITIAL_STATE:
+                # Short sequence: the rest comes from its own old history.
+                s_col = s_pos - s_start + (KERNEL_WIDTH - 1)
+                p_s_h = p_s_line[:, None] + s_col[:, None] * stride_state_col + o_d[None, :]
+                m_s_h = (m_w & s_init & ~s_from_x)[:, None] & m_d[None, :]
+                b_s_h = tl.load(p_s_h, mask=m_s_h, other=0.0)
+                b_s = tl.where(s_from_x[:, None], b_s, b_s_h)
+            tl.debug_barrier()
+            p_dst = p_s_line[:, None] + j * stride_state_col + o_d[None, :]
+            tl.store(p_dst, b_s, mask=m_w[:, None] & m_d[None, :])
+
+
+@triton.jit(do_not_specialize=["num_tokens", "batch", "n_search"])
+def _causal_conv1d_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    state_ptr,
+    qsl_ptr,
+    cache_idx_ptr,
+    has_init_ptr,
+    seq_lb_ptr,
+    out_ptr,
+    num_tokens,
+    dim,
+    batch,
+    n_search,
+    pad_slot_id,
+    stride_x_t,
+    stride_w_d,
+    stride_state_line,
+    stride_state_col,
+    stride_out_t,
+    KERNEL_WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_CACHE_INDICES: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr,
+    HAS_SEQ_LB: tl.constexpr,
+    OVERLAP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    # Program (i_t, i_d) starts at token t0 = i_t * BLOCK_T of the whole batch
+    # and owns tokens [b_lo, b_hi), each boundary the first allowed start in
+    # [t0, t0 + OVERLAP); neighbours compute the shared boundary alike.
+    pid = tl.program_id(0).to(tl.int64)
+    n_blocks_d = tl.cdiv(dim, BLOCK_D)
+    i_d = pid % n_blocks_d
+    i_t = pid // n_blocks_d
+    n_tiles = tl.maximum(tl.cdiv(num_tokens, BLOCK_T), 1)
+    is_last = i_t == n_tiles - 1
+    t0 = i_t * BLOCK_T
+
+    o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+    m_d = o_d < dim
+    if HAS_BIAS:
+        b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    b_ws = ()
+    for k in tl.static_range(KERNEL_WIDTH):
+        b_ws = b_ws + (tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32),)
+
+    # Interior tile: BLOCK_T tokens of one live sequence, none within W-1 of
+    # its start. Then the tile owns exactly [t0, t0 + BLOCK_T), reads no cache
+    # line and writes none, and each token row is loaded once.
+    t_a = tl.minimum(t0, num_tokens - 1)
+    t_b = tl.minimum(t0 + BLOCK_T - 1, num_tokens - 1)
+    cnt_a = _count_starts_le(t_a, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB)
+    cnt_b = _count_starts_le(t_b, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB)
+    seq_a = tl.maximum(cnt_a - 1, 0)
+    start_a = tl.load(qsl_ptr + seq_a).to(tl.int64)
+    if HAS_CACHE_INDICES:
+        line_a = tl.load(cache_idx_ptr + seq_a)
+    else:
+        line_a = seq_a
+    interior = ((~is_last) & (cnt_a == cnt_b) & (t0 - start_a >= KERNEL_WIDTH - 1)) & (
+        line_a != pad_slot_id
+    )
+    if interior:
+        # Rolling window of the W-1 rows before each group of BLOCK_G rows.
+        b_win = ()
+        for j in tl.static_range(KERNEL_WIDTH - 1):
+            p_row = x_ptr + (t0 - (KERNEL_WIDTH - 1) + j) * stride_x_t + o_d
+            b_win = b_win + (tl.load(p_row, mask=m_d, other=0.0),)
+        for g0 in range(t0, t0 + BLOCK_T, BLOCK_G):
+            b_rows = b_win
+            for j in tl.static_range(BLOCK_G):
+                p_row = x_ptr + (g0 + j) * stride_x_t + o_d
+                b_rows = b_rows + (tl.load(p_row, mask=m_d, other=0.0),)
+            for r in tl.static_range(BLOCK_G):
+                acc = b_bias
+                for k in tl.static_range(KERNEL_WIDTH):
+                    acc += b_rows[r + k].to(tl.float32) * b_ws[k]
+                if SILU:
+                    acc = acc / (1.0 + tl.exp(-acc))
+                p_out = out_ptr + (g0 + r) * stride_out_t + o_d
+                tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d)
+            b_win = b_rows[BLOCK_G:]
+    else:
+        b_lo = _tile_boundary(
+            t0, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, KERNEL_WIDTH, OVERLAP, HAS_SEQ_LB
+        )
+        b_hi = _tile_boundary(
+            t0 + BLOCK_T,
+            qsl_ptr,
+            seq_lb_ptr,
+            num_tokens,
+            batch,
+            n_search,
+            KERNEL_WIDTH,
+            OVERLAP,
+            HAS_SEQ_LB,
+        )
+        b_hi = tl.where(is_last, num_tokens, b_hi)
+        for r0 in range(b_lo, b_hi, BLOCK_R):
+            _fwd_rows(
+                x_ptr,
+                state_ptr,
+                qsl_ptr,
+                cache_idx_ptr,
+                has_init_ptr,
+                seq_lb_ptr,
+                out_ptr,
+                r0,
+                b_hi,
+                o_d,
+                m_d,
+                b_bias,
+                b_ws,
+                num_tokens,
+                batch,
+                n_search,
+                pad_slot_id,
+                stride_x_t,
+                stride_state_line,
+                stride_state_col,
+                stride_out_t,
+                KERNEL_WIDTH,
+                SILU,
+                HAS_CACHE_INDICES,
+                HAS_INITIAL_STATE,
+                HAS_SEQ_LB,
+                BLOCK_R,
+                BLOCK_D,
+            )
+        # Final states of the sequences starting in [b_lo, b_hi); the last
+        # tile also takes empty sequences at the very end. The barrier puts
+        # every read of a cache line above before the writes below.
+        tl.debug_barrier()
+        s_lo = _count_starts_le(
+            b_lo - 1, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB
+        )
+        s_hi = _count_starts_le(
+            b_hi - 1, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB
+        )
+        s_hi = tl.where(is_last, batch, s_hi)
+        _fwd_final_states(
+            x_ptr,
+            state_ptr,
+            qsl_ptr,
+            cache_idx_ptr,
+            has_init_ptr,
+            s_lo,
+            s_hi,
+            o_d,
+            m_d,
+            pad_slot_id,
+            stride_x_t,
+            stride_state_line,
+            stride_state_col,
+            KERNEL_WIDTH,
+            HAS_CACHE_INDICES,
+            HAS_INITIAL_STATE,
+            BLOCK_S,
+        )
+
+
+@triton.jit
+def _causal_conv1d_update_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    state_ptr,
+    idx_ptr,
+    accepted_ptr,
+    qsl_ptr,
+    out_ptr,
+    dim,
+    seqlen,
+    pad_slot_id,
+    stride_x_seq,
+    stride_x_t,
+    stride_w_d,
+    stride_state_line,
+    stride_state_col,
+    stride_out_seq,
+    stride_out_t,
+    KERNEL_WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+    IS_SPEC: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SINGLE_TOKEN: tl.constexpr,
+):
+    # One program per (sequence, feature block); the grid depends on shapes
+    # only, so the kernel can be captured in a CUDA graph.
+    i_b = tl.program_id(0).to(tl.int64)
+    i_d = tl.program_id(1).to(tl.int64)
+    o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+    m_d = o_d < dim
+    if HAS_INDICES:
+        line = tl.load(idx_ptr + i_b).to(tl.int64)
+    else:
+        line = i_b
+    live = line != pad_slot_id
+    if IS_VARLEN:
+        tok0 = tl.load(qsl_ptr + i_b).to(tl.int64)
+        n_tok = tl.load(qsl_ptr + i_b + 1).to(tl.int64) - tok0
+        p_x0 = x_ptr + tok0 * stride_x_t
+        p_out0 = out_ptr + tok0 * stride_out_t
+    else:
+        n_tok = seqlen
+        p_x0 = x_ptr + i_b * stride_x_seq
+        p_out0 = out_ptr + i_b * stride_out_seq
+    if IS_SPEC:
+        off = tl.load(accepted_ptr + i_b).to(tl.int64) - 1
+    else:
+        off = 0
+    p_line = state_ptr + line * stride_state_line
+
+    if SINGLE_TOKEN:
+        # One token: the whole window [history, x] is one small tile; the
+        # line's new content is that tile shifted up by one row.
+        o_w = tl.arange(0, BLOCK_C)
+        from_h = o_w < KERNEL_WIDTH - 1
+        p_h = p_line + (off + o_w)[:, None] * stride_state_col + o_d[None, :]
+        b_h = tl.load(p_h, mask=(from_h & live)[:, None] & m_d[None, :], other=0.0)
+        b_x = tl.load(p_x0 + o_d, mask=m_d & live, other=0.0)
+        b_xx = tl.where(from_h[:, None], b_h.to(tl.float32), b_x.to(tl.float32)[None, :])
+        p_w = w_ptr + o_d[None, :] * stride_w_d + o_w[:, None]
+        b_w = tl.load(p_w, mask=(o_w < KERNEL_WIDTH)[:, None] & m_d[None, :], other=0.0)
+        acc = tl.sum(b_xx * b_w.to(tl.float32), axis=0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        acc = tl.where(live, acc, 0.0)
+        tl.store(p_out0 + o_d, acc.to(out_ptr.dtype.element_ty), mask=m_d)
+        tl.debug_barrier()
+        p_dst = p_line + (o_w - 1)[:, None] * stride_state_col + o_d[None, :]
+        m_dst = ((o_w >= 1) & (o_w < KERNEL_WIDTH) & live)[:, None] & m_d[None, :]
+        tl.store(p_dst, b_xx.to(state_ptr.dtype.element_ty), mask=m_dst)
+    else:
+        # Outputs. Window position q < W-1 reads history column off + q, later
+        # positions read the tokens.
+        for l0 in range(0, n_tok, BLOCK_L):
+            o_l = l0 + tl.arange(0, BLOCK_L).to(tl.int64)
+            m_l = (o_l < n_tok) & live
+            acc = tl.zeros([BLOCK_L, BLOCK_D], dtype=tl.float32)
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+            for k in tl.static_range(KERNEL_WIDTH):
+                q = o_l + k
+                from_h = q < KERNEL_WIDTH - 1
+                p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
+                b_h = tl.load(p_h, mask=(m_l & from_h)[:, None] & m_d[None, :], other=0.0)
+                p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
+                b_x = tl.load(p_x, mask=(m_l & ~from_h)[:, None] & m_d[None, :], other=0.0)
+                b_v = tl.where(from_h[:, None], b_h.to(tl.float32), b_x.to(tl.float32))
+                b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32)
+                acc += b_v * b_w[None, :]
+            if SILU:
+                acc = acc / (1.0 + tl.exp(-acc))
+            acc = tl.where(live, acc, 0.0)
+            p_out = p_out0 + o_l[:, None] * stride_out_t + o_d[None, :]
+            tl.store(
+                p_out, acc.to(out_ptr.dtype.element_ty), mask=(o_l < n_tok)[:, None] & m_d[None, :]
+            )
+
+        # Write back xx[shift:] into the first W-1+L-shift columns. Each chunk
+        # reads columns at or after the ones it writes, so a barrier between its
+        # reads and its writes is enough.
+        tl.debug_barrier()
+        if live:
+            if IS_SPEC:
+                shift = tl.minimum(n_tok, 1)
+            else:
+                shift = n_tok
+            n_write = KERNEL_WIDTH - 1 + n_tok - shift
+            for c0 in range(0, n_write, BLOCK_C):
+                o_c = c0 + tl.arange(0, BLOCK_C).to(tl.int64)
+                m_c = o_c < n_write
+                q = o_c + shift
+                from_h = q < KERNEL_WIDTH - 1
+                p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
+                b_h = tl.load(p_h, mask=(m_c & from_h)[:, None] & m_d[None, :], other=0.0)
+                p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
+                b_x = tl.load(p_x, mask=(m_c & ~from_h)[:, None] & m_d[None, :], other=0.0)
+                b_v = tl.where(from_h[:, None], b_h, b_x.to(state_ptr.dtype.element_ty))
+                tl.debug_barrier()
+                p_dst = p_line + o_c[:, None] * stride_state_col + o_d[None, :]
+                tl.store(p_dst, b_v, mask=m_c[:, None] & m_d[None, :])
+
+
+# --------------------------------------------------------------------------
+# Metadata
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class CausalConv1dMetadata:
+    """Per-step data for ``causal_conv1d_fn``, built once and shared by every layer.
+
+    ``token_seq_lb[i]`` is the number of sequences starting before token i
+    (i in [0, num_tokens]); the kernel reads it instead of binary-searching
+    ``query_start_loc`` for every token.
+    """
+
+    query_start_loc: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    token_seq_lb: torch.Tensor
+    num_tokens: int
+    batch_size: int
+    max_query_len: int
+
+
+def compute_causal_conv1d_metadata(
+    query_start_loc_cpu: torch.Tensor, device: torch.device | str
+) -> CausalConv1dMetadata:
+    """Build the step's metadata from host offsets; copies to ``device`` are non-blocking."""
+    qsl = query_start_loc_cpu
+    if not isinstance(qsl, torch.Tensor) or qsl.device.type != "cpu":
+        raise ValueError("query_start_loc_cpu must be a CPU tensor")
+    if qsl.dim() != 1 or qsl.numel() < 1 or qsl.dtype != torch.int32:
+        raise ValueError(
+            f"query_start_loc_cpu must be a 1-D int32 tensor of batch+1 offsets, got "
+            f"shape {tuple(qsl.shape)} dtype {qsl.dtype}"
+        )
+    lens = qsl[1:] - qsl[:-1]
+    if int(qsl[0]) != 0 or bool((lens < 0).any()):
+        raise ValueError("query_start_loc_cpu must start at 0 and be non-decreasing")
+    num_tokens = int(qsl[-1])
+    batch = qsl.numel() - 1
+    counts = torch.bincount(qsl[:-1].long(), minlength=num_tokens + 1)
+    seq_lb = torch.zeros(num_tokens + 1, dtype=torch.int32)
+    torch.cumsum(counts[:num_tokens], dim=0, out=seq_lb[1:])
+    device = torch.device(device)
+    if device.type == "cuda":
+        seq_lb = seq_lb.pin_memory()
+        qsl_host = qsl.pin_memory()
+    else:
+        qsl_host = qsl
+    return CausalConv1dMetadata(
+        query_start_loc=qsl_host.to(device, non_blocking=True),
+        query_start_loc_cpu=qsl,
+        token_seq_lb=seq_lb.to(device, non_blocking=True),
+        num_tokens=num_tokens,
+        batch_size=batch,
+        max_query_len=int(lens.max()) if batch else 0,
+    )
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+
+
+def _check_tensor(name, t, device, ndim=None, dtypes=None):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name} must have dtype in ({names}), got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}")
+
+
+def _check_common(x, weight, bias, conv_states, dim, states_name):
+    _check_tensor("weight", weight, x.device, 2, _FLOAT_DTYPES)
+    width = weight.shape[1]
+    if weight.shape[0] != dim:
+        raise ValueError(f"weight must be (dim={dim}, width), got {tuple(weight.shape)}")
+    if not _MIN_WIDTH <= width <= _MAX_WIDTH:
+        raise ValueError(f"weight width must be in [{_MIN_WIDTH}, {_MAX_WIDTH}], got {width}")
+    if weight.stride(1) != 1:
+        raise ValueError(f"weight must have stride(1) == 1, got strides {weight.stride()}")
+    if bias is not None:
+        _check_tensor("bias", bias, x.device, 1, _FLOAT_DTYPES)
+        if bias.shape[0] != dim:
+            raise ValueError(f"bias must be (dim={dim},), got {tuple(bias.shape)}")
+    _check_tensor(states_name, conv_states, x.device, 3, _FLOAT_DTYPES)
+    if conv_states.shape[1] != dim:
+        raise ValueError(
+            f"{states_name} must be (num_cache_lines, dim={dim}, state_len), "
+            f"got {tuple(conv_states.shape)}"
+        )
+    if conv_states.shape[2] < width - 1:
+        raise ValueError(
+            f"{states_name} state_len must be >= width-1 = {width - 1}, got {conv_states.shape[2]}"
+        )
+    if conv_states.stride(1) != 1 and dim > 1:
+        raise ValueError(
+            f"{states_name} must be feature-contiguous (stride(1) == 1; allocate "
+            f"(lines, state_len, dim) and transpose), got strides {conv_states.stride()}"
+        )
+    return width
+
+
+def _check_index(name, t, device, batch):
+    if t is None:
+        return
+    _check_tensor(name, t, device, 1, (torch.int32,))
+    if t.shape[0] != batch:
+        raise ValueError(f"{name} must have batch={batch} entries, got {t.shape[0]}")
+
+
+def _check_cache_indices_data(name, indices, num_lines, batch, pad_slot_id):
+    if indices is None:
+        if batch > num_lines:
+            raise ValueError(
+                f"{name} is None, so sequence b uses line b, but batch={batch} > "
+                f"num_cache_lines={num_lines}"
+            )
+        return
+    idx = indices.cpu()
+    real = idx[idx != pad_slot_id]
+    if bool(((real < 0) | (real >= num_lines)).any()):
+        raise ValueError(f"{name} has entries outside [0, {num_lines}) that are not pad_slot_id")
+    if real.unique().numel() != real.numel():
+        raise ValueError(f"{name} has duplicate cache lines among non-padded sequences")
+
+
+def _check_qsl_data(name, qsl, num_tokens):
+    q = qsl.cpu()
+    if int(q[0]) != 0 or bool((q[1:] < q[:-1]).any()) or int(q[-1]) != num_tokens:
+        raise ValueError(
+            f"{name} must start at 0, be non-decreasing and end at num_tokens={num_tokens}"
+        )
+
+
+def _use_kernel(x: torch.Tensor) -> bool:
+    """CUDA tensors run the kernels; CPU tensors run them only under the interpreter."""
+    if x.is_cuda:
+        if not HAS_TRITON:
+            raise RuntimeError("causal-conv1d on CUDA tensors needs Triton, which is not installed")
+        return True
+    return HAS_TRITON and envs.TRITON_INTERPRET
+
+
+# --------------------------------------------------------------------------
+# causal_conv1d_fn
+# --------------------------------------------------------------------------
+
+
+def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int) -> dict:
+    # One 16-byte vector per thread per token row; interior tiles hold their
+    # STEP + W-1 rows in registers.
+    num_warps = 1
+    return dict(
+        OVERLAP=triton.next_power_of_2(width - 1),
+        BLOCK_T=64,
+        BLOCK_D=16 // elem_size * 32 * num_warps,
+        BLOCK_G=8,
+        BLOCK_R=2,
+        BLOCK_S=4,
+        num_warps=num_warps,
+    )
+
+
+def _fwd_impl(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor | None,
+    has_initial_state: torch.Tensor | None,
+    silu: bool,
+    pad_slot_id: int,
+    token_seq_lb: torch.Tensor | None,
+) -> torch.Tensor:
+    if not _use_kernel(x):
+        return causal_conv1d_ref(
+            x,
+            weight,
+            bias,
+            conv_states,
+            query_start_loc,
+            cache_indices,
+            has_initial_state,
+            "silu" if silu else None,
+            pad_slot_id,
+        )
+    dim, num_tokens = x.shape
+    batch = query_start_loc.shape[0] - 1
+    width = weight.shape[1]
+    out = torch.empty(num_tokens, dim, dtype=x.dtype, device=x.device).t()
+    cfg = _fwd_config(num_tokens, dim, width, x.element_size())
+    n_tiles = max(triton.cdiv(num_tokens, cfg["BLOCK_T"]), 1)
+    grid = (n_tiles * triton.cdiv(dim, cfg["BLOCK_D"]),)
+    _causal_conv1d_fwd_kernel[grid](
+        x,
+        weight,
+        bias,
+        conv_states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        token_seq_lb,
+        out,
+        num_tokens,
+        dim,
+        batch,
+        batch.bit_length(),
+        pad_slot_id,
+        x.stride(1),
+        weight.stride(0),
+        conv_states.stride(0),
+        conv_states.stride(2),
+        out.stride(1),
+        KERNEL_WIDTH=width,
+        HAS_BIAS=bias is not None,
+        SILU=silu,
+        HAS_CACHE_INDICES=cache_indices is not None,
+        HAS_INITIAL_STATE=has_initial_state is not None,
+        HAS_SEQ_LB=token_seq_lb is not None,
+        **cfg,
+    )
+    return out
+
+
+def causal_conv1d_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    pad_slot_id: int = PAD_SLOT_ID,
+    metadata: CausalConv1dMetadata | None = None,
+    validate_data: bool = False,
+) -> torch.Tensor:
+    """Causal conv1d over a whole continuous-batching step, in one launch.
+
+    Returns ``out`` (dim, num_tokens) in x's dtype with ``out.stride(0) == 1``,
+    and updates the cache line of every non-padded sequence (see the module
+    docstring). ``cache_indices=None`` means sequence b uses line b;
+    ``has_initial_state=None`` means no sequence has one.
+
+    ``metadata`` from ``compute_causal_conv1d_metadata`` (built once per step)
+    lets the kernel map tokens to sequences with one load. Without it the
+    kernel binary-searches ``query_start_loc`` on the device; neither path
+    syncs with the host. ``validate_data=True`` adds checks that read device
+    data (and so sync).
+    """
+    _check_tensor("x", x, x.device if isinstance(x, torch.Tensor) else None, 2, _FLOAT_DTYPES)
+    dim, num_tokens = x.shape
+    if x.stride(0) != 1 and dim > 1:
+        raise ValueError(
+            f"x must be feature-contiguous (x.stride(0) == 1, shape (dim, num_tokens)), "
+            f"got strides {x.stride()}"
+        )
+    _check_common(x, weight, bias, conv_states, dim, "conv_states")
+    _check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
+    if query_start_loc.shape[0] < 1:
+        raise ValueError("query_start_loc must have batch+1 >= 1 entries")
+    batch = query_start_loc.shape[0] - 1
+    _check_index("cache_indices", cache_indices, x.device, batch)
+    if has_initial_state is not None:
+        _check_tensor("has_initial_state", has_initial_state, x.device, 1, (torch.bool,))
+        if has_initial_state.shape[0] != batch:
+            raise ValueError(
+                f"has_initial_state must have batch={batch} entries, "
+                f"got {has_initial_state.shape[0]}"
+            )
+    silu = _is_silu(activation)
+    token_seq_lb = None
+    if metadata is not None:
+        if not isinstance(metadata, CausalConv1dMetadata):
+            raise ValueError(
+                "metadata must come from compute_causal_conv1d_metadata, got "
+                f"{type(metadata).__name__}"
+            )
+        if metadata.num_tokens != num_tokens or metadata.batch_size != batch:
+            raise ValueError(
+                f"metadata was built for {metadata.num_tokens} tokens in "
+                f"{metadata.batch_size} sequences, but x has {num_tokens} tokens and "
+                f"query_start_loc {batch} sequences"
+            )
+        if metadata.token_seq_lb.device != x.device:
+            raise ValueError(f"metadata is on {metadata.token_seq_lb.device}, x on {x.device}")
+        token_seq_lb = metadata.token_seq_lb
+    if validate_data:
+        _check_qsl_data("query_start_loc", query_start_loc, num_tokens)
+        _check_cache_indices_data(
+            "cache_indices", cache_indices, conv_states.shape[0], batch, pad_slot_id
+        )
+    elif cache_indices is None and batch > conv_states.shape[0]:
+        raise ValueError(
+            f"cache_indices is None, so sequence b uses line b, but batch={batch} > "
+            f"num_cache_lines={conv_states.shape[0]}"
+        )
+    args = (
+        x,
+        weight,
+        bias,
+        conv_states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        silu,
+        pad_slot_id,
+        token_seq_lb,
+    )
+    if torch.compiler.is_compiling():
+        return torch.ops.vllm.causal_conv1d_fwd(*args)
+    return _fwd_impl(*args)
+
+
+# --------------------------------------------------------------------------
+# causal_conv1d_update
+# --------------------------------------------------------------------------
+
+
+def _update_config(batch: int, dim: int, block_l: int, width: int) -> dict:
+    # Enough programs to cover the GPU several times over, at least 32 features each.
+    target = triton.cdiv(batch * dim, 132 * 2)
+    block_d = min(256, max(32, triton.next_power_of_2(target)))
+    block_c = triton.next_power_of_2(width - 1 + block_l - 1 + (block_l == 1))
+    num_warps = 4 if block_d >= 256 else 1
+    return dict(BLOCK_L=block_l, BLOCK_C=block_c, BLOCK_D=block_d, num_warps=num_warps)
+
+
+def _update_impl(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    conv_state_indices: torch.Tensor | None,
+    num_accepted_tokens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    max_query_len: int,
+    pad_slot_id: int,
+) -> torch.Tensor:
+    if not _use_kernel(x):
+        return causal_conv1d_update_ref(
+            x,
+            conv_state,
+            weight,
+            bias,
+            silu,
+            conv_state_indices,
+            num_accepted_tokens,
+            query_start_loc,
+            pad_slot_id,
+        )
+    width = weight.shape[1]
+    if query_start_loc is not None:
+        batch = query_start_loc.shape[0] - 1
+        dim = x.shape[1]
+        seqlen = 0
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        strides_x = (0, x.stride(0))
+        strides_out = (0, out.stride(0))
+        hint = max_query_len if max_query_len > 0 else 4
+    elif x.dim() == 2:
+        batch, dim = x.shape
+        seqlen = 1
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        strides_x = (x.stride(0), 0)
+        strides_out = (out.stride(0), 0)
+        hint = 1
+    else:
+        batch, dim, seqlen = x.shape
+        out = torch.empty(batch, seqlen, dim, dtype=x.dtype, device=x.device).transpose(1, 2)
+        strides_x = (x.stride(0), x.stride(2))
+        strides_out = (out.stride(0), out.stride(2))
+        hint = seqlen
+    cfg = _update_config(batch, dim, min(triton.next_power_of_2(max(hint, 1)), 8), width)
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
+    _causal_conv1d_update_kernel[grid](
+        x,
+        weight,
+        bias,
+        conv_state,
+        conv_state_indices,
+        num_accepted_tokens,
+        query_start_loc,
+        out,
+        dim,
+        seqlen,
+        pad_slot_id,
+        strides_x[0],
+        strides_x[1],
+        weight.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(2),
+        strides_out[0],
+        strides_out[1],
+        KERNEL_WIDTH=width,
+        HAS_BIAS=bias is not None,
+        SILU=silu,
+        HAS_INDICES=conv_state_indices is not None,
+        IS_SPEC=num_accepted_tokens is not None,
+        IS_VARLEN=query_start_loc is not None,
+        SINGLE_TOKEN=query_start_loc is None and seqlen == 1,
+        **cfg,
+    )
+    return out
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | bool | None = None,
+    conv_state_indices: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+    max_query_len: int = -1,
+    pad_slot_id: int = PAD_SLOT_ID,
+    metadata: CausalConv1dMetadata | None = None,
+    validate_data: bool = False,
+    *,
+    cache_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode / speculative-decode step; returns ``out`` shaped like x.
+
+    x is (batch, dim), (batch, dim, seqlen) with ``stride(1) == 1``, or with
+    ``query_start_loc`` (num_tokens, dim). ``num_accepted_tokens`` turns on
+    speculative decoding (see the module docstring for the cache-line window).
+    ``max_query_len`` (or ``metadata.max_query_len``) only sizes the token
+    tile of the varlen form; any length is computed correctly. The grid
+    depends on shapes only and nothing syncs with the host, so the call can
+    be captured in a CUDA graph.
+    """
+    if cache_seqlens is not None:
+        raise ValueError(
+            "cache_seqlens (circular-buffer conv state) is not supported; cache lines "
+            "are kept in order, see num_accepted_tokens for speculative decoding"
+        )
+    _check_tensor("x", x, x.device if isinstance(x, torch.Tensor) else None, None, _FLOAT_DTYPES)
+    if query_start_loc is not None:
+        if x.dim() != 2:
+            raise ValueError(
+                f"with query_start_loc, x must be (num_tokens, dim), got shape {tuple(x.shape)}"
+            )
+        _check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
+        if query_start_loc.shape[0] < 1:
+            raise ValueError("query_start_loc must have batch+1 >= 1 entries")
+        batch, dim, seqlen = query_start_loc.shape[0] - 1, x.shape[1], None
+    elif x.dim() == 2:
+        batch, dim, seqlen = x.shape[0], x.shape[1], 1
+    elif x.dim() == 3:
+        batch, dim, seqlen = x.shape
+    else:
+        raise ValueError(
+            f"x must be (batch, dim), (batch, dim, seqlen) or, with query_start_loc, "
+            f"(num_tokens, dim); got shape {tuple(x.shape)}"
+        )
+    feat_stride = x.stride(1)
+    if feat_stride != 1 and dim > 1:
+        raise ValueError(f"x must be feature-contiguous (stride 1 along dim), got {x.stride()}")
+    width = _check_common(x, weight, bias, conv_state, dim, "conv_state")
+    silu = _is_silu(activation)
+    _check_index("conv_state_indices", conv_state_indices, x.device, batch)
+    if metadata is not None:
+        if not isinstance(metadata, CausalConv1dMetadata):
+            raise ValueError(
+                "metadata must come from compute_causal_conv1d_metadata, got "
+                f"{type(metadata).__name__}"
+            )
+        if metadata.batch_size != batch:
+            raise ValueError(f"metadata was built for batch {metadata.batch_size}, got {batch}")
+        if max_query_len <= 0:
+            max_query_len = metadata.max_query_len
+    state_len = conv_state.shape[2]
+    if num_accepted_tokens is not None:
+        _check_index("num_accepted_tokens", num_accepted_tokens, x.device, batch)
+        longest = seqlen if seqlen is not None else max_query_len
+        if longest is not None and longest > 0 and state_len < width - 2 + longest:
+            raise ValueError(
+                f"conv_state state_len={state_len} is too short for speculative decoding of "
+                f"{longest} tokens with width {width}: needs >= width-1+seqlen-1 = "
+                f"{width - 2 + longest}"
+            )
+    if validate_data:
+        _check_cache_indices_data(
+            "conv_state_indices", conv_state_indices, conv_state.shape[0], batch, pad_slot_id
+        )
+        lens = None
+        if query_start_loc is not None:
+            _check_qsl_data("query_start_loc", query_start_loc, x.shape[0])
+            q = query_start_loc.cpu()
+            lens = q[1:] - q[:-1]
+        if num_accepted_tokens is not None:
+            acc = num_accepted_tokens.cpu()
+            if lens is None:
+                lens = torch.full((batch,), seqlen)
+            live = (
+                conv_state_indices.cpu() != pad_slot_id
+                if conv_state_indices is not None
+                else torch.ones(batch, dtype=torch.bool)
+            )
+            # History [acc-1, acc-1+W-1) and the written window must fit in the line.
+            bad = live & (
+                (acc < 1)
+                | (acc - 1 + width - 1 > state_len)
+                | (width - 1 + lens - lens.clamp(max=1) > state_len)
+            )
+            if bool(bad.any()):
+                raise ValueError(
+                    f"num_accepted_tokens out of range for state_len={state_len}, width={width}: "
+                    f"needs 1 <= n and n-1+width-1 <= state_len"
+                )
+    elif conv_state_indices is None and batch > conv_state.shape[0]:
+        raise ValueError(
+            f"conv_state_indices is None, so sequence b uses line b, but batch={batch} > "
+            f"num_cache_lines={conv_state.shape[0]}"
+        )
+    args = (
+        x,
+        conv_state,
+        weight,
+        bias,
+        silu,
+        conv_state_indices,
+        num_accepted_tokens,
+        query_start_loc,
+        max_query_len,
+        pad_slot_id,
+    )
+    if torch.compiler.is_compiling():
+        return torch.ops.vllm.causal_conv1d_update(*args)
+    return _update_impl(*args)
+
+
+# --------------------------------------------------------------------------
+# torch.library registration (for torch.compile and opcheck)
+# --------------------------------------------------------------------------
+
+
+@torch.library.custom_op("vllm::causal_conv1d_fwd", mutates_args=("conv_states",))
+def _causal_conv1d_fwd_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor | None,
+    has_initial_state: torch.Tensor | None,
+    silu: bool,
+    pad_slot_id: int,
+    token_seq_lb: torch.Tensor | None,
+) -> torch.Tensor:
+    return _fwd_impl(
+        x,
+        weight,
+        bias,
+        conv_states,
+        query_start_loc,
+        cache_indices,
+        has_initial_state,
+        silu,
+        pad_slot_id,
+        token_seq_lb,
+    )
+
+
+@_causal_conv1d_fwd_op.register_fake
+def _(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, silu,
+      pad_slot_id, token_seq_lb):  # fmt: skip
+    return x.new_empty(x.shape[1], x.shape[0]).t()
+
+
+@torch.library.custom_op("vllm::causal_conv1d_update", mutates_args=("conv_state",))
+def _causal_conv1d_update_op(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    conv_state_indices: torch.Tensor | None,
+    num_accepted_tokens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    max_query_len: int,
+    pad_slot_id: int,
+) -> torch.Tensor:
+    return _update_impl(
+        x,
+        conv_state,
+        weight,
+        bias,
+        silu,
+        conv_state_indices,
+        num_accepted_tokens,
+        query_start_loc,
+        max_query_len,
+        pad_slot_id,
+    )
+
+
+@_causal_conv1d_update_op.register_fake
+def _(x, conv_state, weight, bias, silu, conv_state_indices, num_accepted_tokens,
+      query_start_loc, max_query_len, pad_slot_id):  # fmt: skip
+    if x.dim() == 3 and query_start_loc is None:
+        return x.new_empty(x.shape[0], x.shape[2], x.shape[1]).transpose(1, 2)
+    return x.new_empty(x.shape)
