@@ -27,12 +27,14 @@ print("triton", triton.__version__)'
     echo "git $(git rev-parse --verify -q HEAD || echo 'unknown (no .git or no commit)')"
 }
 install() { python3 -m pip install --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1; }
+# pytest-xdist, when the box has it, spreads the tests (mostly Triton compiles) over cores.
+parallel=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")
 gpu_tests() {
-    python3 -m pytest tests -m gpu -q -p no:cacheprovider --junitxml "$out/gpu_tests.xml" 2>&1 |
+    python3 -m pytest tests -m gpu $parallel -q -p no:cacheprovider --junitxml "$out/gpu_tests.xml" 2>&1 |
         tee "$out/tests.log"
 }
 other_tests() {
-    python3 -m pytest tests -q -m "not gpu" -p no:cacheprovider 2>&1 | tee -a "$out/tests.log"
+    python3 -m pytest tests -q -m "not gpu" $parallel -p no:cacheprovider 2>&1 | tee -a "$out/tests.log"
 }
 demo() { python3 examples/causal_conv1d_demo.py --json "$out/demo.json" 2>&1 | tee "$out/demo.log"; }
 

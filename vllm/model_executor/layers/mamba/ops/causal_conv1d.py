@@ -137,6 +137,8 @@ def _tile_boundary(
 @triton.jit
 def _fwd_rows(
     x_ptr,
+    w_ptr,
+    bias_ptr,
     state_ptr,
     qsl_ptr,
     cache_idx_ptr,
@@ -145,27 +147,33 @@ def _fwd_rows(
     out_ptr,
     r0,
     b_hi,
-    o_d,
-    m_d,
-    b_bias,
-    b_ws,
+    d_base,
     num_tokens,
+    dim,
     batch,
     n_search,
     pad_slot_id,
     stride_x_t,
+    stride_w_d,
     stride_state_line,
     stride_state_col,
     stride_out_t,
     KERNEL_WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     HAS_CACHE_INDICES: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
     HAS_SEQ_LB: tl.constexpr,
-    BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_DS: tl.constexpr,
+    DS_STAGES: tl.constexpr,
 ):
-    """Outputs of tokens [r0, min(r0 + BLOCK_R, b_hi)), any mix of sequences."""
+    """Outputs of tokens [r0, min(r0 + BLOCK_R, b_hi)), any mix of sequences.
+
+    Each token's sequence is looked up once; the features are then walked in
+    sub-blocks of BLOCK_DS, whose loads depend on nothing but the lookups.
+    """
     o_t = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
     m_t = o_t < b_hi
     t_q = tl.minimum(o_t, num_tokens - 1)
@@ -178,28 +186,33 @@ def _fwd_rows(
         line = seq
     m_live = m_t & (line != pad_slot_id)
     if HAS_INITIAL_STATE:
-        init = tl.load(has_init_ptr + seq).to(tl.int1)
-        m_hist = m_live & init
+        m_hist = m_live & tl.load(has_init_ptr + seq).to(tl.int1)
     p_line = state_ptr + line * stride_state_line
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32) + b_bias[None, :]
-    for k in tl.static_range(KERNEL_WIDTH):
-        pos = o_t - (KERNEL_WIDTH - 1) + k
-        in_seq = pos >= start
-        p_x = x_ptr + pos[:, None] * stride_x_t + o_d[None, :]
-        b_x = tl.load(p_x, mask=(m_live & in_seq)[:, None] & m_d[None, :], other=0.0)
-        b_v = b_x.to(tl.float32)
-        if HAS_INITIAL_STATE:
-            if k < KERNEL_WIDTH - 1:
-                col = pos - start + (KERNEL_WIDTH - 1)
-                p_h = p_line[:, None] + col[:, None] * stride_state_col + o_d[None, :]
-                m_h = (m_hist & ~in_seq)[:, None] & m_d[None, :]
-                b_v += tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
-        acc += b_v * b_ws[k][None, :]
-    if SILU:
-        acc = acc / (1.0 + tl.exp(-acc))
-    acc = tl.where(m_live[:, None], acc, 0.0)
-    p_out = out_ptr + o_t[:, None] * stride_out_t + o_d[None, :]
-    tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    for d0 in tl.range(0, BLOCK_D, BLOCK_DS, num_stages=DS_STAGES):
+        o_d = d_base + d0 + tl.arange(0, BLOCK_DS).to(tl.int64)
+        m_d = o_d < dim
+        acc = tl.zeros([BLOCK_R, BLOCK_DS], dtype=tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        for k in tl.static_range(KERNEL_WIDTH):
+            pos = o_t - (KERNEL_WIDTH - 1) + k
+            in_seq = pos >= start
+            p_x = x_ptr + pos[:, None] * stride_x_t + o_d[None, :]
+            b_x = tl.load(p_x, mask=(m_live & in_seq)[:, None] & m_d[None, :], other=0.0)
+            b_v = b_x.to(tl.float32)
+            if HAS_INITIAL_STATE:
+                if k < KERNEL_WIDTH - 1:
+                    col = pos - start + (KERNEL_WIDTH - 1)
+                    p_h = p_line[:, None] + col[:, None] * stride_state_col + o_d[None, :]
+                    m_h = (m_hist & ~in_seq)[:, None] & m_d[None, :]
+                    b_v += tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
+            b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32)
+            acc += b_v * b_w[None, :]
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        acc = tl.where(m_live[:, None], acc, 0.0)
+        p_out = out_ptr + o_t[:, None] * stride_out_t + o_d[None, :]
+        tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
 
 @triton.jit
@@ -211,8 +224,8 @@ def _fwd_final_states(
     has_init_ptr,
     s_lo,
     s_hi,
-    o_d,
-    m_d,
+    d_base,
+    dim,
     pad_slot_id,
     stride_x_t,
     stride_state_line,
@@ -220,7 +233,9 @@ def _fwd_final_states(
     KERNEL_WIDTH: tl.constexpr,
     HAS_CACHE_INDICES: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_DS: tl.constexpr,
 ):
     """Write the last W-1 inputs of sequences [s_lo, s_hi) into their cache lines.
 
@@ -243,19 +258,22 @@ def _fwd_final_states(
         for j in tl.static_range(KERNEL_WIDTH - 1):
             s_pos = s_end - (KERNEL_WIDTH - 1) + j
             s_from_x = s_pos >= s_start
-            p_s_x = x_ptr + s_pos[:, None] * stride_x_t + o_d[None, :]
-            m_s_x = (m_w & s_from_x)[:, None] & m_d[None, :]
-            b_s = tl.load(p_s_x, mask=m_s_x, other=0.0).to(state_ptr.dtype.element_ty)
-            if HAS_INITIAL_STATE:
-                # Short sequence: the rest comes from its own old history.
-                s_col = s_pos - s_start + (KERNEL_WIDTH - 1)
-                p_s_h = p_s_line[:, None] + s_col[:, None] * stride_state_col + o_d[None, :]
-                m_s_h = (m_w & s_init & ~s_from_x)[:, None] & m_d[None, :]
-                b_s_h = tl.load(p_s_h, mask=m_s_h, other=0.0)
-                b_s = tl.where(s_from_x[:, None], b_s, b_s_h)
-            tl.debug_barrier()
-            p_dst = p_s_line[:, None] + j * stride_state_col + o_d[None, :]
-            tl.store(p_dst, b_s, mask=m_w[:, None] & m_d[None, :])
+            s_col = s_pos - s_start + (KERNEL_WIDTH - 1)
+            for d0 in range(0, BLOCK_D, BLOCK_DS):
+                o_d = d_base + d0 + tl.arange(0, BLOCK_DS).to(tl.int64)
+                m_d = o_d < dim
+                p_s_x = x_ptr + s_pos[:, None] * stride_x_t + o_d[None, :]
+                m_s_x = (m_w & s_from_x)[:, None] & m_d[None, :]
+                b_s = tl.load(p_s_x, mask=m_s_x, other=0.0).to(state_ptr.dtype.element_ty)
+                if HAS_INITIAL_STATE:
+                    # Short sequence: the rest comes from its own old history.
+                    p_s_h = p_s_line[:, None] + s_col[:, None] * stride_state_col + o_d[None, :]
+                    m_s_h = (m_w & s_init & ~s_from_x)[:, None] & m_d[None, :]
+                    b_s_h = tl.load(p_s_h, mask=m_s_h, other=0.0)
+                    b_s = tl.where(s_from_x[:, None], b_s, b_s_h)
+                tl.debug_barrier()
+                p_dst = p_s_line[:, None] + j * stride_state_col + o_d[None, :]
+                tl.store(p_dst, b_s, mask=m_w[:, None] & m_d[None, :])
 
 
 @triton.jit(do_not_specialize=["num_tokens", "batch", "n_search"])
@@ -291,6 +309,8 @@ def _causal_conv1d_fwd_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_DS: tl.constexpr,
+    DS_STAGES: tl.constexpr,
 ):
     # Program (i_t, i_d) starts at token t0 = i_t * BLOCK_T of the whole batch
     # and owns tokens [b_lo, b_hi), each boundary the first allowed start in
@@ -302,16 +322,7 @@ def _causal_conv1d_fwd_kernel(
     n_tiles = tl.maximum(tl.cdiv(num_tokens, BLOCK_T), 1)
     is_last = i_t == n_tiles - 1
     t0 = i_t * BLOCK_T
-
-    o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
-    m_d = o_d < dim
-    if HAS_BIAS:
-        b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
-    else:
-        b_bias = tl.zeros([BLOCK_D], dtype=tl.float32)
-    b_ws = ()
-    for k in tl.static_range(KERNEL_WIDTH):
-        b_ws = b_ws + (tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32),)
+    d_base = i_d * BLOCK_D
 
     # Interior tile: BLOCK_T tokens of one live sequence, none within W-1 of
     # its start. Then the tile owns exactly [t0, t0 + BLOCK_T), reads no cache
@@ -330,6 +341,16 @@ def _causal_conv1d_fwd_kernel(
         line_a != pad_slot_id
     )
     if interior:
+        o_d = d_base + tl.arange(0, BLOCK_D).to(tl.int64)
+        m_d = o_d < dim
+        if HAS_BIAS:
+            b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+        else:
+            b_bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+        b_ws = ()
+        for k in tl.static_range(KERNEL_WIDTH):
+            b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0)
+            b_ws = b_ws + (b_w.to(tl.float32),)
         # Rolling window of the W-1 rows before each group of BLOCK_G rows.
         b_win = ()
         for j in tl.static_range(KERNEL_WIDTH - 1):
@@ -368,6 +389,8 @@ def _causal_conv1d_fwd_kernel(
         for r0 in range(b_lo, b_hi, BLOCK_R):
             _fwd_rows(
                 x_ptr,
+                w_ptr,
+                bias_ptr,
                 state_ptr,
                 qsl_ptr,
                 cache_idx_ptr,
@@ -376,25 +399,27 @@ def _causal_conv1d_fwd_kernel(
                 out_ptr,
                 r0,
                 b_hi,
-                o_d,
-                m_d,
-                b_bias,
-                b_ws,
+                d_base,
                 num_tokens,
+                dim,
                 batch,
                 n_search,
                 pad_slot_id,
                 stride_x_t,
+                stride_w_d,
                 stride_state_line,
                 stride_state_col,
                 stride_out_t,
                 KERNEL_WIDTH,
+                HAS_BIAS,
                 SILU,
                 HAS_CACHE_INDICES,
                 HAS_INITIAL_STATE,
                 HAS_SEQ_LB,
-                BLOCK_R,
                 BLOCK_D,
+                BLOCK_R,
+                BLOCK_DS,
+                DS_STAGES,
             )
         # Final states of the sequences starting in [b_lo, b_hi); the last
         # tile also takes empty sequences at the very end. The barrier puts
@@ -415,8 +440,8 @@ def _causal_conv1d_fwd_kernel(
             has_init_ptr,
             s_lo,
             s_hi,
-            o_d,
-            m_d,
+            d_base,
+            dim,
             pad_slot_id,
             stride_x_t,
             stride_state_line,
@@ -424,7 +449,9 @@ def _causal_conv1d_fwd_kernel(
             KERNEL_WIDTH,
             HAS_CACHE_INDICES,
             HAS_INITIAL_STATE,
+            BLOCK_D,
             BLOCK_S,
+            BLOCK_DS,
         )
 
 
@@ -457,7 +484,6 @@ def _causal_conv1d_update_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    SINGLE_TOKEN: tl.constexpr,
 ):
     # One program per (sequence, feature block); the grid depends on shapes
     # only, so the kernel can be captured in a CUDA graph.
@@ -485,78 +511,55 @@ def _causal_conv1d_update_kernel(
         off = 0
     p_line = state_ptr + line * stride_state_line
 
-    if SINGLE_TOKEN:
-        # One token: the whole window [history, x] is one small tile; the
-        # line's new content is that tile shifted up by one row.
-        o_w = tl.arange(0, BLOCK_C)
-        from_h = o_w < KERNEL_WIDTH - 1
-        p_h = p_line + (off + o_w)[:, None] * stride_state_col + o_d[None, :]
-        b_h = tl.load(p_h, mask=(from_h & live)[:, None] & m_d[None, :], other=0.0)
-        b_x = tl.load(p_x0 + o_d, mask=m_d & live, other=0.0)
-        b_xx = tl.where(from_h[:, None], b_h.to(tl.float32), b_x.to(tl.float32)[None, :])
-        p_w = w_ptr + o_d[None, :] * stride_w_d + o_w[:, None]
-        b_w = tl.load(p_w, mask=(o_w < KERNEL_WIDTH)[:, None] & m_d[None, :], other=0.0)
-        acc = tl.sum(b_xx * b_w.to(tl.float32), axis=0)
+    # Outputs. Window position q < W-1 reads history column off + q, later
+    # positions read the tokens.
+    for l0 in range(0, n_tok, BLOCK_L):
+        o_l = l0 + tl.arange(0, BLOCK_L).to(tl.int64)
+        m_l = (o_l < n_tok) & live
+        acc = tl.zeros([BLOCK_L, BLOCK_D], dtype=tl.float32)
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+            acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        for k in tl.static_range(KERNEL_WIDTH):
+            q = o_l + k
+            from_h = q < KERNEL_WIDTH - 1
+            p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
+            b_h = tl.load(p_h, mask=(m_l & from_h)[:, None] & m_d[None, :], other=0.0)
+            p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
+            b_x = tl.load(p_x, mask=(m_l & ~from_h)[:, None] & m_d[None, :], other=0.0)
+            b_v = tl.where(from_h[:, None], b_h.to(tl.float32), b_x.to(tl.float32))
+            b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32)
+            acc += b_v * b_w[None, :]
         if SILU:
             acc = acc / (1.0 + tl.exp(-acc))
         acc = tl.where(live, acc, 0.0)
-        tl.store(p_out0 + o_d, acc.to(out_ptr.dtype.element_ty), mask=m_d)
-        tl.debug_barrier()
-        p_dst = p_line + (o_w - 1)[:, None] * stride_state_col + o_d[None, :]
-        m_dst = ((o_w >= 1) & (o_w < KERNEL_WIDTH) & live)[:, None] & m_d[None, :]
-        tl.store(p_dst, b_xx.to(state_ptr.dtype.element_ty), mask=m_dst)
-    else:
-        # Outputs. Window position q < W-1 reads history column off + q, later
-        # positions read the tokens.
-        for l0 in range(0, n_tok, BLOCK_L):
-            o_l = l0 + tl.arange(0, BLOCK_L).to(tl.int64)
-            m_l = (o_l < n_tok) & live
-            acc = tl.zeros([BLOCK_L, BLOCK_D], dtype=tl.float32)
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
-            for k in tl.static_range(KERNEL_WIDTH):
-                q = o_l + k
-                from_h = q < KERNEL_WIDTH - 1
-                p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
-                b_h = tl.load(p_h, mask=(m_l & from_h)[:, None] & m_d[None, :], other=0.0)
-                p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
-                b_x = tl.load(p_x, mask=(m_l & ~from_h)[:, None] & m_d[None, :], other=0.0)
-                b_v = tl.where(from_h[:, None], b_h.to(tl.float32), b_x.to(tl.float32))
-                b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32)
-                acc += b_v * b_w[None, :]
-            if SILU:
-                acc = acc / (1.0 + tl.exp(-acc))
-            acc = tl.where(live, acc, 0.0)
-            p_out = p_out0 + o_l[:, None] * stride_out_t + o_d[None, :]
-            tl.store(
-                p_out, acc.to(out_ptr.dtype.element_ty), mask=(o_l < n_tok)[:, None] & m_d[None, :]
-            )
+        p_out = p_out0 + o_l[:, None] * stride_out_t + o_d[None, :]
+        tl.store(
+            p_out, acc.to(out_ptr.dtype.element_ty), mask=(o_l < n_tok)[:, None] & m_d[None, :]
+        )
 
-        # Write back xx[shift:] into the first W-1+L-shift columns. Each chunk
-        # reads columns at or after the ones it writes, so a barrier between its
-        # reads and its writes is enough.
-        tl.debug_barrier()
-        if live:
-            if IS_SPEC:
-                shift = tl.minimum(n_tok, 1)
-            else:
-                shift = n_tok
-            n_write = KERNEL_WIDTH - 1 + n_tok - shift
-            for c0 in range(0, n_write, BLOCK_C):
-                o_c = c0 + tl.arange(0, BLOCK_C).to(tl.int64)
-                m_c = o_c < n_write
-                q = o_c + shift
-                from_h = q < KERNEL_WIDTH - 1
-                p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
-                b_h = tl.load(p_h, mask=(m_c & from_h)[:, None] & m_d[None, :], other=0.0)
-                p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
-                b_x = tl.load(p_x, mask=(m_c & ~from_h)[:, None] & m_d[None, :], other=0.0)
-                b_v = tl.where(from_h[:, None], b_h, b_x.to(state_ptr.dtype.element_ty))
-                tl.debug_barrier()
-                p_dst = p_line + o_c[:, None] * stride_state_col + o_d[None, :]
-                tl.store(p_dst, b_v, mask=m_c[:, None] & m_d[None, :])
+    # Write back xx[shift:] into the first W-1+L-shift columns. Each chunk
+    # reads columns at or after the ones it writes, so a barrier between its
+    # reads and its writes is enough.
+    tl.debug_barrier()
+    if live:
+        if IS_SPEC:
+            shift = tl.minimum(n_tok, 1)
+        else:
+            shift = n_tok
+        n_write = KERNEL_WIDTH - 1 + n_tok - shift
+        for c0 in range(0, n_write, BLOCK_C):
+            o_c = c0 + tl.arange(0, BLOCK_C).to(tl.int64)
+            m_c = o_c < n_write
+            q = o_c + shift
+            from_h = q < KERNEL_WIDTH - 1
+            p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
+            b_h = tl.load(p_h, mask=(m_c & from_h)[:, None] & m_d[None, :], other=0.0)
+            p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
+            b_x = tl.load(p_x, mask=(m_c & ~from_h)[:, None] & m_d[None, :], other=0.0)
+            b_v = tl.where(from_h[:, None], b_h, b_x.to(state_ptr.dtype.element_ty))
+            tl.debug_barrier()
+            p_dst = p_line + o_c[:, None] * stride_state_col + o_d[None, :]
+            tl.store(p_dst, b_v, mask=m_c[:, None] & m_d[None, :])
 
 
 # --------------------------------------------------------------------------
@@ -712,16 +715,19 @@ def _use_kernel(x: torch.Tensor) -> bool:
 
 
 def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int) -> dict:
-    # One 16-byte vector per thread per token row; interior tiles hold their
-    # STEP + W-1 rows in registers.
+    # One 16-byte vector per thread per token row in interior tiles, which hold
+    # BLOCK_G + W-1 rows in registers; other tiles walk [BLOCK_R, BLOCK_DS]
+    # sub-tiles. Chosen on an H200 with benchmarks/kernels/tune_causal_conv1d.py.
     num_warps = 1
     return dict(
         OVERLAP=triton.next_power_of_2(width - 1),
         BLOCK_T=64,
         BLOCK_D=16 // elem_size * 32 * num_warps,
         BLOCK_G=8,
-        BLOCK_R=2,
-        BLOCK_S=4,
+        BLOCK_R=8,
+        BLOCK_S=16,
+        BLOCK_DS=32,
+        DS_STAGES=1,
         num_warps=num_warps,
     )
 
@@ -885,10 +891,10 @@ def causal_conv1d_fn(
 
 def _update_config(batch: int, dim: int, block_l: int, width: int) -> dict:
     # Enough programs to cover the GPU several times over, at least 32 features each.
-    target = triton.cdiv(batch * dim, 132 * 2)
+    target = triton.cdiv(batch * dim, 132 * 4)
     block_d = min(256, max(32, triton.next_power_of_2(target)))
-    block_c = triton.next_power_of_2(width - 1 + block_l - 1 + (block_l == 1))
-    num_warps = 4 if block_d >= 256 else 1
+    block_c = triton.next_power_of_2(width - 1 + block_l - 1)
+    num_warps = 4 if block_d >= 128 else 1
     return dict(BLOCK_L=block_l, BLOCK_C=block_c, BLOCK_D=block_d, num_warps=num_warps)
 
 
@@ -965,7 +971,6 @@ def _update_impl(
         HAS_INDICES=conv_state_indices is not None,
         IS_SPEC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
-        SINGLE_TOKEN=query_start_loc is None and seqlen == 1,
         **cfg,
     )
     return out

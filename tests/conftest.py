@@ -1,0 +1,74 @@
+"""Shared test setup.
+
+Without a CUDA GPU the Triton kernels run through the Triton interpreter on CPU
+tensors, so CPU CI exercises the kernels and not only the torch reference. The
+variable must be set before the op module is imported (``triton.jit`` decides
+at decoration time whether to build an interpreted function).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+GPU_SKIP_REASON = "needs a CUDA GPU; runs on the GPU box"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; runs on the GPU box")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device the kernels run on: the GPU when there is one, else the CPU (interpreter)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+_ALLOCATORS = ("empty", "empty_like", "empty_strided")
+
+
+def _nan_filled(alloc):
+    def wrapper(*args, **kwargs):
+        t = alloc(*args, **kwargs)
+        if t.is_floating_point() and t.numel() > 0:
+            t.fill_(float("nan"))
+        return t
+
+    return wrapper
+
+
+@pytest.fixture
+def nan_poison(monkeypatch):
+    """Make uninitialised memory NaN for the whole test.
+
+    The ops allocate their outputs themselves, so the allocation itself is
+    poisoned: every floating tensor from ``torch.empty``/``empty_like``/
+    ``empty_strided``/``Tensor.new_empty`` comes back filled with NaN, and on
+    CUDA the caching allocator's free blocks are filled with NaN first (a large
+    NaN tensor is allocated and freed, so later allocations reuse its memory).
+    An output element a kernel forgets to write then fails the comparison loudly.
+    """
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        # 512 KiB blocks fill whole segments of the small-block pool, 256 MiB ones the large pool.
+        for numel, count in ((1 << 17, 32), (1 << 26, 4)):
+            blocks = [torch.full((numel,), float("nan"), device="cuda") for _ in range(count)]
+            del blocks
+    for name in _ALLOCATORS:
+        monkeypatch.setattr(torch, name, _nan_filled(getattr(torch, name)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", _nan_filled(torch.Tensor.new_empty))
+    yield

@@ -1,0 +1,538 @@
+"""causal_conv1d_fn (prefill, chunked prefill and decode in one launch) vs the fp32 reference.
+
+On a CPU box the kernels run under the Triton interpreter (see tests/conftest.py);
+keep cases small there. bf16 cases carry the gpu mark (bf16 arithmetic is wrong in
+the interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from vllm.model_executor.layers.mamba.ops import causal_conv1d as ops
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    PAD_SLOT_ID,
+    causal_conv1d_fn,
+    causal_conv1d_ref,
+    causal_conv1d_update,
+    compute_causal_conv1d_metadata,
+)
+
+from .conv_utils import (
+    DTYPE_NAMES,
+    assert_close,
+    assert_no_nan,
+    gen_for,
+    make_bias,
+    make_pool,
+    make_weight,
+    make_x,
+    qsl_from_lens,
+)
+
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+gpu = pytest.mark.gpu
+
+
+@dataclass(frozen=True)
+class FnCase:
+    seqlens: tuple[int, ...]
+    dim: int
+    width: int
+    dtype: torch.dtype
+    state_dtype: torch.dtype | None = None  # None: same as x
+    state_len: int | None = None  # None: width - 1
+    pads: tuple[int, ...] = ()  # sequences whose cache index is PAD_SLOT_ID
+    init: str | tuple[bool, ...] = "random"  # "random", "all", "none", "default" or flags
+    default_indices: bool = False  # cache_indices=None (sequence b uses line b)
+    noncontig: bool = False  # x is a slice of a wider projection
+    bias: bool = True
+    activation: str | None = "silu"
+    extra_lines: int = 3  # lines of the pool no sequence uses
+
+    @property
+    def id(self) -> str:
+        w1 = self.width - 1
+        s = (
+            f"B{len(self.seqlens)}_T{sum(self.seqlens)}_D{self.dim}_W{self.width}"
+            f"_{DTYPE_NAMES[self.dtype]}"
+        )
+        if self.state_dtype not in (None, self.dtype):
+            s += f"_state{DTYPE_NAMES[self.state_dtype]}"
+        if self.state_len not in (None, w1):
+            s += f"_sl{self.state_len}"
+        if any(0 < n < w1 for n in self.seqlens):
+            s += "_short"
+        if 0 in self.seqlens:
+            s += "_zerolen"
+        if self.pads:
+            s += "_pad"
+        if isinstance(self.init, tuple):
+            s += "_init" + "".join("1" if f else "0" for f in self.init)
+        elif self.init != "random":
+            s += f"_init{self.init}"
+        if self.default_indices:
+            s += "_noidx"
+        if self.noncontig:
+            s += "_nc"
+        if not self.bias:
+            s += "_nobias"
+        if self.activation != "silu":
+            s += f"_act{self.activation}"
+        return s
+
+
+def _case(*args, marks=(), **kwargs):
+    c = FnCase(*args, **kwargs)
+    return pytest.param(c, id=c.id, marks=marks)
+
+
+FN_CASES = [
+    # every width, fp32, with short sequences and a padded row
+    *[
+        _case((5, 1, 12, max(w - 2, 1)), 64, w, FP32, pads=(1,) if w % 2 else ())
+        for w in range(2, 9)
+    ],
+    # fp16, a long sequence crossing token tiles, padding
+    _case((100, 3, 145, 1), 64, 4, FP16, pads=(1,)),
+    _case((9, 2, 30), 64, 5, FP16),
+    # tile tails in the feature dimension (few tokens: the interpreter is slow)
+    _case((2, 3, 1), 2064, 4, FP16, pads=(2,)),
+    _case((3, 1), 4128, 3, FP32),
+    _case((4, 2), 2064, 5, FP32, noncontig=True),
+    # state dtype differs from x
+    _case((7, 2, 1), 64, 4, FP16, state_dtype=FP32),
+    _case((3, 9, 1), 64, 6, FP32, state_dtype=FP16),
+    # sequences shorter than the state, with and without history
+    _case((1, 2, 3, 6), 64, 8, FP32, init="all"),
+    _case((1, 4, 2, 1), 64, 6, FP16, init=(True, False, True, False)),
+    # zero-length sequences: with history the line is kept, without it is zeroed
+    _case((4, 0, 3, 0, 2), 64, 4, FP32, init=(True, True, False, False, True)),
+    # state_len > W-1: the columns past W-1 stay as they are
+    _case((5, 2, 1), 64, 4, FP32, state_len=7),
+    _case((1, 6), 64, 3, FP16, state_len=5, pads=(0,)),
+    # non-contiguous x, no bias, other activations, default indices / flags
+    _case((6, 11), 64, 4, FP16, noncontig=True, pads=(1,)),
+    _case((5, 3), 64, 3, FP32, bias=False, activation=None),
+    _case((2, 7), 64, 7, FP16, activation="swish"),
+    _case((3, 5), 64, 4, FP32, default_indices=True, init="default"),
+    _case((3, 5), 64, 4, FP32, default_indices=True, init="all"),
+    # many short sequences: sequence starts at every offset around the token-tile edges
+    _case(tuple(i % 9 + 1 for i in range(40)), 64, 8, FP32, pads=(5, 17)),
+    _case(tuple(i % 9 + 1 for i in range(40)), 64, 4, FP16, state_dtype=FP32, pads=(30,)),
+    _case(tuple(i % 7 + 1 for i in range(24)), 2064, 5, FP32, init="all"),
+    # a decode-only batch wider than a tile's sequence block
+    _case((1,) * 40, 64, 4, FP32, pads=(0, 21, 39)),
+    # empty sequences first and last, and a step with no tokens at all
+    _case((0, 5, 0, 3, 0), 64, 4, FP32, init=(False, True, True, False, True)),
+    _case((0, 0), 64, 3, FP32, init=(True, False)),
+    # bf16 and larger cases: GPU only
+    _case((100, 3, 145, 1), 64, 4, BF16, pads=(1,), marks=gpu),
+    _case((33, 1, 1, 517), 2064, 5, BF16, state_dtype=FP32, marks=gpu),
+    _case((257, 64, 1, 2), 4128, 8, BF16, noncontig=True, pads=(2,), marks=gpu),
+    _case((300, 1, 2), 4128, 2, FP16, state_len=9, marks=gpu),
+]
+
+
+@dataclass
+class FnInputs:
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    pool: torch.Tensor
+    qsl: torch.Tensor
+    indices: torch.Tensor | None
+    init: torch.Tensor | None
+    lines: list[int]  # cache line per sequence, PAD_SLOT_ID for pads
+
+
+def build_fn_inputs(case: FnCase, device) -> FnInputs:
+    g = gen_for(case.id)
+    batch, num_tokens, w = len(case.seqlens), sum(case.seqlens), case.width
+    x = make_x(case.dim, num_tokens, case.dtype, device, g, case.noncontig)
+    weight = make_weight(case.dim, w, case.dtype, device, g)
+    bias = make_bias(case.dim, case.dtype, device, g) if case.bias else None
+    num_lines = batch + case.extra_lines
+    pool = make_pool(
+        num_lines, case.dim, case.state_len or w - 1, case.state_dtype or case.dtype, device, g
+    )
+    if case.default_indices:
+        assert not case.pads
+        lines, indices = list(range(batch)), None
+    else:
+        lines = torch.randperm(num_lines, generator=g)[:batch].tolist()
+        for b in case.pads:
+            lines[b] = PAD_SLOT_ID
+        indices = torch.tensor(lines, dtype=torch.int32, device=device)
+    if case.init == "default":
+        init = None
+    elif case.init == "all":
+        init = torch.ones(batch, dtype=torch.bool)
+    elif case.init == "none":
+        init = torch.zeros(batch, dtype=torch.bool)
+    elif case.init == "random":
+        init = torch.rand(batch, generator=g) < 0.5
+        if batch >= 2:
+            init[0], init[-1] = True, False
+    else:
+        init = torch.tensor(case.init, dtype=torch.bool)
+    if init is not None:
+        init = init.to(device)
+    return FnInputs(
+        x, weight, bias, pool, qsl_from_lens(case.seqlens, device), indices, init, lines
+    )
+
+
+def check_fn_against_ref(
+    case: FnCase, inp: FnInputs, out: torch.Tensor, pool_before, ref_out, ref_pool
+):
+    x, qsl = inp.x, inp.qsl.tolist()
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert out.stride(0) == 1, "out must be feature-contiguous"
+    assert_no_nan(out)
+    assert_close(out, ref_out)
+    for b, line in enumerate(inp.lines):
+        if line == PAD_SLOT_ID:
+            seg = out[:, qsl[b] : qsl[b + 1]]
+            assert torch.equal(seg, torch.zeros_like(seg)), f"pad row {b} not zero"
+    assert torch.equal(inp.pool, ref_pool), "states differ from the reference"
+    used = {line for line in inp.lines if line != PAD_SLOT_ID}
+    for line in range(inp.pool.shape[0]):
+        if line not in used:
+            assert torch.equal(inp.pool[line], pool_before[line]), f"untouched line {line} changed"
+    w1 = case.width - 1
+    assert torch.equal(inp.pool[:, :, w1:], pool_before[:, :, w1:]), "columns past W-1 changed"
+
+
+@pytest.mark.parametrize("case", FN_CASES)
+def test_fn_vs_ref(case: FnCase, device, nan_poison):
+    inp = build_fn_inputs(case, device)
+    x_before, pool_before = inp.x.clone(), inp.pool.clone()
+    ref_pool = inp.pool.clone()
+    ref_out = causal_conv1d_ref(
+        inp.x, inp.weight, inp.bias, ref_pool, inp.qsl, inp.indices, inp.init, case.activation
+    )
+    out = causal_conv1d_fn(
+        inp.x,
+        inp.weight,
+        inp.bias,
+        inp.pool,
+        inp.qsl,
+        cache_indices=inp.indices,
+        has_initial_state=inp.init,
+        activation=case.activation,
+    )
+    assert torch.equal(inp.x, x_before), "x was modified"
+    check_fn_against_ref(case, inp, out, pool_before, ref_out, ref_pool)
+
+
+@pytest.mark.parametrize("activation", [True, False])
+def test_fn_bool_activation(activation, device, nan_poison):
+    case = FnCase((4, 1, 6), 64, 4, FP32)
+    inp = build_fn_inputs(case, device)
+    ref_pool = inp.pool.clone()
+    ref_out = causal_conv1d_ref(
+        inp.x, inp.weight, inp.bias, ref_pool, inp.qsl, inp.indices, inp.init, activation
+    )
+    out = causal_conv1d_fn(
+        inp.x, inp.weight, inp.bias, inp.pool, inp.qsl, inp.indices, inp.init, activation
+    )
+    assert_close(out, ref_out)
+    assert torch.equal(inp.pool, ref_pool)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is only used without a GPU")
+def test_cpu_runs_kernels_under_interpreter():
+    """CPU CI must exercise the Triton kernels, not only the torch reference."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for name in ("_causal_conv1d_fwd_kernel", "_causal_conv1d_update_kernel"):
+        kernel = getattr(ops, name)
+        # unwrap autotuner / heuristics wrappers down to the jitted function
+        while type(kernel).__name__ not in ("InterpretedFunction", "JITFunction") and hasattr(
+            kernel, "fn"
+        ):
+            kernel = kernel.fn
+        assert type(kernel).__name__ == "InterpretedFunction", (name, type(kernel))
+
+
+# --- metadata ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "seqlens", [(3, 0, 7, 1), (1,), (0, 5), (4, 4, 0)], ids=lambda s: "lens" + "-".join(map(str, s))
+)
+def test_metadata_fields(seqlens, device):
+    qsl_cpu = qsl_from_lens(seqlens, "cpu")
+    meta = compute_causal_conv1d_metadata(qsl_cpu, device)
+    num_tokens, batch = sum(seqlens), len(seqlens)
+    assert meta.num_tokens == num_tokens
+    assert meta.batch_size == batch
+    assert meta.max_query_len == max(seqlens)
+    assert torch.equal(meta.query_start_loc.cpu(), qsl_cpu)
+    assert meta.query_start_loc.dtype == torch.int32
+    assert meta.query_start_loc.device.type == torch.device(device).type
+    starts = qsl_cpu[:-1]
+    expected = torch.tensor(
+        [int((starts < t).sum()) for t in range(num_tokens + 1)], dtype=torch.int32
+    )
+    assert meta.token_seq_lb.dtype == torch.int32
+    assert torch.equal(meta.token_seq_lb.cpu(), expected)
+
+
+def test_metadata_passed_equals_none(device, nan_poison):
+    case = FnCase((5, 1, 0, 9, 2), 64, 5, FP32, pads=(3,))
+    inp = build_fn_inputs(case, device)
+    pool_none = inp.pool.clone()
+    out_none = causal_conv1d_fn(
+        inp.x, inp.weight, inp.bias, pool_none, inp.qsl, inp.indices, inp.init
+    )
+    meta = compute_causal_conv1d_metadata(inp.qsl.cpu(), device)
+    out_meta = causal_conv1d_fn(
+        inp.x, inp.weight, inp.bias, inp.pool, inp.qsl, inp.indices, inp.init, metadata=meta
+    )
+    assert torch.equal(out_meta, out_none)
+    assert torch.equal(inp.pool, pool_none)
+
+
+def test_metadata_reused_by_layers(device, nan_poison):
+    """The layers build the metadata once per step and pass it to every layer."""
+    seqlens = (6, 1, 3)
+    qsl = qsl_from_lens(seqlens, device)
+    meta = compute_causal_conv1d_metadata(qsl.cpu(), device)
+    for layer, (w, dtype) in enumerate([(4, FP32), (4, FP16), (3, FP32)]):
+        g = gen_for("layer", layer)
+        x = make_x(64, sum(seqlens), dtype, device, g)
+        weight, bias = make_weight(64, w, dtype, device, g), make_bias(64, dtype, device, g)
+        pool = make_pool(5, 64, w - 1, dtype, device, g)
+        indices = torch.tensor([4, 0, 2], dtype=torch.int32, device=device)
+        init = torch.tensor([False, True, True], device=device)
+        ref_pool = pool.clone()
+        ref = causal_conv1d_ref(x, weight, bias, ref_pool, qsl, indices, init)
+        out = causal_conv1d_fn(x, weight, bias, pool, qsl, indices, init, metadata=meta)
+        assert_close(out, ref)
+        assert torch.equal(pool, ref_pool)
+
+
+def test_corrupted_token_seq_lb_changes_result(device, nan_poison):
+    """Proves the kernel reads the metadata: a wrong token->sequence map gives a wrong result.
+
+    Entries t >= 1 are set to batch - 1, which is in range whichever way the kernel
+    derives a sequence index from them, so the corrupted run reads no memory out of
+    bounds, but sequence 0 is no longer mapped to its tokens.
+    """
+    case = FnCase((6, 5, 7), 64, 4, FP32, init="all")
+    inp = build_fn_inputs(case, device)
+    pool_good = inp.pool.clone()
+    meta = compute_causal_conv1d_metadata(inp.qsl.cpu(), device)
+    good = causal_conv1d_fn(
+        inp.x, inp.weight, inp.bias, pool_good, inp.qsl, inp.indices, inp.init, metadata=meta
+    )
+    meta.token_seq_lb[1:] = len(case.seqlens) - 1
+    bad = causal_conv1d_fn(
+        inp.x, inp.weight, inp.bias, inp.pool, inp.qsl, inp.indices, inp.init, metadata=meta
+    )
+    same_out = torch.allclose(bad, good, equal_nan=False)
+    same_pool = torch.equal(inp.pool, pool_good)
+    assert not (same_out and same_pool), "corrupting metadata.token_seq_lb changed nothing"
+
+
+# --- invariants -------------------------------------------------------------------------
+
+INVARIANT_PARAMS = [
+    pytest.param(4, FP32, id="W4_fp32"),
+    pytest.param(5, FP16, id="W5_fp16"),
+    pytest.param(8, FP32, id="W8_fp32"),
+    pytest.param(4, BF16, id="W4_bf16", marks=gpu),
+]
+
+
+def _setup(key, dim, width, dtype, num_tokens, num_lines, device):
+    g = gen_for(*key)
+    x = make_x(dim, num_tokens, dtype, device, g)
+    weight = make_weight(dim, width, dtype, device, g)
+    bias = make_bias(dim, dtype, device, g)
+    pool = make_pool(num_lines, dim, width - 1, dtype, device, g)
+    return g, x, weight, bias, pool
+
+
+def _i32(values, device):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _flags(values, device):
+    return torch.tensor(values, dtype=torch.bool, device=device)
+
+
+@pytest.mark.parametrize("width,dtype", INVARIANT_PARAMS)
+def test_varlen_batch_equals_per_sequence_runs(width, dtype, device, nan_poison):
+    seqlens, lines = (7, 1, 3, 12, 2), [5, 0, 3, 1, 6]
+    init = [True, True, False, True, False]
+    _, x, weight, bias, pool = _setup(
+        ("varlen", width, dtype), 64, width, dtype, sum(seqlens), 8, device
+    )
+    qsl = qsl_from_lens(seqlens, device)
+    pool_seq = pool.clone()
+    out = causal_conv1d_fn(x, weight, bias, pool, qsl, _i32(lines, device), _flags(init, device))
+    starts = qsl.tolist()
+    for b, n in enumerate(seqlens):
+        xb = x[:, starts[b] : starts[b] + n]
+        ob = causal_conv1d_fn(
+            xb,
+            weight,
+            bias,
+            pool_seq,
+            _i32([0, n], device),
+            _i32([lines[b]], device),
+            _flags([init[b]], device),
+        )
+        assert_close(out[:, starts[b] : starts[b] + n], ob, msg=f"sequence {b}")
+    assert torch.equal(pool, pool_seq)
+
+
+@pytest.mark.parametrize("width,dtype", INVARIANT_PARAMS)
+def test_prefill_then_decode_equals_full_prefill(width, dtype, device, nan_poison):
+    """A prefill of k tokens then one-token causal_conv1d_update calls == one prefill."""
+    total, prefill = 9, [1, 4, 9, 6]  # tokens per sequence, of them prefilled
+    lines, init = [2, 0, 5, 3], [False, True, True, False]
+    batch = len(lines)
+    _, x, weight, bias, pool = _setup(
+        ("decode", width, dtype), 64, width, dtype, batch * total, 6, device
+    )
+    qsl = qsl_from_lens([total] * batch, device)
+    pool_full = pool.clone()
+    full = causal_conv1d_fn(
+        x, weight, bias, pool_full, qsl, _i32(lines, device), _flags(init, device)
+    )
+
+    xs = [x[:, b * total : (b + 1) * total] for b in range(batch)]
+    pre_x = torch.cat([xs[b][:, : prefill[b]].t() for b in range(batch)]).t()
+    pre_out = causal_conv1d_fn(
+        pre_x,
+        weight,
+        bias,
+        pool,
+        qsl_from_lens(prefill, device),
+        _i32(lines, device),
+        _flags(init, device),
+    )
+    outs = [[pre_out[:, sum(prefill[:b]) : sum(prefill[: b + 1])]] for b in range(batch)]
+    for t in range(min(prefill), total):
+        active = [b for b in range(batch) if prefill[b] <= t]
+        xt = torch.stack([xs[b][:, t] for b in active])  # (n, dim)
+        ot = causal_conv1d_update(
+            xt,
+            pool,
+            weight,
+            bias,
+            activation="silu",
+            conv_state_indices=_i32([lines[b] for b in active], device),
+        )
+        assert ot.shape == xt.shape and ot.stride(1) == 1
+        for i, b in enumerate(active):
+            outs[b].append(ot[i, :, None])
+    for b in range(batch):
+        assert_close(
+            torch.cat(outs[b], dim=1), full[:, b * total : (b + 1) * total], msg=f"seq {b}"
+        )
+    assert torch.equal(pool, pool_full)
+
+
+@pytest.mark.parametrize("width,dtype", INVARIANT_PARAMS)
+def test_chunked_prefill_equals_full_prefill(width, dtype, device, nan_poison):
+    """Chunks over several calls, has_initial_state=True after the first == one prefill."""
+    chunks = [[5, 1, 7, 2], [2, 5], [1, 1, 1, 1, 1, 1], [9]]
+    lines, init = [1, 4, 0, 2], [False, True, False, True]
+    seqlens = [sum(c) for c in chunks]
+    _, x, weight, bias, pool = _setup(
+        ("chunked", width, dtype), 64, width, dtype, sum(seqlens), 5, device
+    )
+    qsl = qsl_from_lens(seqlens, device).tolist()
+    pool_full = pool.clone()
+    full = causal_conv1d_fn(
+        x,
+        weight,
+        bias,
+        pool_full,
+        qsl_from_lens(seqlens, device),
+        _i32(lines, device),
+        _flags(init, device),
+    )
+    outs = [[] for _ in chunks]
+    done = [0] * len(chunks)
+    for step in range(max(len(c) for c in chunks)):
+        active = [b for b in range(len(chunks)) if step < len(chunks[b])]
+        lens = [chunks[b][step] for b in active]
+        xc = torch.cat(
+            [
+                x[:, qsl[b] + done[b] : qsl[b] + done[b] + n].t()
+                for b, n in zip(active, lens, strict=True)
+            ]
+        ).t()
+        flags = [init[b] if step == 0 else True for b in active]
+        oc = causal_conv1d_fn(
+            xc,
+            weight,
+            bias,
+            pool,
+            qsl_from_lens(lens, device),
+            _i32([lines[b] for b in active], device),
+            _flags(flags, device),
+        )
+        o = 0
+        for b, n in zip(active, lens, strict=True):
+            outs[b].append(oc[:, o : o + n])
+            o += n
+            done[b] += n
+    for b in range(len(chunks)):
+        assert_close(torch.cat(outs[b], dim=1), full[:, qsl[b] : qsl[b + 1]], msg=f"seq {b}")
+    assert torch.equal(pool, pool_full)
+
+
+@pytest.mark.parametrize("width,dtype", INVARIANT_PARAMS)
+def test_mixed_batch_one_call_equals_per_sequence(width, dtype, device, nan_poison):
+    """Prefills, continuations, decodes and padded rows in ONE call == per-sequence runs."""
+    # (tokens, has_initial_state, cache line) ; line PAD_SLOT_ID = padded row
+    seqs = [
+        (11, False, 3),  # fresh prefill
+        (1, True, 0),  # decode
+        (5, True, 6),  # chunked-prefill continuation
+        (3, False, PAD_SLOT_ID),  # padded row
+        (1, True, 2),  # decode
+        (2, True, 5),  # continuation shorter than the state (for W > 3)
+        (1, False, PAD_SLOT_ID),  # padded decode row
+        (1, True, 7),  # decode
+    ]
+    seqlens = [s[0] for s in seqs]
+    _, x, weight, bias, pool = _setup(
+        ("mixed", width, dtype), 64, width, dtype, sum(seqlens), 9, device
+    )
+    pool_before, pool_seq, pool_ref = pool.clone(), pool.clone(), pool.clone()
+    qsl = qsl_from_lens(seqlens, device)
+    lines = _i32([s[2] for s in seqs], device)
+    init = _flags([s[1] for s in seqs], device)
+    out = causal_conv1d_fn(x, weight, bias, pool, qsl, lines, init)
+    ref = causal_conv1d_ref(x, weight, bias, pool_ref, qsl, lines, init)
+    assert_no_nan(out)
+    assert_close(out, ref)
+    assert torch.equal(pool, pool_ref)
+    starts = qsl.tolist()
+    for b, (n, flag, line) in enumerate(seqs):
+        ob = causal_conv1d_fn(
+            x[:, starts[b] : starts[b] + n],
+            weight,
+            bias,
+            pool_seq,
+            _i32([0, n], device),
+            _i32([line], device),
+            _flags([flag], device),
+        )
+        assert_close(out[:, starts[b] : starts[b] + n], ob, msg=f"sequence {b}")
+        if line == PAD_SLOT_ID:
+            assert not out[:, starts[b] : starts[b] + n].any()
+    assert torch.equal(pool, pool_seq)
+    for line in (1, 4, 8):  # lines no sequence uses
+        assert torch.equal(pool[line], pool_before[line])
