@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU box's check: bash scripts/gpu_check.sh OUTDIR
 # For a machine with torch, triton, transformers and pytest preinstalled and no network:
-# installs this package without touching those, runs the GPU tests, the rest of the suite
-# (on CUDA tensors where a test's device fixture picks CUDA) and the demo. Every step
-# runs even when an earlier one failed; the exit code is non-zero if any step failed.
+# installs this package without touching those, building the CUDA ops of csrc/ (falling
+# back to a pure Python install if that build fails), runs the GPU tests, the rest of the
+# suite (on CUDA tensors where a test's device fixture picks CUDA), the demo and the
+# causal-conv1d benchmark (--quick, results under OUTDIR/bench). Every step runs even
+# when an earlier one failed; the exit code is non-zero if any step failed.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -26,7 +28,21 @@ print("torch", torch.__version__, "cuda", torch.version.cuda)
 print("triton", triton.__version__)'
     echo "git $(git rev-parse --verify -q HEAD || echo 'unknown (no .git or no commit)')"
 }
-install() { python3 -m pip install --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1; }
+install() {
+    if VLLM_BUILD_CUDA_OPS=1 python3 -m pip install -v --no-deps --no-build-isolation -e . \
+        >"$out/install.log" 2>&1; then
+        python3 -c 'import sys, vllm._custom_ops as o
+ok = o.cuda_ops_available()
+print("CUDA ops available:", ok)
+sys.exit(0 if ok else 1)' 2>&1 | tee -a "$out/install.log"
+    else
+        echo "install with the CUDA ops failed (install.log); installing without them" |
+            tee -a "$out/install.log"
+        VLLM_BUILD_CUDA_OPS=0 python3 -m pip install --no-deps --no-build-isolation -e . \
+            >>"$out/install.log" 2>&1
+        return 1
+    fi
+}
 # pytest-xdist, when the box has it, spreads the tests (mostly Triton compiles) over cores.
 parallel=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")
 gpu_tests() {
@@ -37,18 +53,28 @@ other_tests() {
     python3 -m pytest tests -q -m "not gpu" $parallel -p no:cacheprovider 2>&1 | tee -a "$out/tests.log"
 }
 demo() { python3 examples/causal_conv1d_demo.py --json "$out/demo.json" 2>&1 | tee "$out/demo.log"; }
+bench() {
+    python3 benchmarks/kernels/benchmark_causal_conv1d.py --quick --out "$out/bench" 2>&1 |
+        tee "$out/bench.log"
+}
 
 step environment environment >"$out/env.txt" 2>&1
 step install install
 step gpu_tests gpu_tests
 step other_tests other_tests
 step demo demo
+step bench bench
 
 echo
 echo "=== summary (logs in $out)"
+grep -E '^CUDA ops available|^install with the CUDA ops failed' "$out/install.log"
+if grep -q '^install with the CUDA ops failed' "$out/install.log"; then
+    grep -E -i -B2 -A8 'error' "$out/install.log" | tail -n 40
+fi
 grep -E '^(FAILED|ERROR) |^=* ?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' \
     "$out/tests.log"
 sed -n '/^case /,$p' "$out/demo.log"
+sed -n '/^# Causal-conv1d benchmark/,$p' "$out/bench.log"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed step: %s\n' "${failed[@]}"
     exit 1

@@ -9,6 +9,13 @@ VLLM_USE_TRITON_CONV1D (bool, default True)
     through the Triton ``causal_conv1d_fn`` in one launch. False ("0", "false", "no",
     "off"): the CUDA pathway, prefill and decode tokens through separate CUDA ops.
 
+VLLM_BUILD_CUDA_OPS (optional bool, default unset)
+    Read by setup.py at install time, never at run time: whether to build the CUDA ops
+    of csrc/ (the CUDA causal-conv1d pathway) with CMake. Unset: build them when torch is
+    a CUDA build, nvcc is found (CUDA_HOME, then PATH) and cmake >= 3.25 is on PATH;
+    otherwise install pure Python. "1": build them, and fail with the reason when that
+    is impossible. "0": never build them.
+
 TRITON_INTERPRET (bool, default False)
     Triton's own variable: run ``@triton.jit`` kernels in Triton's Python interpreter,
     on CPU tensors. Read here, with Triton's own reading of the value ("1", "true",
@@ -40,6 +47,13 @@ def _flag(name: str, default: bool) -> bool:
     )
 
 
+def _optional_flag(name: str) -> bool | None:
+    """A yes/no variable whose absence means "decide for me": unset or empty gives None."""
+    if not os.environ.get(name, "").strip():
+        return None
+    return _flag(name, default=False)
+
+
 def _triton_flag(name: str) -> bool:
     # Mirrors Triton's own parsing exactly, so that we never disagree with Triton about
     # whether the interpreter is on.
@@ -48,6 +62,7 @@ def _triton_flag(name: str) -> bool:
 
 environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_USE_TRITON_CONV1D": lambda: _flag("VLLM_USE_TRITON_CONV1D", default=True),
+    "VLLM_BUILD_CUDA_OPS": lambda: _optional_flag("VLLM_BUILD_CUDA_OPS"),
     "TRITON_INTERPRET": lambda: _triton_flag("TRITON_INTERPRET"),
 }
 

@@ -13,72 +13,14 @@ import argparse
 import functools
 import itertools
 import json
-import statistics
 
 import torch
+from benchmark_utils import cold_us, copy_gbps, graph_us, host_us
 
 from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
 
 DTYPE = torch.bfloat16
 WIDTH = 4
-
-
-def cold_us(fn, n=25):
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(n):
-        flush.zero_()
-        torch.cuda._sleep(400_000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        pairs.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
-
-
-def graph_us(fn, n=20):
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for _ in range(n):
-                fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / n)
-    return statistics.median(times)
-
-
-def host_us(fn, n=200):
-    import time
-
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
-
-
-def copy_gbps():
-    a = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    us = cold_us(lambda: b.copy_(a), n=10)
-    return 2 * a.numel() / us / 1e3
 
 
 def make_fn_case(dim, lens, n_decode=0, init_prefill=False, lines=1024):
