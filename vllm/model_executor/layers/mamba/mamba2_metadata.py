@@ -1,0 +1,255 @@
+"""Per-step metadata of the Mamba2 layers, built once per step and read by every layer.
+
+The model runner calls ``Mamba2MetadataBuilder.build`` once per forward step with host
+data only (query_start_loc, each sequence's state slot, has_initial_state): nothing is read
+back from the device, and all host-built index data goes to the device in ONE non-blocking
+copy into a buffer the builder keeps across steps (grown when a step needs more, never
+reallocated otherwise). A metadata object is valid until the builder's next ``build``.
+
+Rows of a step fall in three groups, and the layers see them in this canonical order:
+
+1. the decode stream: one-token rows that continue a sequence (real slot, initial state),
+   and one-token padded rows (``PAD_SLOT_ID``; CUDA-graph padding of a decode batch);
+2. prefills: real rows that are not decodes (fresh prompts, chunked-prefill continuations,
+   one-token fresh prompts);
+3. other padded rows (zero or several tokens).
+
+When the input is not already in that order (a stable sort by group), ``token_perm`` maps
+each canonical token to its input token; the model applies it to the input ids and inverts
+it on the output, so every layer only ever sees canonical batches and splits them by slices.
+The scheduler can avoid that gather by putting decodes first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    PAD_SLOT_ID,
+    CausalConv1dMetadata,
+    compute_causal_conv1d_metadata,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
+    ChunkedScanLayout,
+    plan_chunked_scan,
+)
+
+_ALIGN = 8  # bytes: every field of the staging buffer starts int64-aligned
+
+
+@dataclass
+class Mamba2Metadata:
+    """One step's batch, in canonical row order (see the module docstring).
+
+    Counts (host ints): ``num_tokens``, ``batch_size`` (rows, padded ones included),
+    ``num_decode_tokens`` (= rows of the decode stream, tokens [0, num_decode_tokens)),
+    ``num_prefills`` and ``num_prefill_tokens`` (rows after the decode stream, tokens
+    [num_decode_tokens, num_decode_tokens + num_prefill_tokens)); later tokens are padding.
+
+    Device tensors: ``query_start_loc`` (batch+1,) int32, ``state_indices`` (batch,) int32
+    (``PAD_SLOT_ID`` for padded rows), ``has_initial_state`` (batch,) bool,
+    ``prefill_query_start_loc`` (num_prefills+1,) int32 relative to the first prefill token,
+    ``token_perm`` (num_tokens,) int64 or None. ``conv`` is the conv kernels' metadata for
+    the whole canonical batch; ``scan`` the chunk layout of the prefill rows.
+    """
+
+    num_tokens: int
+    batch_size: int
+    num_decode_tokens: int
+    num_prefills: int
+    num_prefill_tokens: int
+    query_start_loc_cpu: torch.Tensor
+    query_start_loc: torch.Tensor
+    state_indices: torch.Tensor
+    has_initial_state: torch.Tensor
+    prefill_query_start_loc: torch.Tensor
+    conv: CausalConv1dMetadata
+    scan: ChunkedScanLayout
+    token_perm: torch.Tensor | None
+
+    @property
+    def decode_only(self) -> bool:
+        """Every row is in the decode stream (the conv may use the update op)."""
+        return self.num_tokens > 0 and self.num_decode_tokens == self.num_tokens
+
+    @property
+    def decode_state_indices(self) -> torch.Tensor:
+        return self.state_indices[: self.num_decode_tokens]
+
+    def _prefill_rows(self) -> slice:
+        return slice(self.num_decode_tokens, self.num_decode_tokens + self.num_prefills)
+
+    @property
+    def prefill_state_indices(self) -> torch.Tensor:
+        return self.state_indices[self._prefill_rows()]
+
+    @property
+    def prefill_has_initial_state(self) -> torch.Tensor:
+        return self.has_initial_state[self._prefill_rows()]
+
+
+class _StagedUpload:
+    """Host tensors of one step packed into one buffer and copied to the device at once.
+
+    The host buffer is pinned on CUDA so the copy is asynchronous; before it is refilled the
+    builder waits for the previous step's copy out of it (that copy was queued a whole step
+    ago, so the wait is normally free). Both buffers only grow.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._host: torch.Tensor | None = None
+        self._device: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+        self.num_grows = 0
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._device is None else self._device.numel()
+
+    @property
+    def device_buffer(self) -> torch.Tensor | None:
+        return self._device
+
+    def _ensure(self, nbytes: int) -> None:
+        if nbytes <= self.capacity:
+            return
+        size = max(4096, 1 << (nbytes - 1).bit_length())
+        pin = self.device.type == "cuda"
+        self._host = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+        self._device = torch.empty(size, dtype=torch.uint8, device=self.device)
+        self._copied = None
+        self.num_grows += 1
+
+    def upload(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        offsets, total = {}, 0
+        for name, t in tensors.items():
+            offsets[name] = total
+            total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        self._ensure(total)
+        if self._copied is not None:
+            self._copied.synchronize()
+        for name, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            dst = self._host[offsets[name] : offsets[name] + nbytes].view(t.dtype)
+            dst.copy_(t.reshape(-1))
+        if total:
+            self._device[:total].copy_(self._host[:total], non_blocking=True)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return {
+            name: self._device[offsets[name] : offsets[name] + t.numel() * t.element_size()]
+            .view(t.dtype)
+            .view(t.shape)
+            for name, t in tensors.items()
+        }
+
+
+def _check_host(name: str, t, dtype: torch.dtype, length: int | None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor (host data), got {type(t).__name__}")
+    if t.dim() != 1 or t.dtype != dtype:
+        raise ValueError(f"{name} must be 1-D {dtype}, got shape {tuple(t.shape)} {t.dtype}")
+    if length is not None and t.numel() != length:
+        raise ValueError(f"{name} must have {length} entries, got {t.numel()}")
+    return t
+
+
+class Mamba2MetadataBuilder:
+    """Builds ``Mamba2Metadata`` once per step; owns the device buffers reused across steps.
+
+    ``chunk_size`` is the model's scan chunk (``config.chunk_size``), shared by all layers.
+    """
+
+    def __init__(self, chunk_size: int, device: torch.device | str):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.chunk_size = chunk_size
+        self.device = torch.device(device)
+        self._staging = _StagedUpload(self.device)
+        self.num_builds = 0
+
+    @property
+    def staging(self) -> _StagedUpload:
+        return self._staging
+
+    def build(
+        self,
+        query_start_loc_cpu: torch.Tensor,
+        state_indices_cpu: torch.Tensor,
+        has_initial_state_cpu: torch.Tensor,
+    ) -> Mamba2Metadata:
+        """The step's metadata from host tensors.
+
+        ``query_start_loc_cpu`` (batch+1,) int32 offsets from 0; ``state_indices_cpu``
+        (batch,) int32 slots, ``PAD_SLOT_ID`` for padded rows, distinct otherwise;
+        ``has_initial_state_cpu`` (batch,) bool: the row continues its slot's state.
+        """
+        qsl = _check_host("query_start_loc_cpu", query_start_loc_cpu, torch.int32, None)
+        if qsl.numel() < 1 or int(qsl[0]) != 0:
+            raise ValueError("query_start_loc_cpu must start at 0")
+        batch = qsl.numel() - 1
+        slots = _check_host("state_indices_cpu", state_indices_cpu, torch.int32, batch)
+        init = _check_host("has_initial_state_cpu", has_initial_state_cpu, torch.bool, batch)
+        lens = qsl[1:] - qsl[:-1]
+        if bool((lens < 0).any()):
+            raise ValueError("query_start_loc_cpu must be non-decreasing")
+        is_pad = slots == PAD_SLOT_ID
+        real = slots[~is_pad]
+        if bool((real < 0).any()) or real.unique().numel() != real.numel():
+            raise ValueError(
+                "state_indices_cpu must hold distinct non-negative slots (PAD_SLOT_ID for "
+                f"padded rows), got {slots.tolist()}"
+            )
+
+        one = lens == 1
+        in_decode_stream = one & (is_pad | init)
+        group = torch.where(in_decode_stream, 0, torch.where(is_pad, 2, 1))
+        order = torch.sort(group, stable=True).indices
+        canonical = bool((order == torch.arange(batch)).all())
+        num_tokens = int(qsl[-1])
+        if canonical:
+            qsl_c, slots_c, init_c, lens_c = qsl.clone(), slots, init, lens
+        else:
+            lens_c, slots_c, init_c = lens[order], slots[order], init[order]
+            qsl_c = torch.zeros(batch + 1, dtype=torch.int32)
+            torch.cumsum(lens_c, 0, out=qsl_c[1:])
+        num_decode = int(in_decode_stream.sum())
+        num_prefills = int((group == 1).sum())
+        prefill_lens = lens_c[num_decode : num_decode + num_prefills]
+        prefill_qsl = qsl_c[num_decode : num_decode + num_prefills + 1] - qsl_c[num_decode]
+        scan = plan_chunked_scan(prefill_lens, self.chunk_size)
+
+        host = {
+            "state_indices": slots_c,
+            "has_initial_state": init_c,
+            "prefill_query_start_loc": prefill_qsl,
+        }
+        host.update({f"scan.{name}": getattr(scan, name) for name in scan.TENSOR_FIELDS})
+        if not canonical:
+            # A canonical row keeps its tokens in order: each moves by the row's start shift.
+            shift = (qsl[:-1][order] - qsl_c[:-1]).long()
+            host["token_perm"] = torch.arange(num_tokens) + torch.repeat_interleave(
+                shift, lens_c.long()
+            )
+        dev = self._staging.upload(host)
+        conv = compute_causal_conv1d_metadata(qsl_c, self.device)
+        self.num_builds += 1
+        return Mamba2Metadata(
+            num_tokens=num_tokens,
+            batch_size=batch,
+            num_decode_tokens=num_decode,
+            num_prefills=num_prefills,
+            num_prefill_tokens=int(prefill_lens.sum()),
+            query_start_loc_cpu=qsl_c,
+            query_start_loc=conv.query_start_loc,
+            state_indices=dev["state_indices"],
+            has_initial_state=dev["has_initial_state"],
+            prefill_query_start_loc=dev["prefill_query_start_loc"],
+            conv=conv,
+            scan=replace(scan, **{name: dev[f"scan.{name}"] for name in scan.TENSOR_FIELDS}),
+            token_perm=dev.get("token_perm"),
+        )

@@ -1,0 +1,284 @@
+"""MambaMixer2: the Mamba2 token mixer over a continuous-batching step.
+
+    in_proj -> z | xBC | dt -> causal conv1d + SiLU over xBC -> x | B | C
+            -> selective scan (state per sequence) -> RMSNormGated(y, z) per group -> out_proj
+
+Tokens of all sequences come concatenated, (num_tokens, hidden), in the canonical order of
+``Mamba2Metadata`` (decode stream, prefills, other padding). The layer reads and updates
+its conv- and SSM-state lines in place; padded rows (``PAD_SLOT_ID``) leave every slot as
+it was and get y = 0 before the norm.
+
+Conv backend, fixed at construction from ``VLLM_USE_TRITON_CONV1D``:
+
+- Triton (1): the whole batch in ONE ``causal_conv1d_fn`` call, x passed as the
+  feature-contiguous (dim, tokens) transpose of the in_proj output's xBC columns (a view,
+  no copy); a decode-only step goes through ``causal_conv1d_update`` instead.
+- CUDA (0): split, as the classic design does: the decode stream through the CUDA update
+  op, the prefill rows through the CUDA forward op; the scan consumes the two results
+  where they lie, so nothing is stitched back.
+
+The SSM scan is the PyTorch one of ``ops.mamba_ssm_torch`` (Triton kernels may replace it
+behind the same two calls).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vllm.model_executor.layers.layernorm import RMSNormGated
+from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata
+from vllm.model_executor.layers.mamba.mamba_utils import (
+    ConvBackend,
+    check_conv_state_layout,
+    conv_backend_from_env,
+    load_cuda_conv_ops,
+    mamba2_state_spec,
+)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    PAD_SLOT_ID,
+    causal_conv1d_fn,
+    causal_conv1d_update,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
+    chunk_scan_varlen,
+    selective_state_update,
+)
+
+
+class DepthwiseConvWeights(nn.Module):
+    """The conv1d's parameters: weight (dim, width) with stride(1) == 1, optional bias."""
+
+    def __init__(self, dim: int, width: int, bias: bool, dtype: torch.dtype | None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, width, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, dtype=dtype)) if bias else None
+        nn.init.uniform_(self.weight, -(width**-0.5), width**-0.5)
+
+
+class MambaMixer2(nn.Module):
+    """One Mamba2 mixer. Parameter names follow HF transformers' Mamba2Mixer.
+
+    ``A_log``, ``D`` and ``dt_bias`` stay fp32 whatever ``dtype`` the other weights use.
+    """
+
+    def __init__(
+        self,
+        *,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        state_size: int,
+        n_groups: int,
+        conv_kernel: int,
+        use_bias: bool,
+        use_conv_bias: bool,
+        rms_norm_eps: float,
+        time_step_limit: tuple[float, float],
+        dtype: torch.dtype | None = None,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        if num_heads % n_groups:
+            raise ValueError(f"num_heads={num_heads} must be a multiple of n_groups={n_groups}")
+        self.layer_idx = layer_idx
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.state_size = state_size
+        self.n_groups = n_groups
+        self.intermediate_size = num_heads * head_dim
+        self.time_step_limit = (float(time_step_limit[0]), float(time_step_limit[1]))
+        self.spec = mamba2_state_spec(
+            num_heads=num_heads,
+            head_dim=head_dim,
+            state_size=state_size,
+            n_groups=n_groups,
+            conv_kernel=conv_kernel,
+        )
+        conv_dim = self.spec.conv_dim
+        self.in_proj = nn.Linear(
+            hidden_size, self.intermediate_size + conv_dim + num_heads, bias=use_bias, dtype=dtype
+        )
+        self.conv1d = DepthwiseConvWeights(conv_dim, conv_kernel, use_conv_bias, dtype)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, num_heads + 1, dtype=torch.float32)))
+        self.D = nn.Parameter(torch.ones(num_heads, dtype=torch.float32))
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32))
+        self.norm = RMSNormGated(
+            self.intermediate_size,
+            group_size=self.intermediate_size // n_groups,
+            eps=rms_norm_eps,
+            dtype=dtype,
+        )
+        self.out_proj = nn.Linear(self.intermediate_size, hidden_size, bias=use_bias, dtype=dtype)
+
+        self.backend = conv_backend_from_env()
+        self._cuda_ops = load_cuda_conv_ops() if self.backend is ConvBackend.CUDA else None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        metadata: Mamba2Metadata,
+    ) -> torch.Tensor:
+        """hidden_states (num_tokens, hidden) -> (num_tokens, hidden); updates the states.
+
+        ``conv_state`` (lines, conv_dim, W-1) in the backend's layout and ``ssm_state``
+        (lines, nheads, headdim, dstate) are this layer's views of the state pool.
+        """
+        self._check_inputs(hidden_states, conv_state, ssm_state, metadata)
+        num_tokens = hidden_states.shape[0]
+        num_dec, num_pre = metadata.num_decode_tokens, metadata.num_prefill_tokens
+        proj = self.in_proj(hidden_states)
+        gate, xbc, dt = proj.split(
+            [self.intermediate_size, self.spec.conv_dim, self.num_heads], dim=-1
+        )
+        if self.backend is ConvBackend.TRITON:
+            xbc_dec, xbc_pre = self._conv_triton(xbc, conv_state, metadata)
+        else:
+            xbc_dec, xbc_pre = self._conv_cuda(xbc, conv_state, metadata)
+
+        # Rows past the decode stream and the prefills are padding: y = 0 there.
+        alloc = torch.zeros if num_dec + num_pre < num_tokens else torch.empty
+        y = alloc(
+            num_tokens,
+            self.num_heads,
+            self.head_dim,
+            dtype=hidden_states.dtype,
+            device=hidden_states.device,
+        )
+        A = -torch.exp(self.A_log.float())
+        scan_args = dict(
+            D=self.D, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.time_step_limit
+        )
+        if num_dec:
+            x, B, C = self._split_xbc(xbc_dec)
+            selective_state_update(
+                ssm_state,
+                x,
+                dt[:num_dec],
+                A,
+                B,
+                C,
+                state_batch_indices=metadata.decode_state_indices,
+                pad_slot_id=PAD_SLOT_ID,
+                out=y[:num_dec],
+                **scan_args,
+            )
+        if metadata.num_prefills:
+            x, B, C = self._split_xbc(xbc_pre)
+            slots = metadata.prefill_state_indices.long()
+            initial = torch.where(
+                metadata.prefill_has_initial_state[:, None, None, None],
+                ssm_state.index_select(0, slots),
+                0.0,
+            )
+            _, final = chunk_scan_varlen(
+                x,
+                dt[num_dec : num_dec + num_pre],
+                A,
+                B,
+                C,
+                metadata.scan,
+                initial,
+                out=y[num_dec : num_dec + num_pre],
+                **scan_args,
+            )
+            ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
+
+        y = self.norm(y.view(num_tokens, self.intermediate_size), gate)
+        return self.out_proj(y)
+
+    def _split_xbc(self, xbc: torch.Tensor):
+        gn = self.n_groups * self.state_size
+        x, B, C = xbc.split([self.intermediate_size, gn, gn], dim=-1)
+        return (
+            x.unflatten(-1, (self.num_heads, self.head_dim)),
+            B.unflatten(-1, (self.n_groups, self.state_size)),
+            C.unflatten(-1, (self.n_groups, self.state_size)),
+        )
+
+    def _conv_triton(self, xbc, conv_state, md: Mamba2Metadata):
+        """The whole batch in one launch; returns the decode-stream and prefill rows."""
+        w, b = self.conv1d.weight, self.conv1d.bias
+        if md.decode_only:
+            out = causal_conv1d_update(
+                xbc,
+                conv_state,
+                w,
+                b,
+                activation="silu",
+                conv_state_indices=md.state_indices,
+                pad_slot_id=PAD_SLOT_ID,
+            )
+        else:
+            out = causal_conv1d_fn(
+                xbc.t(),
+                w,
+                b,
+                conv_state,
+                md.query_start_loc,
+                cache_indices=md.state_indices,
+                has_initial_state=md.has_initial_state,
+                activation="silu",
+                pad_slot_id=PAD_SLOT_ID,
+                metadata=md.conv,
+            ).t()
+        num_dec = md.num_decode_tokens
+        return out[:num_dec], out[num_dec : num_dec + md.num_prefill_tokens]
+
+    def _conv_cuda(self, xbc, conv_state, md: Mamba2Metadata):
+        """Split: decode stream through the CUDA update op, prefill rows through the forward op.
+
+        ``vllm._custom_ops.causal_conv1d_update_cuda`` takes x (batch, dim) rows and
+        ``causal_conv1d_fwd_cuda`` x (dim, tokens) with stride(0) == 1: both get views of
+        the in_proj output, and their results are consumed where they lie.
+        """
+        ops = self._cuda_ops
+        w, b = self.conv1d.weight, self.conv1d.bias
+        num_dec, num_pre = md.num_decode_tokens, md.num_prefill_tokens
+        dec = xbc[:0]
+        if num_dec:
+            dec = ops.causal_conv1d_update_cuda(
+                xbc[:num_dec], conv_state, w, b, True, md.decode_state_indices, PAD_SLOT_ID
+            )
+        pre = xbc[:0]
+        if md.num_prefills:
+            pre = ops.causal_conv1d_fwd_cuda(
+                xbc[num_dec : num_dec + num_pre].t(),
+                w,
+                b,
+                conv_state,
+                md.prefill_query_start_loc,
+                md.prefill_state_indices,
+                md.prefill_has_initial_state,
+                True,
+                PAD_SLOT_ID,
+            ).t()
+        return dec, pre
+
+    def _check_inputs(self, hidden_states, conv_state, ssm_state, md) -> None:
+        where = f"MambaMixer2 (layer {self.layer_idx})"
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
+            raise ValueError(
+                f"{where}: hidden_states must be (num_tokens, {self.hidden_size}), "
+                f"got {tuple(hidden_states.shape)}"
+            )
+        if md.num_tokens != hidden_states.shape[0]:
+            raise ValueError(
+                f"{where}: metadata was built for {md.num_tokens} tokens, "
+                f"hidden_states has {hidden_states.shape[0]}"
+            )
+        lines = conv_state.shape[0]
+        if conv_state.dim() != 3 or tuple(conv_state.shape[1:]) != self.spec.conv_shape:
+            raise ValueError(
+                f"{where}: conv_state must be (lines, {self.spec.conv_shape[0]}, "
+                f"{self.spec.conv_shape[1]}), got {tuple(conv_state.shape)}"
+            )
+        if ssm_state.dim() != 4 or tuple(ssm_state.shape) != (lines, *self.spec.ssm_shape):
+            raise ValueError(
+                f"{where}: ssm_state must be ({lines}, {', '.join(map(str, self.spec.ssm_shape))})"
+                f", got {tuple(ssm_state.shape)}"
+            )
+        check_conv_state_layout(conv_state, self.backend)

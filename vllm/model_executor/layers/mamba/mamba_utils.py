@@ -1,0 +1,183 @@
+"""The Mamba2 state pool: its sizes, its conv layout per backend, and the allocator.
+
+One function, ``mamba2_state_spec``, gives the per-slot state sizes of a Mamba2 layer;
+``MambaMixer2`` checks the tensors it is handed against it and ``MambaStatePool`` allocates
+with it, so the two cannot disagree.
+
+The conv-state layout follows the conv backend (``VLLM_USE_TRITON_CONV1D``):
+
+- Triton: feature-contiguous, a (lines, dim, W-1) view with ``stride(1) == 1`` (allocated
+  as (lines, W-1, dim) and transposed), which the Triton kernels read coalesced;
+- CUDA: width-contiguous, (lines, dim, W-1) contiguous, as the CUDA ops expect.
+
+A pool has ``num_slots + 1`` lines per layer. Slots 0 .. num_slots - 1 belong to sequences;
+the last line is the sink where padded rows (``PAD_SLOT_ID``) of a decode batch drop their
+SSM state (see ``selective_state_update``), so no real slot is ever written by a pad.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from vllm import envs
+
+
+@dataclass(frozen=True)
+class Mamba2StateSpec:
+    """Per-slot state sizes of one Mamba2 layer."""
+
+    conv_dim: int
+    conv_state_len: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+
+    @property
+    def conv_shape(self) -> tuple[int, int]:
+        """(dim, W-1), the logical shape of one conv-state line."""
+        return (self.conv_dim, self.conv_state_len)
+
+    @property
+    def ssm_shape(self) -> tuple[int, int, int]:
+        """(nheads, headdim, dstate), one SSM-state line."""
+        return (self.num_heads, self.head_dim, self.state_size)
+
+
+def mamba2_state_spec(
+    *,
+    num_heads: int,
+    head_dim: int,
+    state_size: int,
+    n_groups: int,
+    conv_kernel: int,
+) -> Mamba2StateSpec:
+    """The per-slot state sizes of a Mamba2 layer (the conv runs over x | B | C)."""
+    intermediate_size = num_heads * head_dim
+    return Mamba2StateSpec(
+        conv_dim=intermediate_size + 2 * n_groups * state_size,
+        conv_state_len=conv_kernel - 1,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        state_size=state_size,
+    )
+
+
+class ConvBackend(enum.Enum):
+    TRITON = "triton"
+    CUDA = "cuda"
+
+
+def conv_backend_from_env() -> ConvBackend:
+    """The backend ``VLLM_USE_TRITON_CONV1D`` asks for (read now, from vllm.envs)."""
+    return ConvBackend.TRITON if envs.VLLM_USE_TRITON_CONV1D else ConvBackend.CUDA
+
+
+def load_cuda_conv_ops():
+    """``vllm._custom_ops``, checked to have the CUDA conv ops built; RuntimeError otherwise.
+
+    Imported here, lazily, so the Triton backend never needs the module.
+    """
+    hint = (
+        "VLLM_USE_TRITON_CONV1D=0 selects the CUDA causal-conv1d ops, but {why}. Build "
+        "them on a machine with a CUDA build of torch, nvcc and cmake (`VLLM_BUILD_CUDA_OPS=1 "
+        "pip install --no-deps --no-build-isolation -e .`), or set VLLM_USE_TRITON_CONV1D=1 "
+        "for the Triton ops, which need no build."
+    )
+    try:
+        from vllm import _custom_ops as ops
+    except ImportError as err:
+        raise RuntimeError(hint.format(why=f"vllm._custom_ops cannot be imported ({err})")) from err
+    available = getattr(ops, "cuda_ops_available", None)
+    if available is None or not available():
+        raise RuntimeError(hint.format(why="vllm._custom_ops reports them not built"))
+    return ops
+
+
+def allocate_conv_state(
+    num_lines: int,
+    spec: Mamba2StateSpec,
+    backend: ConvBackend,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    num_layers: int | None = None,
+) -> torch.Tensor:
+    """Zeroed conv states (``[num_layers,] num_lines, dim, W-1``) in the backend's layout."""
+    lead = () if num_layers is None else (num_layers,)
+    dim, state_len = spec.conv_shape
+    if backend is ConvBackend.TRITON:
+        return torch.zeros(*lead, num_lines, state_len, dim, dtype=dtype, device=device).transpose(
+            -1, -2
+        )
+    return torch.zeros(*lead, num_lines, dim, state_len, dtype=dtype, device=device)
+
+
+def check_conv_state_layout(conv_state: torch.Tensor, backend: ConvBackend) -> None:
+    """Raise ValueError when a conv-state tensor is not in the backend's layout."""
+    if backend is ConvBackend.TRITON:
+        if conv_state.stride(-2) != 1:
+            raise ValueError(
+                "the Triton conv backend needs a feature-contiguous conv state "
+                f"(stride(1) == 1), got strides {conv_state.stride()}; allocate the pool "
+                "under the same VLLM_USE_TRITON_CONV1D as the model"
+            )
+    elif not conv_state.is_contiguous():
+        raise ValueError(
+            "the CUDA conv backend needs a width-contiguous (contiguous) conv state, got "
+            f"strides {conv_state.stride()}; allocate the pool under the same "
+            "VLLM_USE_TRITON_CONV1D as the model"
+        )
+
+
+class MambaStatePool:
+    """Conv and SSM state of every Mamba layer for ``num_slots`` sequences (+ the pad sink).
+
+    ``conv_state``: (num_layers, num_slots + 1, dim, W-1) in the backend's layout;
+    ``ssm_state``: (num_layers, num_slots + 1, nheads, headdim, dstate).
+    ``layer(i)`` gives layer i's pair of views, which the layer updates in place.
+    """
+
+    def __init__(
+        self,
+        spec: Mamba2StateSpec,
+        num_layers: int,
+        num_slots: int,
+        backend: ConvBackend,
+        conv_dtype: torch.dtype,
+        ssm_dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        if num_slots < 1 or num_layers < 1:
+            raise ValueError(
+                f"need num_slots >= 1 and num_layers >= 1, got {num_slots}, {num_layers}"
+            )
+        self.spec = spec
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.backend = backend
+        lines = num_slots + 1
+        self.conv_state = allocate_conv_state(lines, spec, backend, conv_dtype, device, num_layers)
+        self.ssm_state = torch.zeros(
+            num_layers, lines, *spec.ssm_shape, dtype=ssm_dtype, device=device
+        )
+
+    @property
+    def pad_line(self) -> int:
+        """The sink line of padded rows (not a slot)."""
+        return self.num_slots
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.conv_state[i], self.ssm_state[i]
+
+    def clone(self) -> MambaStatePool:
+        """A deep copy with the same layout (strides kept)."""
+        twin = object.__new__(MambaStatePool)
+        twin.__dict__.update(self.__dict__)
+        twin.conv_state = torch.empty_like(self.conv_state).copy_(self.conv_state)
+        twin.ssm_state = self.ssm_state.clone()
+        return twin
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv_state, self.ssm_state))

@@ -1,0 +1,81 @@
+"""get_model: config, then the model on its device, then its weights."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from vllm.model_executor.model_loader.weight_utils import (
+    initialize_dummy_weights,
+    iterate_safetensors,
+)
+from vllm.model_executor.models.mamba2 import Mamba2ForCausalLM
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, config: Mamba2ModelConfig) -> torch.dtype:
+    """None or "auto": the config's dtype (fp32 when it names none)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(
+                f"dtype {dtype} is not supported; use one of float32, float16, bfloat16"
+            )
+        return dtype
+    if dtype is None or dtype == "auto":
+        dtype = config.dtype or "float32"
+    key = str(dtype).removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[key]
+
+
+def get_model(
+    model: str | os.PathLike | Mamba2ModelConfig,
+    *,
+    load_format: str = "auto",
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> Mamba2ForCausalLM:
+    """A ``Mamba2ForCausalLM`` in eval mode on ``device``.
+
+    ``model`` is an HF model directory (``config.json`` with Mamba2Config fields, plus
+    ``*.safetensors`` unless ``load_format="dummy"``), or a ``Mamba2ModelConfig`` (dummy
+    weights only). ``seed`` seeds the dummy weights. The conv backend is the one
+    ``VLLM_USE_TRITON_CONV1D`` selects now.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
+    if isinstance(model, Mamba2ModelConfig):
+        config, model_dir = model, None
+        if load_format != "dummy":
+            raise ValueError(
+                "a config without a model directory has no weights to load: pass "
+                "load_format='dummy' for random weights"
+            )
+    else:
+        model_dir = Path(model)
+        config = Mamba2ModelConfig.from_pretrained(model_dir)
+    torch_dtype = resolve_dtype(dtype, config)
+    with torch.device(device):
+        net = Mamba2ForCausalLM(config, dtype=torch_dtype)
+    if load_format == "dummy":
+        initialize_dummy_weights(net, seed)
+    else:
+        net.load_weights(iterate_safetensors(model_dir))
+    return net.eval()

@@ -1,0 +1,70 @@
+"""Reading safetensors checkpoints, and random ("dummy") weights."""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+def safetensors_files(model_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoint's ``*.safetensors`` files (all shards), sorted."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors weights in {str(model_dir)!r} (use load_format='dummy' for "
+            "random weights)"
+        )
+    return files
+
+
+def iterate_safetensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor of every shard."""
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
+@torch.no_grad()
+def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights with the scales of a trained Mamba2, drawn on the parameters' device.
+
+    A stays negative with |A| in [1, 16], dt = softplus(dt_bias) in [1e-3, 0.1] (HF's
+    initialisation ranges), norm gains near 1, matrices with unit-variance outputs: finite,
+    non-trivial activations at any depth, without touching disk.
+    """
+    for name, param in model.named_parameters():
+        gen = torch.Generator(device=param.device).manual_seed(seed + zlib.crc32(name.encode()))
+
+        def draw(lo: float, hi: float, p=param, g=gen) -> torch.Tensor:
+            t = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+            return t.uniform_(lo, hi, generator=g)
+
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "A_log":
+            value = draw(1.0, 16.0).log()
+        elif leaf == "dt_bias":
+            dt = draw(math.log(1e-3), math.log(1e-1)).exp()
+            value = dt + torch.log(-torch.expm1(-dt))
+        elif leaf == "D":
+            value = draw(0.5, 1.5)
+        elif name.endswith("conv1d.weight"):
+            bound = param.shape[-1] ** -0.5
+            value = draw(-bound, bound)
+        elif leaf == "bias":
+            value = draw(-0.1, 0.1)
+        elif param.dim() == 1:  # norm gains
+            value = draw(0.8, 1.2)
+        elif "embeddings" in name:
+            value = draw(-1.0, 1.0)
+        else:  # (out, in) matrices
+            bound = math.sqrt(3.0 / param.shape[1])
+            value = draw(-bound, bound)
+        param.copy_(value)

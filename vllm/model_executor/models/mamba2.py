@@ -1,0 +1,203 @@
+"""Mamba2ForCausalLM: embeddings, N x (RMSNorm + MambaMixer2) with a residual, final norm, lm head.
+
+One forward step runs a whole continuous-batching step: the tokens of every sequence,
+concatenated, with the step's ``Mamba2Metadata`` (built once by the runner through
+``metadata_builder``) and the ``MambaStatePool`` (from ``allocate_state_pool``)::
+
+    builder = model.metadata_builder(device)
+    pool = model.allocate_state_pool(num_slots)
+    md = builder.build(query_start_loc_cpu, state_indices_cpu, has_initial_state_cpu)
+    hidden = model(input_ids, md, pool)          # (num_tokens, hidden), input order
+    logits = model.compute_logits(hidden[last_token_rows])
+
+The residual stream is fp32 when ``residual_in_fp32`` (as in HF transformers). Parameter
+names are HF transformers' (``backbone.layers.{i}.mixer.in_proj.weight``, ...), with the
+conv weight stored as (dim, width); ``load_weights`` maps a checkpoint onto them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.mamba.mamba2_metadata import (
+    Mamba2Metadata,
+    Mamba2MetadataBuilder,
+)
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import (
+    Mamba2StateSpec,
+    MambaStatePool,
+    mamba2_state_spec,
+)
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+
+class Mamba2DecoderLayer(nn.Module):
+    def __init__(self, config: Mamba2ModelConfig, layer_idx: int, dtype: torch.dtype):
+        super().__init__()
+        self.residual_in_fp32 = config.residual_in_fp32
+        self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
+        self.mixer = MambaMixer2(
+            hidden_size=config.hidden_size,
+            num_heads=config.num_heads,
+            head_dim=config.head_dim,
+            state_size=config.state_size,
+            n_groups=config.n_groups,
+            conv_kernel=config.conv_kernel,
+            use_bias=config.use_bias,
+            use_conv_bias=config.use_conv_bias,
+            rms_norm_eps=config.layer_norm_epsilon,
+            time_step_limit=config.time_step_limit,
+            dtype=dtype,
+            layer_idx=layer_idx,
+        )
+
+    def forward(self, hidden_states, conv_state, ssm_state, metadata) -> torch.Tensor:
+        residual = hidden_states.float() if self.residual_in_fp32 else hidden_states
+        mixed = self.mixer(self.norm(hidden_states), conv_state, ssm_state, metadata)
+        return residual + mixed
+
+
+class Mamba2Model(nn.Module):
+    def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            Mamba2DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)
+        )
+        self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
+
+    def forward(
+        self, input_ids: torch.Tensor, metadata: Mamba2Metadata, state: MambaStatePool
+    ) -> torch.Tensor:
+        perm = metadata.token_perm
+        if perm is not None:
+            input_ids = input_ids.index_select(0, perm)
+        hidden = self.embeddings(input_ids)
+        for i, layer in enumerate(self.layers):
+            conv_state, ssm_state = state.layer(i)
+            hidden = layer(hidden, conv_state, ssm_state, metadata)
+        hidden = self.norm_f(hidden)
+        if perm is not None:
+            hidden = torch.empty_like(hidden).index_copy_(0, perm, hidden)
+        return hidden
+
+
+class Mamba2ForCausalLM(nn.Module):
+    def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.backbone = Mamba2Model(config, dtype)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.conv_backend = self.backbone.layers[0].mixer.backend
+
+    def forward(
+        self, input_ids: torch.Tensor, metadata: Mamba2Metadata, state: MambaStatePool
+    ) -> torch.Tensor:
+        """Final hidden states (num_tokens, hidden) in the model dtype, in input order."""
+        if input_ids.dim() != 1 or input_ids.shape[0] != metadata.num_tokens:
+            raise ValueError(
+                f"input_ids must be (num_tokens={metadata.num_tokens},), "
+                f"got {tuple(input_ids.shape)}"
+            )
+        if state.num_layers != self.config.num_hidden_layers or state.spec != self.state_spec():
+            raise ValueError("the state pool was allocated for another model shape")
+        if state.backend is not self.conv_backend:
+            raise ValueError(
+                f"the state pool has the {state.backend.value} conv layout but the model "
+                f"uses the {self.conv_backend.value} backend"
+            )
+        if metadata.num_tokens == 0:
+            return torch.empty(
+                0, self.config.hidden_size, dtype=self.dtype, device=input_ids.device
+            )
+        return self.backbone(input_ids, metadata, state)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """fp32 logits (rows, vocab) of final hidden states."""
+        weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden_states.to(weight.dtype), weight).float()
+
+    def state_spec(self) -> Mamba2StateSpec:
+        c = self.config
+        return mamba2_state_spec(
+            num_heads=c.num_heads,
+            head_dim=c.head_dim,
+            state_size=c.state_size,
+            n_groups=c.n_groups,
+            conv_kernel=c.conv_kernel,
+        )
+
+    def allocate_state_pool(
+        self,
+        num_slots: int,
+        device: torch.device | str | None = None,
+        ssm_dtype: torch.dtype = torch.float32,
+    ) -> MambaStatePool:
+        """States for ``num_slots`` sequences; conv states in the model dtype and backend layout."""
+        if device is None:
+            device = self.backbone.embeddings.weight.device
+        return MambaStatePool(
+            self.state_spec(),
+            num_layers=self.config.num_hidden_layers,
+            num_slots=num_slots,
+            backend=self.conv_backend,
+            conv_dtype=self.dtype,
+            ssm_dtype=ssm_dtype,
+            device=device,
+        )
+
+    def metadata_builder(self, device: torch.device | str | None = None) -> Mamba2MetadataBuilder:
+        if device is None:
+            device = self.backbone.embeddings.weight.device
+        return Mamba2MetadataBuilder(self.config.chunk_size, device)
+
+    def hf_to_param_name(self, name: str) -> str | None:
+        """Our parameter name for a checkpoint name; None for a tensor to skip."""
+        if name == "backbone.embedding.weight":  # original state-spaces checkpoints
+            return "backbone.embeddings.weight"
+        if name == "lm_head.weight" and self.lm_head is None:
+            return None  # tied: the embeddings serve as the head
+        return name
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy (name, tensor) pairs of an HF checkpoint into the parameters.
+
+        Raises ValueError for a shape mismatch, an unknown name, or a missing parameter.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        unknown: list[str] = []
+        for ckpt_name, tensor in weights:
+            name = self.hf_to_param_name(ckpt_name)
+            if name is None:
+                continue
+            param = params.get(name)
+            if param is None:
+                unknown.append(ckpt_name)
+                continue
+            if name.endswith("conv1d.weight") and tensor.dim() == 3 and tensor.shape[1] == 1:
+                tensor = tensor.squeeze(1)  # HF's nn.Conv1d layout (dim, 1, width)
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"weight {ckpt_name!r} has shape {tuple(tensor.shape)} in the checkpoint, "
+                    f"but the config makes {name!r} {tuple(param.shape)}: the weights do not "
+                    "belong to this config.json"
+                )
+            param.copy_(tensor)
+            loaded.add(name)
+        if unknown:
+            raise ValueError(f"checkpoint has weights this model does not know: {sorted(unknown)}")
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks weights the model needs: {missing}")

@@ -1,0 +1,151 @@
+"""The Mamba2 model configuration, read from HF transformers' ``Mamba2Config`` fields.
+
+Field names and defaults are those of transformers' ``Mamba2Config``, so
+``Mamba2ModelConfig()`` is the Mamba-Codestral-7B shape (hidden 4096, 64 layers, 128 heads
+of 64, state 128, 8 groups, conv 4). ``from_dict`` reads a ``config.json`` written by
+``save_pretrained``; fields that do not change inference (initialisation ranges,
+``time_step_rank`` and so on) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+_ARCHITECTURE = "Mamba2ForCausalLM"
+_MODEL_TYPE = "mamba2"
+
+
+def _float(name: str, value: Any) -> float:
+    # save_pretrained writes inf as {"__float__": "Infinity"}; plain JSON may say "Infinity".
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        value = value["__float__"]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"config field {name}: expected a number, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Mamba2ModelConfig:
+    vocab_size: int = 32768
+    hidden_size: int = 4096
+    num_hidden_layers: int = 64
+    num_heads: int = 128
+    head_dim: int = 64
+    state_size: int = 128
+    n_groups: int = 8
+    expand: int = 2
+    conv_kernel: int = 4
+    chunk_size: int = 256
+    use_bias: bool = False
+    use_conv_bias: bool = True
+    layer_norm_epsilon: float = 1e-5
+    residual_in_fp32: bool = True
+    tie_word_embeddings: bool = False
+    time_step_limit: tuple[float, float] = (0.0, math.inf)
+    hidden_act: str = "silu"
+    dtype: str | None = None
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.expand * self.hidden_size
+
+    def validate(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_heads",
+            "head_dim",
+            "state_size",
+            "n_groups",
+            "expand",
+            "chunk_size",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
+        for name in ("use_bias", "use_conv_bias", "residual_in_fp32", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"config field {name} must be true or false, got {getattr(self, name)!r}"
+                )
+        if self.intermediate_size != self.num_heads * self.head_dim:
+            raise ValueError(
+                f"config: expand * hidden_size = {self.intermediate_size} must equal "
+                f"num_heads * head_dim = {self.num_heads * self.head_dim}"
+            )
+        if self.num_heads % self.n_groups:
+            raise ValueError(
+                f"config: num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}"
+            )
+        if not 2 <= self.conv_kernel <= 8:
+            raise ValueError(
+                f"config field conv_kernel={self.conv_kernel} is not supported (the conv "
+                "kernels take widths 2..8)"
+            )
+        if self.hidden_act not in ("silu", "swish"):
+            raise ValueError(
+                f"config field hidden_act={self.hidden_act!r} is not supported: Mamba2's conv "
+                "activation is silu"
+            )
+        lo, hi = self.time_step_limit
+        if not 0.0 <= lo <= hi:
+            raise ValueError(f"config field time_step_limit={self.time_step_limit} is invalid")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Mamba2ModelConfig:
+        """From the fields of an HF ``config.json`` (model_type ``mamba2``)."""
+        model_type = raw.get("model_type")
+        architectures = raw.get("architectures") or []
+        if model_type != _MODEL_TYPE and _ARCHITECTURE not in architectures:
+            raise ValueError(
+                f"unsupported model: model_type={model_type!r}, architectures={architectures}; "
+                f"this loader serves model_type {_MODEL_TYPE!r} ({_ARCHITECTURE})"
+            )
+        missing = [n for n in ("hidden_size", "num_hidden_layers", "vocab_size") if n not in raw]
+        if missing:
+            raise ValueError(f"config is missing required fields: {', '.join(missing)}")
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            key = f.name
+            if key == "dtype" and key not in raw:
+                key = "torch_dtype"
+            if key not in raw or raw[key] is None:
+                continue
+            value = raw[key]
+            if f.name == "time_step_limit":
+                if not isinstance(value, list | tuple) or len(value) != 2:
+                    raise ValueError(
+                        f"config field time_step_limit must be [min, max], got {value}"
+                    )
+                value = (_float("time_step_limit", value[0]), _float("time_step_limit", value[1]))
+            elif f.name == "layer_norm_epsilon":
+                value = _float(f.name, value)
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | os.PathLike) -> Mamba2ModelConfig:
+        """From ``model_dir/config.json``."""
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"no config.json in model directory {str(path)!r}")
+        try:
+            raw = json.loads(config_file.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{config_file} is not valid JSON: {err}") from err
+        if not isinstance(raw, dict):
+            raise ValueError(f"{config_file} must hold a JSON object")
+        return cls.from_dict(raw)
