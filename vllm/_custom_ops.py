@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from vllm.tensor_checks import FLOAT_DTYPES, MAX_CONV_WIDTH, MIN_CONV_WIDTH, check_tensor
+
 __all__ = [
     "causal_conv1d_fwd_cuda",
     "causal_conv1d_update_cuda",
@@ -40,8 +42,6 @@ __all__ = [
 ]
 
 _LIBRARY_STEM = "_C_conv"
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MIN_WIDTH, _MAX_WIDTH = 2, 8
 
 _BUILD_HINT = (
     "build them on a machine with a CUDA build of torch, nvcc and cmake >= 3.25: "
@@ -138,24 +138,12 @@ def cuda_ops_available() -> bool:
 # --------------------------------------------------------------------------
 
 
-def _check_tensor(name, t, device, ndim, dtypes):
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise ValueError(f"{name} must have dtype in ({names}), got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but x is on {device}")
-
-
 def _check_x(x: torch.Tensor, feature_axis: int) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.device.type != "cuda":
         raise ValueError(f"x must be a CUDA tensor, got device {x.device}")
-    _check_tensor("x", x, x.device, 2, _FLOAT_DTYPES)
+    check_tensor("x", x, x.device, 2, FLOAT_DTYPES)
     if x.shape[feature_axis] > 1 and x.stride(feature_axis) != 1:
         raise ValueError(
             f"x must be feature-contiguous (x.stride({feature_axis}) == 1), got strides "
@@ -164,21 +152,23 @@ def _check_x(x: torch.Tensor, feature_axis: int) -> None:
 
 
 def _check_weights_and_states(x, dim, weight, bias, states, states_name) -> int:
-    _check_tensor("weight", weight, x.device, 2, (x.dtype,))
+    check_tensor("weight", weight, x.device, 2, (x.dtype,))
     width = weight.shape[1]
     if weight.shape[0] != dim:
         raise ValueError(f"weight must be (dim={dim}, width), got {tuple(weight.shape)}")
-    if not _MIN_WIDTH <= width <= _MAX_WIDTH:
-        raise ValueError(f"weight width must be in [{_MIN_WIDTH}, {_MAX_WIDTH}], got {width}")
+    if not MIN_CONV_WIDTH <= width <= MAX_CONV_WIDTH:
+        raise ValueError(
+            f"weight width must be in [{MIN_CONV_WIDTH}, {MAX_CONV_WIDTH}], got {width}"
+        )
     if weight.stride(1) != 1:
         raise ValueError(f"weight must have stride(1) == 1, got strides {weight.stride()}")
     if bias is not None:
-        _check_tensor("bias", bias, x.device, 1, (x.dtype,))
+        check_tensor("bias", bias, x.device, 1, (x.dtype,))
         if bias.shape[0] != dim:
             raise ValueError(f"bias must be (dim={dim},), got {tuple(bias.shape)}")
         if dim > 1 and bias.stride(0) != 1:
             raise ValueError(f"bias must be contiguous, got stride {bias.stride(0)}")
-    _check_tensor(states_name, states, x.device, 3, (x.dtype,))
+    check_tensor(states_name, states, x.device, 3, (x.dtype,))
     if states.shape[1] != dim or states.shape[2] < width - 1:
         raise ValueError(
             f"{states_name} must be (num_cache_lines, dim={dim}, state_len >= width-1 = "
@@ -195,7 +185,7 @@ def _check_weights_and_states(x, dim, weight, bias, states, states_name) -> int:
 def _check_index(name, t, device, n, dtype) -> None:
     if t is None:
         return
-    _check_tensor(name, t, device, 1, (dtype,))
+    check_tensor(name, t, device, 1, (dtype,))
     if t.shape[0] != n:
         raise ValueError(f"{name} must have {n} entries, got {t.shape[0]}")
     if n > 1 and t.stride(0) != 1:
@@ -203,7 +193,7 @@ def _check_index(name, t, device, n, dtype) -> None:
 
 
 def _check_out(out, x, shape, feature_axis) -> None:
-    _check_tensor("out", out, x.device, 2, (x.dtype,))
+    check_tensor("out", out, x.device, 2, (x.dtype,))
     if tuple(out.shape) != shape:
         raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
     if shape[feature_axis] > 1 and out.stride(feature_axis) != 1:
@@ -256,7 +246,7 @@ def causal_conv1d_fwd_cuda(
     _check_x(x, feature_axis=0)
     dim, num_tokens = x.shape
     _check_weights_and_states(x, dim, weight, bias, conv_states, "conv_states")
-    _check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
+    check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
     if query_start_loc.shape[0] < 1:
         raise ValueError("query_start_loc must have batch+1 >= 1 entries")
     batch = query_start_loc.shape[0] - 1

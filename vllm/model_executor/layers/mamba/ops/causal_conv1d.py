@@ -60,6 +60,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
+from vllm.tensor_checks import FLOAT_DTYPES, MAX_CONV_WIDTH, MIN_CONV_WIDTH, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
 
 __all__ = [
@@ -71,9 +72,6 @@ __all__ = [
     "causal_conv1d_update_ref",
     "compute_causal_conv1d_metadata",
 ]
-
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MIN_WIDTH, _MAX_WIDTH = 2, 8
 
 
 # --------------------------------------------------------------------------
@@ -625,32 +623,22 @@ def compute_causal_conv1d_metadata(
 # --------------------------------------------------------------------------
 
 
-def _check_tensor(name, t, device, ndim=None, dtypes=None):
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
-    if dtypes is not None and t.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise ValueError(f"{name} must have dtype in ({names}), got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but x is on {device}")
-
-
 def _check_common(x, weight, bias, conv_states, dim, states_name):
-    _check_tensor("weight", weight, x.device, 2, _FLOAT_DTYPES)
+    check_tensor("weight", weight, x.device, 2, FLOAT_DTYPES)
     width = weight.shape[1]
     if weight.shape[0] != dim:
         raise ValueError(f"weight must be (dim={dim}, width), got {tuple(weight.shape)}")
-    if not _MIN_WIDTH <= width <= _MAX_WIDTH:
-        raise ValueError(f"weight width must be in [{_MIN_WIDTH}, {_MAX_WIDTH}], got {width}")
+    if not MIN_CONV_WIDTH <= width <= MAX_CONV_WIDTH:
+        raise ValueError(
+            f"weight width must be in [{MIN_CONV_WIDTH}, {MAX_CONV_WIDTH}], got {width}"
+        )
     if weight.stride(1) != 1:
         raise ValueError(f"weight must have stride(1) == 1, got strides {weight.stride()}")
     if bias is not None:
-        _check_tensor("bias", bias, x.device, 1, _FLOAT_DTYPES)
+        check_tensor("bias", bias, x.device, 1, FLOAT_DTYPES)
         if bias.shape[0] != dim:
             raise ValueError(f"bias must be (dim={dim},), got {tuple(bias.shape)}")
-    _check_tensor(states_name, conv_states, x.device, 3, _FLOAT_DTYPES)
+    check_tensor(states_name, conv_states, x.device, 3, FLOAT_DTYPES)
     if conv_states.shape[1] != dim:
         raise ValueError(
             f"{states_name} must be (num_cache_lines, dim={dim}, state_len), "
@@ -671,7 +659,7 @@ def _check_common(x, weight, bias, conv_states, dim, states_name):
 def _check_index(name, t, device, batch):
     if t is None:
         return
-    _check_tensor(name, t, device, 1, (torch.int32,))
+    check_tensor(name, t, device, 1, (torch.int32,))
     if t.shape[0] != batch:
         raise ValueError(f"{name} must have batch={batch} entries, got {t.shape[0]}")
 
@@ -820,7 +808,7 @@ def causal_conv1d_fn(
     syncs with the host. ``validate_data=True`` adds checks that read device
     data (and so sync).
     """
-    _check_tensor("x", x, x.device if isinstance(x, torch.Tensor) else None, 2, _FLOAT_DTYPES)
+    check_tensor("x", x, x.device if isinstance(x, torch.Tensor) else None, 2, FLOAT_DTYPES)
     dim, num_tokens = x.shape
     if x.stride(0) != 1 and dim > 1:
         raise ValueError(
@@ -828,13 +816,13 @@ def causal_conv1d_fn(
             f"got strides {x.stride()}"
         )
     _check_common(x, weight, bias, conv_states, dim, "conv_states")
-    _check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
+    check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
     if query_start_loc.shape[0] < 1:
         raise ValueError("query_start_loc must have batch+1 >= 1 entries")
     batch = query_start_loc.shape[0] - 1
     _check_index("cache_indices", cache_indices, x.device, batch)
     if has_initial_state is not None:
-        _check_tensor("has_initial_state", has_initial_state, x.device, 1, (torch.bool,))
+        check_tensor("has_initial_state", has_initial_state, x.device, 1, (torch.bool,))
         if has_initial_state.shape[0] != batch:
             raise ValueError(
                 f"has_initial_state must have batch={batch} entries, "
@@ -1007,13 +995,13 @@ def causal_conv1d_update(
             "cache_seqlens (circular-buffer conv state) is not supported; cache lines "
             "are kept in order, see num_accepted_tokens for speculative decoding"
         )
-    _check_tensor("x", x, x.device if isinstance(x, torch.Tensor) else None, None, _FLOAT_DTYPES)
+    check_tensor("x", x, x.device if isinstance(x, torch.Tensor) else None, None, FLOAT_DTYPES)
     if query_start_loc is not None:
         if x.dim() != 2:
             raise ValueError(
                 f"with query_start_loc, x must be (num_tokens, dim), got shape {tuple(x.shape)}"
             )
-        _check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
+        check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
         if query_start_loc.shape[0] < 1:
             raise ValueError("query_start_loc must have batch+1 >= 1 entries")
         batch, dim, seqlen = query_start_loc.shape[0] - 1, x.shape[1], None
