@@ -1,0 +1,116 @@
+"""Scheduler and slot manager, without a model: a fake step advances the sequences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm.engine.scheduler import Scheduler
+from vllm.engine.sequence import Sequence, SequenceStatus
+from vllm.engine.state_manager import SlotManager
+from vllm.sampling_params import SamplingParams
+
+
+def make_seq(i: int, prompt_len: int, max_tokens: int) -> Sequence:
+    return Sequence(str(i), [1] * prompt_len, SamplingParams(max_tokens=max_tokens), arrival=i)
+
+
+def fake_step(sched: Scheduler):
+    """One step as the engine runs it, with token 7 sampled for every finished chunk."""
+    batch = sched.schedule()
+    for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+        seq.num_computed_tokens += n
+        if seq.num_computed_tokens == len(seq.token_ids):
+            seq.token_ids.append(7)
+            if len(seq.output_token_ids) >= seq.params.max_tokens:
+                sched.finish(seq, "length")
+    return batch
+
+
+def check_batch(sched: Scheduler, batch, running_before: list[Sequence]) -> None:
+    assert batch.total_tokens <= sched.max_num_batched_tokens
+    assert len(batch) <= sched.max_num_seqs
+    assert len({s.request_id for s in batch.seqs}) == len(batch), "a sequence twice in a step"
+    assert all(n >= 1 for n in batch.num_tokens)
+    # decodes first, and exactly the first num_decodes rows are one-token decodes
+    assert all(n == 1 for n in batch.num_tokens[: batch.num_decodes])
+    # preemption-free: every sequence running before the step is in the step
+    assert {s.request_id for s in running_before} <= {s.request_id for s in batch.seqs}
+
+
+def test_slot_manager_hands_out_each_slot_once():
+    slots = SlotManager(3)
+    got = [slots.allocate() for _ in range(3)]
+    assert sorted(got) == [0, 1, 2]
+    with pytest.raises(RuntimeError):
+        slots.allocate()
+    slots.free(got[1])
+    assert slots.allocate() == got[1]
+    with pytest.raises(ValueError):
+        slots.free(5)
+
+
+@pytest.mark.parametrize("max_seqs,budget", [(1, 1), (4, 4), (8, 37), (16, 512)])
+def test_random_workload_budgets_fcfs_no_leak(max_seqs, budget):
+    rng = random.Random(max_seqs * 1000 + budget)
+    sched = Scheduler(max_seqs, budget)
+    all_seqs: list[Sequence] = []
+    admitted: list[int] = []
+    next_id = 0
+    steps = 0
+    while next_id < 2000 or sched.has_unfinished():
+        for _ in range(rng.choice([0, 0, 1, 3])):
+            if next_id < 2000 and len(sched.waiting) < 20:
+                seq = make_seq(next_id, rng.randint(1, 40), rng.randint(1, 12))
+                sched.add(seq)
+                all_seqs.append(seq)
+                next_id += 1
+        waiting_before = list(sched.waiting)
+        running_before = list(sched.running)
+        batch = fake_step(sched)
+        steps += 1
+        check_batch(sched, batch, running_before)
+        newly = [s for s in waiting_before if s.status is not SequenceStatus.WAITING]
+        assert newly == waiting_before[: len(newly)], "admission skipped the queue's head"
+        admitted.extend(int(s.request_id) for s in newly)
+        if sched.waiting and not newly and sched.slots.num_free == 0:
+            assert len(sched.running) == max_seqs  # waits only when every slot is taken
+        slots = [s.slot for s in sched.running]
+        assert len(set(slots)) == len(slots) and all(0 <= s < max_seqs for s in slots)
+        assert sched.slots.num_used == len(sched.running)
+        assert steps < 200_000
+    assert admitted == sorted(admitted) == list(range(2000))
+    assert sched.slots.num_free == max_seqs and sched.slots.num_used == 0
+    assert all(s.is_finished and s.slot is None for s in all_seqs)
+    assert all(len(s.output_token_ids) == s.params.max_tokens for s in all_seqs)
+
+
+def test_long_prompt_is_chunked_and_decodes_come_first():
+    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=8)
+    short = make_seq(0, 3, 5)
+    sched.add(short)
+    fake_step(sched)  # prefill of 3 tokens, first token sampled
+    long = make_seq(1, 20, 2)
+    sched.add(long)
+    batch = fake_step(sched)
+    assert batch.seqs == [short, long] and batch.num_tokens == [1, 7] and batch.num_decodes == 1
+    batch = fake_step(sched)
+    assert batch.num_tokens == [1, 7]
+    batch = fake_step(sched)
+    assert batch.num_tokens == [1, 6]  # last chunk ends the prompt: long samples its first token
+    assert len(long.output_token_ids) == 1
+    batch = fake_step(sched)
+    assert batch.seqs == [short, long] and batch.num_tokens == [1, 1] and batch.num_decodes == 2
+
+
+def test_request_waits_for_a_slot_and_gets_it_when_one_finishes():
+    sched = Scheduler(max_num_seqs=2, max_num_batched_tokens=64)
+    a, b, c = make_seq(0, 4, 1), make_seq(1, 4, 3), make_seq(2, 4, 2)
+    for s in (a, b, c):
+        sched.add(s)
+    batch = fake_step(sched)
+    assert batch.seqs == [a, b] and list(sched.waiting) == [c]
+    assert a.is_finished  # max_tokens=1: done after its prefill, slot freed at once
+    batch = fake_step(sched)
+    assert batch.seqs == [b, c] and batch.num_decodes == 1 and c.slot == 0  # a's slot

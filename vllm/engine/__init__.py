@@ -1,0 +1,1 @@
+"""The lean engine: config, sequence, scheduler, state manager, sampler, tokenizer, LLMEngine."""

@@ -1,0 +1,71 @@
+"""Sampler: next tokens from the last-token logits of a step, all rows at once.
+
+Greedy rows (temperature 0) take the argmax. The others are scaled by 1/temperature,
+filtered by top-k then top-p, and drawn with the exponential race (argmax of p / E with
+E ~ Exp(1), which picks token i with probability p_i): no host sync, and a request with a
+``seed`` draws its E from its own generator, so its tokens do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.engine.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int):
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._seq_generators: dict[str, torch.Generator] = {}
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.params.seed is None:
+            return None
+        gen = self._seq_generators.get(seq.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+            self._seq_generators[seq.request_id] = gen
+        return gen
+
+    def forget(self, seq: Sequence) -> None:
+        self._seq_generators.pop(seq.request_id, None)
+
+    @torch.no_grad()
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """``logits`` (len(seqs), vocab) fp32 -> one token id per row."""
+        params = [s.params for s in seqs]
+        greedy = logits.argmax(-1)
+        if all(p.greedy for p in params):
+            return greedy.tolist()
+        dev = logits.device
+        temp = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
+        scaled = logits / temp[:, None]
+        if any(0 < p.top_k < logits.shape[1] or p.top_p < 1.0 for p in params):
+            scaled = self._top_k_top_p(scaled, params)
+        probs = scaled.softmax(-1)
+        race = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            gen = self._generator(seq)
+            if gen is not None and not seq.params.greedy:
+                race[i].exponential_(generator=gen)
+        sampled = (probs / race).argmax(-1)
+        is_greedy = torch.tensor([p.greedy for p in params], device=dev)
+        return torch.where(is_greedy, greedy, sampled).tolist()
+
+    @staticmethod
+    def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
+        vocab = logits.shape[1]
+        dev = logits.device
+        k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=dev)
+        top_p = torch.tensor([p.top_p for p in params], device=dev)
+        sorted_logits, order = logits.sort(-1, descending=True)
+        rank = torch.arange(vocab, device=dev)
+        drop = rank[None, :] >= k[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        probs = sorted_logits.softmax(-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
+        # before it already does (the top token always stays).
+        mass_before = probs.cumsum(-1) - probs
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+        return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)

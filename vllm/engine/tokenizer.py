@@ -1,0 +1,77 @@
+"""Tokenizers: HF ``AutoTokenizer`` from the model directory, or a byte-level fallback.
+
+The fallback serves models without tokenizer files (dummy weights, test models): token id
+``b % vocab_size`` for each UTF-8 byte ``b`` of the text, and id ``t`` decodes to byte
+``t % 256`` (invalid UTF-8 shows as U+FFFD). It round-trips text when ``vocab_size >= 256``;
+it has no end-of-sequence token, so generation ends by ``max_tokens`` or ``stop``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class ByteTokenizer:
+    eos_token_id = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [b % self.vocab_size for b in text.encode("utf-8")]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return bytes(t % 256 for t in token_ids).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """The two calls the engine needs from a transformers tokenizer."""
+
+    def __init__(self, path: str | os.PathLike):
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(str(path))
+        self.eos_token_id = self._tok.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=True)
+
+
+def get_tokenizer(path: str | os.PathLike | None, vocab_size: int):
+    """HF's tokenizer when ``path`` is a directory with tokenizer files, else the fallback."""
+    if path is not None:
+        d = Path(path)
+        if any((d / name).is_file() for name in _TOKENIZER_FILES):
+            return HFTokenizer(d)
+    return ByteTokenizer(vocab_size)
+
+
+class IncrementalDetokenizer:
+    """Text of a growing token list, one delta per new token.
+
+    Decoding each token alone breaks words that span tokens and multi-byte characters. This
+    decodes a short window from ``prefix`` on, and emits the text past the window's first
+    part once it no longer ends in U+FFFD (an unfinished character).
+    """
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int]):
+        self.tokenizer = tokenizer
+        # A few prompt tokens give the first output token its left context (spacing).
+        self.prefix = max(0, len(prompt_token_ids) - 4)
+        self.read = len(prompt_token_ids)
+
+    def step(self, token_ids: list[int]) -> str:
+        """New text after ``token_ids`` grew (the full prompt + output list)."""
+        decode = self.tokenizer.decode
+        before = decode(token_ids[self.prefix : self.read])
+        after = decode(token_ids[self.prefix :])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(token_ids)
+        return after[len(before) :]

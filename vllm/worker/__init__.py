@@ -1,0 +1,1 @@
+"""The model runner: one engine step's inputs, the forward pass and the logits."""

@@ -1,0 +1,87 @@
+"""DecodeGraphs: CUDA graphs of decode-only steps, one per batch-size bucket.
+
+A decode-only step of ``b`` sequences runs the graph of the smallest bucket >= b; rows past
+``b`` are padding (``PAD_SLOT_ID``: the conv leaves every cache line alone and the scan
+writes the pool's sink line). Each bucket owns its metadata builder, so the metadata tensors
+the graph captured stay where they are: a replay only copies the step's input ids and
+slots into them. Graphs are captured on first use, with every row padded, so capturing
+never touches a sequence's state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import PAD_SLOT_ID
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8, up to and including ``max_batch``."""
+    sizes = [b for b in (1, 2, 4) if b < max_batch]
+    sizes += list(range(8, max_batch, 8)) + [max_batch]
+    return sorted(set(sizes))
+
+
+class _Graph:
+    def __init__(self, model, pool, size: int, mempool):
+        self.size = size
+        self.builder = model.metadata_builder()
+        device = self.builder.device
+        self.md = self.builder.build(
+            torch.arange(size + 1, dtype=torch.int32),
+            torch.full((size,), PAD_SLOT_ID, dtype=torch.int32),
+            torch.ones(size, dtype=torch.bool),
+        )
+        self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model.compute_logits(model(self.input_ids, self.md, pool))  # warm-up
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=mempool):
+            self.logits = model.compute_logits(model(self.input_ids, self.md, pool))
+
+
+class DecodeGraphs:
+    def __init__(self, model, pool, max_batch: int):
+        self.model = model
+        self.pool = pool
+        self.buckets = graph_buckets(max_batch)
+        self._graphs: dict[int, _Graph] = {}
+        self._mempool = torch.cuda.graph_pool_handle()
+        top = self.buckets[-1]
+        self._host = torch.zeros(2 * top, dtype=torch.int64, pin_memory=True)
+        self._dev = torch.zeros(2 * top, dtype=torch.int64, device="cuda")
+        self._copied: torch.cuda.Event | None = None
+
+    def fits(self, batch_size: int) -> bool:
+        return batch_size <= self.buckets[-1]
+
+    def _graph(self, batch_size: int) -> _Graph:
+        size = next(b for b in self.buckets if b >= batch_size)
+        graph = self._graphs.get(size)
+        if graph is None:
+            graph = self._graphs[size] = _Graph(self.model, self.pool, size, self._mempool)
+        return graph
+
+    @torch.no_grad()
+    def run(self, input_ids: list[int], slots: list[int]) -> torch.Tensor:
+        """Logits (len(input_ids), vocab) of a decode-only step; rows in input order."""
+        b = len(input_ids)
+        g = self._graph(b)
+        if self._copied is not None:
+            self._copied.synchronize()
+        host = self._host[: 2 * g.size]
+        host[: g.size] = 0
+        host[g.size :] = PAD_SLOT_ID
+        host[:b] = torch.tensor(input_ids)
+        host[g.size : g.size + b] = torch.tensor(slots)
+        dev = self._dev[: 2 * g.size]
+        dev.copy_(host, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        g.input_ids.copy_(dev[: g.size])
+        g.md.state_indices.copy_(dev[g.size :])
+        g.graph.replay()
+        return g.logits[:b]

@@ -1,0 +1,85 @@
+"""ModelRunner: turns a scheduled batch into the model's inputs, runs it, returns logits.
+
+Once per step it fills host buffers (pinned on CUDA) with the input ids, the rows whose
+logits are needed, and the metadata's host data, copies them to the device without a
+sync, builds the Mamba2 metadata once, and runs the model. Decode-only steps on CUDA replay
+a captured graph instead (``cuda_graph.py``) unless ``enforce_eager``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.engine.config import EngineConfig
+from vllm.engine.scheduler import ScheduledBatch
+from vllm.model_executor.model_loader import get_model
+from vllm.worker.cuda_graph import DecodeGraphs
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = get_model(
+            config.model,
+            load_format=config.load_format,
+            dtype=config.dtype,
+            device=self.device,
+            seed=config.seed,
+        )
+        self.builder = self.model.metadata_builder(self.device)
+        self.pool = self.model.allocate_state_pool(config.max_num_seqs)
+        pin = self.device.type == "cuda"
+        n_tok, n_seq = config.max_num_batched_tokens, config.max_num_seqs
+        # One int64 host buffer: input ids, then the rows to sample; one copy per step.
+        self._host = torch.zeros(n_tok + n_seq, dtype=torch.int64, pin_memory=pin)
+        self._dev = torch.zeros(n_tok + n_seq, dtype=torch.int64, device=self.device)
+        self._copied: torch.cuda.Event | None = None
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self.graphs = DecodeGraphs(self.model, self.pool, config.max_num_seqs)
+
+    @torch.no_grad()
+    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+        """fp32 logits of the rows that end a sequence's known tokens, and those rows'
+        indices into ``batch.seqs`` (a prefill chunk short of the prompt's end samples
+        nothing)."""
+        lens = batch.num_tokens
+        ids: list[int] = []
+        sample_seqs: list[int] = []
+        sample_rows: list[int] = []
+        for i, (seq, n) in enumerate(zip(batch.seqs, lens, strict=True)):
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            if start + n == len(seq.token_ids):
+                sample_seqs.append(i)
+                sample_rows.append(len(ids) - 1)
+        num_tokens, num_rows = len(ids), len(sample_rows)
+        slots = [seq.slot for seq in batch.seqs]
+        if (
+            self.graphs is not None
+            and batch.num_decodes == len(batch)
+            and self.graphs.fits(len(batch))
+        ):
+            logits = self.graphs.run(ids, slots)
+            return logits[sample_rows], sample_seqs
+
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy out of the host buffer
+        self._host[:num_tokens] = torch.tensor(ids, dtype=torch.int64)
+        self._host[num_tokens : num_tokens + num_rows] = torch.tensor(sample_rows)
+        used = num_tokens + num_rows
+        self._dev[:used].copy_(self._host[:used], non_blocking=True)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        qsl = torch.zeros(len(batch) + 1, dtype=torch.int32)
+        torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
+        md = self.builder.build(
+            qsl,
+            torch.tensor(slots, dtype=torch.int32),
+            torch.tensor([seq.num_computed_tokens > 0 for seq in batch.seqs]),
+        )
+        hidden = self.model(self._dev[:num_tokens], md, self.pool)
+        rows = self._dev[num_tokens:used]
+        return self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs
