@@ -33,9 +33,9 @@ import argparse
 import functools
 import itertools
 import os
-import statistics
 
 import torch
+from benchmark_utils import cold_us
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID, causal_conv1d_ref
 from vllm.triton_utils import tl, triton
@@ -209,23 +209,6 @@ def check(device):
         if not (err < 1e-4 and torch.equal(s1, s2) and not o1.isnan().any()):
             raise SystemExit(f"MISMATCH lens={lens} W={width}: max|diff|={err}")
     print(f"prototype matches the reference on {len(cases)} cases (max|diff| {worst:.2e})")
-
-
-def cold_us(fn, n=25):
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(n):
-        flush.zero_()
-        torch.cuda._sleep(400_000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        pairs.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
 
 
 def bench():

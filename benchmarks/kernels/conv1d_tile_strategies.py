@@ -9,12 +9,12 @@ causal_conv1d_h200_notes.md. GPU only:
 """
 
 import functools
-import statistics
 import sys
 
 import torch
 import triton
 import triton.language as tl
+from benchmark_utils import cold_us
 
 
 @triton.jit
@@ -114,23 +114,6 @@ def k_loop(x, w, o, T, D, W: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, N
         acc = acc / (1.0 + tl.exp(-acc))
         tl.store(o + t * D + od, acc.to(o.dtype.element_ty), mask=md)
         win = win[1:] + (row,)
-
-
-def cold_us(fn, n=15):
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(n):
-        flush.zero_()
-        torch.cuda._sleep(400_000)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        pairs.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
 
 
 def run_case(T, W=4, D=8448):
