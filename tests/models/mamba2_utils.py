@@ -4,6 +4,7 @@ a one-step driver of our model, and an independent fp32 reference of the whole m
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 import zlib
@@ -108,15 +109,51 @@ def make_hf_model(config, seed: int = 0):
     return model
 
 
+class HFCache:
+    """One view of HF's Mamba2 cache across transformers releases.
+
+    Newer releases return ``out.cache`` (a ``Cache`` with ``get_conv_state`` /
+    ``get_recurrent_state``) and take ``cache=``; older ones return ``out.cache_params`` (a
+    ``Mamba2Cache`` with ``conv_states`` / ``ssm_states``) and take ``cache_params=`` plus a
+    ``cache_position`` whose first entry > 0 marks a decode step.
+    """
+
+    def __init__(self, hf_output):
+        cache = getattr(hf_output, "cache", None)
+        self.raw = cache if cache is not None else hf_output.cache_params
+
+    def conv_state(self, layer: int) -> torch.Tensor:
+        if hasattr(self.raw, "get_conv_state"):
+            return self.raw.get_conv_state(layer)
+        return self.raw.conv_states[layer]
+
+    def ssm_state(self, layer: int) -> torch.Tensor:
+        if hasattr(self.raw, "get_recurrent_state"):
+            return self.raw.get_recurrent_state(layer)
+        return self.raw.ssm_states[layer]
+
+    @staticmethod
+    def decode_kwargs(hf, cache: HFCache, position: int) -> dict:
+        params = inspect.signature(hf.forward).parameters
+        if "cache" in params:
+            return {"cache": cache.raw}
+        kwargs = {"cache_params": cache.raw}
+        if "cache_position" in params:
+            kwargs["cache_position"] = torch.tensor([position])
+        return kwargs
+
+
 @torch.no_grad()
 def hf_prefill_then_decode(hf, prompt: list[int], decode_tokens: list[int]):
-    """HF logits: (len(prompt), vocab) for the prompt, then one row per decode token."""
+    """HF logits: (len(prompt), vocab) for the prompt, then one row per decode token, and
+    HF's cache after the last step (as an ``HFCache``)."""
     out = hf(torch.tensor([prompt]), use_cache=True)
     rows = [out.logits[0]]
-    cache = out.cache
-    for tok in decode_tokens:
-        out = hf(torch.tensor([[tok]]), cache=cache, use_cache=True)
-        cache = out.cache
+    cache = HFCache(out)
+    for i, tok in enumerate(decode_tokens):
+        kwargs = HFCache.decode_kwargs(hf, cache, len(prompt) + i)
+        out = hf(torch.tensor([[tok]]), use_cache=True, **kwargs)
+        cache = HFCache(out)
         rows.append(out.logits[0])
     return torch.cat(rows), cache
 

@@ -72,8 +72,8 @@ def test_decode_steps_match_hf_cache(hf_and_dir, device):
         # the states our pool carries are HF's (HF's conv cache keeps one extra column)
         for layer in range(model.config.num_hidden_layers):
             conv, ssm = driver.pool.layer(layer)
-            assert_close(ssm[slot].cpu(), cache.get_recurrent_state(layer)[0], "vs_hf")
-            assert_close(conv[slot].cpu(), cache.get_conv_state(layer)[0][:, 1:], "vs_hf")
+            assert_close(ssm[slot].cpu(), cache.ssm_state(layer)[0], "vs_hf")
+            assert_close(conv[slot].cpu(), cache.conv_state(layer)[0][:, 1:], "vs_hf")
 
 
 @pytest.mark.parametrize(

@@ -462,7 +462,7 @@ def test_opcheck():
     out = torch.empty(9, dim, dtype=dtype, device="cuda").t()
     torch.library.opcheck(
         ops.causal_conv1d_fwd.default,
-        (x, weight, bias, pool, qsl, idx, init, True, PAD_SLOT_ID, out),
+        (x, weight, bias, pool, qsl, idx, init, True, PAD_SLOT_ID, 0, out),
     )
     xu = x.t()[:2].contiguous()
     outu = torch.empty_like(xu)
