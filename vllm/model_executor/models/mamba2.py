@@ -30,6 +30,7 @@ from vllm.model_executor.layers.mamba.mamba2_metadata import (
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import (
+    ConvBackend,
     Mamba2StateSpec,
     MambaStatePool,
     mamba2_state_spec,
@@ -121,6 +122,13 @@ class Mamba2ForCausalLM(nn.Module):
                 0, self.config.hidden_size, dtype=self.dtype, device=input_ids.device
             )
         return self.backbone(input_ids, metadata, state)
+
+    def set_conv_backend(self, backend: ConvBackend) -> None:
+        """Switch every layer's conv backend (a benchmark compares both on one set of
+        weights); pools allocated before keep the old layout and are rejected."""
+        for layer in self.backbone.layers:
+            layer.mixer.set_conv_backend(backend)
+        self.conv_backend = backend
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """fp32 logits (rows, vocab) of final hidden states."""

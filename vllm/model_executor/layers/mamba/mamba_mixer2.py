@@ -8,7 +8,8 @@ Tokens of all sequences come concatenated, (num_tokens, hidden), in the canonica
 its conv- and SSM-state lines in place; padded rows (``PAD_SLOT_ID``) leave every slot as
 it was and get y = 0 before the norm.
 
-Conv backend, fixed at construction from ``VLLM_USE_TRITON_CONV1D``:
+Conv backend, read at construction from ``VLLM_USE_TRITON_CONV1D`` (``set_conv_backend``
+switches it; the state pool must then be allocated in the new backend's layout):
 
 - Triton (1): the whole batch in ONE ``causal_conv1d_fn`` call, x passed as the
   feature-contiguous (dim, tokens) transpose of the in_proj output's xBC columns (a view,
@@ -19,9 +20,15 @@ Conv backend, fixed at construction from ``VLLM_USE_TRITON_CONV1D``:
 
 The SSM scan is the PyTorch one of ``ops.mamba_ssm_torch`` (Triton kernels may replace it
 behind the same two calls).
+
+While the torch profiler records, the conv and the scan run inside the ranges
+``mamba2::conv`` and ``mamba2::ssm_scan``, so a profile can tell the scan's kernels (generic
+elementwise, gather and batched-matmul kernels) from the rest of the layer's.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -44,6 +51,14 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     chunk_scan_varlen,
     selective_state_update,
 )
+
+
+def _profiled(name: str):
+    """A profiler range while the profiler records; otherwise nothing (a range costs
+    microseconds of host time, and a step opens two per layer)."""
+    if torch.autograd._profiler_enabled():
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
 
 
 class DepthwiseConvWeights(nn.Module):
@@ -112,8 +127,13 @@ class MambaMixer2(nn.Module):
         )
         self.out_proj = nn.Linear(self.intermediate_size, hidden_size, bias=use_bias, dtype=dtype)
 
-        self.backend = conv_backend_from_env()
-        self._cuda_ops = load_cuda_conv_ops() if self.backend is ConvBackend.CUDA else None
+        self.set_conv_backend(conv_backend_from_env())
+
+    def set_conv_backend(self, backend: ConvBackend) -> None:
+        """Use ``backend`` for the conv from now on; the weights serve both backends, the
+        conv-state layout does not (``check_conv_state_layout`` rejects the old one)."""
+        self._cuda_ops = load_cuda_conv_ops() if backend is ConvBackend.CUDA else None
+        self.backend = backend
 
     def forward(
         self,
@@ -134,10 +154,11 @@ class MambaMixer2(nn.Module):
         gate, xbc, dt = proj.split(
             [self.intermediate_size, self.spec.conv_dim, self.num_heads], dim=-1
         )
-        if self.backend is ConvBackend.TRITON:
-            xbc_dec, xbc_pre = self._conv_triton(xbc, conv_state, metadata)
-        else:
-            xbc_dec, xbc_pre = self._conv_cuda(xbc, conv_state, metadata)
+        with _profiled("mamba2::conv"):
+            if self.backend is ConvBackend.TRITON:
+                xbc_dec, xbc_pre = self._conv_triton(xbc, conv_state, metadata)
+            else:
+                xbc_dec, xbc_pre = self._conv_cuda(xbc, conv_state, metadata)
 
         # Rows past the decode stream and the prefills are padding: y = 0 there.
         alloc = torch.zeros if num_dec + num_pre < num_tokens else torch.empty
@@ -148,6 +169,16 @@ class MambaMixer2(nn.Module):
             dtype=hidden_states.dtype,
             device=hidden_states.device,
         )
+        with _profiled("mamba2::ssm_scan"):
+            self._ssm_scan(y, xbc_dec, xbc_pre, dt, ssm_state, metadata)
+
+        y = self.norm(y.view(num_tokens, self.intermediate_size), gate)
+        return self.out_proj(y)
+
+    def _ssm_scan(self, y, xbc_dec, xbc_pre, dt, ssm_state, md: Mamba2Metadata) -> None:
+        """The scan of the decode stream and of the prefills, into ``y``; updates ``ssm_state``."""
+        num_dec = md.num_decode_tokens
+        prefill_rows = slice(num_dec, num_dec + md.num_prefill_tokens)
         A = -torch.exp(self.A_log.float())
         scan_args = dict(
             D=self.D, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.time_step_limit
@@ -161,34 +192,31 @@ class MambaMixer2(nn.Module):
                 A,
                 B,
                 C,
-                state_batch_indices=metadata.decode_state_indices,
+                state_batch_indices=md.decode_state_indices,
                 pad_slot_id=PAD_SLOT_ID,
                 out=y[:num_dec],
                 **scan_args,
             )
-        if metadata.num_prefills:
+        if md.num_prefills:
             x, B, C = self._split_xbc(xbc_pre)
-            slots = metadata.prefill_state_indices.long()
+            slots = md.prefill_state_indices.long()
             initial = torch.where(
-                metadata.prefill_has_initial_state[:, None, None, None],
+                md.prefill_has_initial_state[:, None, None, None],
                 ssm_state.index_select(0, slots),
                 0.0,
             )
             _, final = chunk_scan_varlen(
                 x,
-                dt[num_dec : num_dec + num_pre],
+                dt[prefill_rows],
                 A,
                 B,
                 C,
-                metadata.scan,
+                md.scan,
                 initial,
-                out=y[num_dec : num_dec + num_pre],
+                out=y[prefill_rows],
                 **scan_args,
             )
             ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
-
-        y = self.norm(y.view(num_tokens, self.intermediate_size), gate)
-        return self.out_proj(y)
 
     def _split_xbc(self, xbc: torch.Tensor):
         gn = self.n_groups * self.state_size
