@@ -3,7 +3,7 @@
 Prints, per case, the cold GPU time of each configuration (L2 flushed, GPU
 kept busy with ``torch.cuda._sleep`` so host launch cost is hidden) and checks
 every configuration against the fp32 reference first. Used to pick the
-heuristics in ``_fwd_config`` / ``_update_config``; the numbers it prints are
+heuristics in ``_fwd_block_t`` / ``_fwd_config`` / ``_decode_config``; the numbers it prints are
 exploration, the benchmark of record is ``benchmark_causal_conv1d.py``.
 
     python benchmarks/kernels/tune_causal_conv1d.py [--quick] [--json PATH]
@@ -39,7 +39,8 @@ def make_fn_case(dim, lens, n_decode=0, init_prefill=False, lines=1024):
         init[0] = True
     qsl = qsl_cpu.cuda()
     meta = cc.compute_causal_conv1d_metadata(qsl_cpu, "cuda")
-    return dict(x=x, w=w, b=b, states=states, qsl=qsl, idx=idx, init=init, meta=meta, T=T)
+    return dict(x=x, w=w, b=b, states=states, qsl=qsl, idx=idx, init=init, meta=meta, T=T,
+                qsl_cpu=qsl_cpu)  # fmt: skip
 
 
 def check_fn(c):
@@ -53,9 +54,9 @@ def check_fn(c):
     return ok, err.max().item()
 
 
-def run_fn(c):
+def run_fn(c, meta=True):
     return cc.causal_conv1d_fn(c["x"], c["w"], c["b"], c["states"], c["qsl"], c["idx"],
-                               c["init"], metadata=c["meta"])  # fmt: skip
+                               c["init"], metadata=c["meta"] if meta else None)  # fmt: skip
 
 
 def main():
@@ -67,7 +68,7 @@ def main():
     results = {"copy_gbps": copy_gbps()}
     print(f"device copy: {results['copy_gbps']:.0f} GB/s")
 
-    orig_fwd = cc._fwd_config
+    orig_fwd, orig_bt = cc._fwd_config, cc._fwd_block_t
     fwd_cases = {
         "T2048x1": ([2048], 0, False),
         "T8192x16": ([512] * 16, 0, False),
@@ -77,42 +78,24 @@ def main():
     }
     if args.quick:
         fwd_cases = {k: fwd_cases[k] for k in ("T2048x1", "T8192x16", "T131072x1", "mix2048+255")}
+    # (tokens per tile, rows per group, bytes per thread per row, warps)
     configs = [
-        dict(
-            BLOCK_T=bt,
-            BLOCK_G=bg,
-            BLOCK_R=br,
-            BLOCK_DS=ds,
-            BLOCK_D=8 * 32 * nw,
-            num_warps=nw,
-            DS_STAGES=st,
-        )  # fmt: skip
-        for bt, bg, br, ds, nw, st in (
-            (64, 8, 8, 32, 1, 1),
-            (64, 8, 8, 32, 1, 2),
-            (32, 8, 8, 32, 1, 1),
-            (32, 8, 16, 16, 1, 2),
-            (64, 8, 8, 64, 2, 1),
-            (128, 8, 8, 32, 1, 2),
-            (64, 16, 8, 32, 1, 1),
-        )
-    ]
+        (16, 8, 16, 1), (32, 8, 16, 1), (64, 8, 16, 1), (128, 8, 16, 1),
+        (32, 4, 16, 1), (64, 4, 16, 1), (32, 8, 8, 1), (64, 8, 8, 1),
+        (16, 8, 8, 1), (32, 16, 8, 1), (64, 16, 8, 1), (32, 8, 16, 2), (64, 8, 16, 4),
+        (32, 8, 8, 2),
+    ]  # fmt: skip
     results["fwd"] = {}
     for name, (lens, nd, ip) in fwd_cases.items():
         c = make_fn_case(8448, lens, nd, ip)
         nbytes = 2 * c["T"] * 8448 * 2
         row = {}
-        for cfg in configs:
-
-            def patched(num_tokens, dim, width, elem_size, cfg=cfg):
-                base = orig_fwd(num_tokens, dim, width, elem_size)
-                base.update(cfg)
-                return base
-
-            cc._fwd_config = patched
-            key = "T{BLOCK_T}_G{BLOCK_G}_R{BLOCK_R}_DS{BLOCK_DS}_s{DS_STAGES}_w{num_warps}".format(
-                **cfg
-            )
+        for bt, bg, vec, nw in configs:
+            cfg = dict(BLOCK_G=bg, BLOCK_D=vec // 2 * 32 * nw, num_warps=nw)
+            cc._fwd_config = lambda *a, cfg=cfg: dict(cfg)
+            cc._fwd_block_t = lambda n, bt=bt: bt
+            c["meta"] = cc.compute_causal_conv1d_metadata(c["qsl_cpu"], "cuda")
+            key = f"T{bt}_G{bg}_V{vec}_w{nw}"
             try:
                 ok, err = check_fn(c)
                 us = cold_us(lambda c=c: run_fn(c))
@@ -120,55 +103,77 @@ def main():
                 print(f"{name} {key}: FAILED {type(e).__name__}: {e}")
                 continue
             row[key] = dict(us=us, ok=ok, err=err, pct=nbytes / us / 1e3 / results["copy_gbps"])
-        cc._fwd_config = orig_fwd
+        cc._fwd_config, cc._fwd_block_t = orig_fwd, orig_bt
+        c["meta"] = cc.compute_causal_conv1d_metadata(c["qsl_cpu"], "cuda")
         best = sorted(row.items(), key=lambda kv: kv[1]["us"])
         print(f"\n{name}: T={c['T']} bytes={nbytes / 1e6:.1f} MB")
-        for key, r in best[:6]:
+        for key, r in best:
             print(f"  {key:16s} {r['us']:9.1f} us {100 * r['pct']:5.1f}% ok={r['ok']} "
                   f"maxerr={r['err']:.3g}")  # fmt: skip
         bad = [k for k, r in row.items() if not r["ok"]]
         if bad:
             print(f"  WRONG RESULTS: {bad}")
         default_us = cold_us(lambda c=c: run_fn(c))
-        host = host_us(lambda c=c: run_fn(c))
-        print(f"  default config: {default_us:.1f} us; host/call {host:.1f} us")
+        nometa_us = cold_us(lambda c=c: run_fn(c, meta=False))
+        print(f"  default config: {default_us:.1f} us (no metadata {nometa_us:.1f} us)")
         results["fwd"][name] = row
         del c
         torch.cuda.empty_cache()
 
+    # Host cost of one eager call, and where it goes (a 16-token step: GPU time is small).
+    c = make_fn_case(8448, [8], 8, True)
+    parts = {
+        "fn_with_metadata": lambda: run_fn(c),
+        "fn_without_metadata": lambda: run_fn(c, meta=False),
+        "fwd_impl_only": lambda: cc._fwd_impl(
+            c["x"], c["w"], c["b"], c["states"], c["qsl"], c["idx"], c["init"], True,
+            cc.PAD_SLOT_ID, c["meta"].tile_seq, c["meta"].block_t),
+        "torch_empty_only": lambda: torch.empty(16, 8448, dtype=DTYPE, device="cuda"),
+    }  # fmt: skip
+    xd = torch.randn(8, 8448, device="cuda", dtype=DTYPE)
+    idx8 = c["idx"][:8].contiguous()
+    parts["update_decode"] = lambda: cc.causal_conv1d_update(
+        xd, c["states"], c["w"], c["b"], "silu", idx8
+    )
+    parts["decode_impl_only"] = lambda: cc._decode(
+        xd, c["states"], c["w"], c["b"], True, idx8, cc.PAD_SLOT_ID
+    )
+    results["host"] = {k: host_us(f) for k, f in parts.items()}
+    print("\nhost us per eager call:", {k: round(v, 1) for k, v in results["host"].items()})
+
     # Decode: one token per sequence, 1024-line pool, CUDA graph.
-    orig_upd = cc._update_config
+    orig_dec = cc._decode_config
     results["update"] = {}
-    for B in (1, 32, 512) if args.quick else (1, 8, 32, 128, 512):
+    for B in (1, 32, 512) if args.quick else (1, 8, 32, 128, 256, 512):
         dim = 8448
         x = torch.randn(B, dim, device="cuda", dtype=DTYPE)
         w = (0.5 * torch.randn(dim, WIDTH, device="cuda")).to(DTYPE)
         b = (0.2 * torch.randn(dim, device="cuda")).to(DTYPE)
         st = torch.randn(1024, WIDTH - 1, dim, device="cuda", dtype=DTYPE).transpose(1, 2)
         idx = torch.randperm(1024, device="cuda")[:B].int()
-        s1, s2 = st.clone(), st.clone()
-        o1 = cc.causal_conv1d_update(x, s1, w, b, "silu", idx)
-        o2 = cc.causal_conv1d_update_ref(x, s2, w, b, "silu", idx)
-        ok = torch.equal(s1, s2) and (o1.float() - o2.float()).abs().max().item() < 5e-2
         row = {}
-        for bd, nw in itertools.product((32, 64, 128, 256), (1, 4)):
-
-            def patched(batch, dim, block_l, width, bd=bd, nw=nw):
-                base = orig_upd(batch, dim, block_l, width)
-                base.update(BLOCK_D=bd, num_warps=nw)
-                return base
-
-            cc._update_config = patched
+        for bd, nw in itertools.product((64, 128, 256, 512, 1024), (1, 2, 4)):
+            if bd < 32 * nw:
+                continue
+            cc._decode_config = lambda *a, bd=bd, nw=nw: dict(BLOCK_D=bd, num_warps=nw)
+            s1, s2 = st.clone(), st.clone()
+            o1 = cc.causal_conv1d_update(x, s1, w, b, "silu", idx)
+            o2 = cc.causal_conv1d_update_ref(x, s2, w, b, "silu", idx)
+            ok = torch.equal(s1, s2) and (o1.float() - o2.float()).abs().max().item() < 5e-2
             fn = functools.partial(cc.causal_conv1d_update, x, st, w, b, "silu", idx)
-            row[f"D{bd}_w{nw}"] = dict(graph=graph_us(fn), cold=cold_us(fn))
-        cc._update_config = orig_upd
+            row[f"D{bd}_w{nw}"] = dict(graph=graph_us(fn), cold=cold_us(fn), ok=ok)
+        cc._decode_config = orig_dec
         fn = functools.partial(cc.causal_conv1d_update, x, st, w, b, "silu", idx)
-        default = dict(graph=graph_us(fn), cold=cold_us(fn), host=host_us(fn))
-        best = sorted(row.items(), key=lambda kv: kv[1]["graph"])[:4]
-        print(f"\ndecode B={B}: ok={ok} default {default}")
-        for key, r in best:
-            print(f"  {key:10s} graph {r['graph']:7.2f} us cold {r['cold']:7.2f} us")
-        results["update"][f"B{B}"] = dict(configs=row, default=default, ok=ok)
+        default = dict(graph=graph_us(fn), cold=cold_us(fn), host=host_us(fn),
+                       cfg=orig_dec(B, dim, 2))  # fmt: skip
+        best = sorted(row.items(), key=lambda kv: kv[1]["graph"])
+        print(f"\ndecode B={B}: default {default}")
+        for key, r in best[:6]:
+            print(f"  {key:10s} graph {r['graph']:7.2f} us cold {r['cold']:7.2f} us ok={r['ok']}")
+        bad = [k for k, r in row.items() if not r["ok"]]
+        if bad:
+            print(f"  WRONG RESULTS: {bad}")
+        results["update"][f"B{B}"] = dict(configs=row, default=default)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -275,12 +275,17 @@ def test_metadata_fields(seqlens, device):
     assert torch.equal(meta.query_start_loc.cpu(), qsl_cpu)
     assert meta.query_start_loc.dtype == torch.int32
     assert meta.query_start_loc.device.type == torch.device(device).type
-    starts = qsl_cpu[:-1]
-    expected = torch.tensor(
-        [int((starts < t).sum()) for t in range(num_tokens + 1)], dtype=torch.int32
-    )
-    assert meta.token_seq_lb.dtype == torch.int32
-    assert torch.equal(meta.token_seq_lb.cpu(), expected)
+    # tile_seq[p]: the sequence holding token p * block_t (the last start at or before it)
+    starts = qsl_cpu[:-1].tolist()
+    n_tiles = -(-num_tokens // meta.block_t)
+    expected = [
+        max(b for b, s in enumerate(starts) if s <= p * meta.block_t) for p in range(n_tiles)
+    ]
+    assert meta.block_t >= 4
+    assert meta.tile_seq.dtype == torch.int32
+    assert meta.tile_seq.cpu().tolist() == expected
+    for p, b in enumerate(expected):
+        assert starts[b] <= p * meta.block_t < starts[b] + seqlens[b]
 
 
 def test_metadata_passed_equals_none(device, nan_poison):
@@ -317,27 +322,28 @@ def test_metadata_reused_by_layers(device, nan_poison):
         assert torch.equal(pool, ref_pool)
 
 
-def test_corrupted_token_seq_lb_changes_result(device, nan_poison):
-    """Proves the kernel reads the metadata: a wrong token->sequence map gives a wrong result.
+def test_corrupted_tile_seq_changes_result(device, nan_poison):
+    """Proves the kernel reads the metadata: a wrong tile->sequence map gives a wrong result.
 
-    Entries t >= 1 are set to batch - 1, which is in range whichever way the kernel
-    derives a sequence index from them, so the corrupted run reads no memory out of
-    bounds, but sequence 0 is no longer mapped to its tokens.
+    Every tile is mapped to the last sequence, which is in range, so the corrupted run
+    reads no memory out of bounds, but the long first sequence's tiles are computed as
+    if they belonged to another sequence.
     """
-    case = FnCase((6, 5, 7), 64, 4, FP32, init="all")
+    case = FnCase((150, 5, 7), 64, 4, FP32, init="all")
     inp = build_fn_inputs(case, device)
     pool_good = inp.pool.clone()
     meta = compute_causal_conv1d_metadata(inp.qsl.cpu(), device)
     good = causal_conv1d_fn(
         inp.x, inp.weight, inp.bias, pool_good, inp.qsl, inp.indices, inp.init, metadata=meta
     )
-    meta.token_seq_lb[1:] = len(case.seqlens) - 1
+    assert meta.tile_seq.numel() >= 2
+    meta.tile_seq[:] = len(case.seqlens) - 1
     bad = causal_conv1d_fn(
         inp.x, inp.weight, inp.bias, inp.pool, inp.qsl, inp.indices, inp.init, metadata=meta
     )
     same_out = torch.allclose(bad, good, equal_nan=False)
     same_pool = torch.equal(inp.pool, pool_good)
-    assert not (same_out and same_pool), "corrupting metadata.token_seq_lb changed nothing"
+    assert not (same_out and same_pool), "corrupting metadata.tile_seq changed nothing"
 
 
 # --- invariants -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def fwd_args(device, dtype, with_bias, with_meta, state_dtype=None):
     g = gen_for("opcheck-fwd", dtype, with_bias, with_meta)
     dim, width, seqlens = 32, 4, (5, 1, 2, 3)
     qsl = qsl_from_lens(seqlens, device)
-    lb = compute_causal_conv1d_metadata(qsl.cpu(), device).token_seq_lb if with_meta else None
+    meta = compute_causal_conv1d_metadata(qsl.cpu(), device) if with_meta else None
     return (
         make_x(dim, sum(seqlens), dtype, device, g, noncontig=True),
         make_weight(dim, width, dtype, device, g),
@@ -35,7 +35,8 @@ def fwd_args(device, dtype, with_bias, with_meta, state_dtype=None):
         torch.tensor([True, False, True, False], device=device),
         True,
         PAD_SLOT_ID,
-        lb,
+        meta.tile_seq if meta else None,
+        meta.block_t if meta else 0,
     )
 
 

@@ -30,14 +30,13 @@ Padded rows (cache index == ``pad_slot_id``) get zero outputs; their cache
 lines, and every line no sequence names, are not touched.
 
 ``causal_conv1d_fn`` handles a whole continuous-batching step (fresh prefills,
-chunked-prefill continuations and one-token decodes) in one launch. Its grid
-tiles the concatenated token stream, not the sequences, so it needs no host
-data: each program finds its tokens' sequences itself, by binary search over
-``query_start_loc`` or, faster, through the token map of the step's metadata
-(``compute_causal_conv1d_metadata``). Tiles overlap by a few tokens and each
-program picks its boundaries so that every token that reads a cache line as
-context lies in the same program that writes that line back, so states are
-read and written without a race.
+chunked-prefill continuations and one-token decodes) in one launch, parallel
+over features, sequences and tiles of tokens. The grid is sized from shapes
+alone (tiles of the token stream plus one head piece per sequence), so it
+needs no host data: a tile finds its sequence by binary search over
+``query_start_loc`` or, faster, in the tile map of the step's metadata
+(``compute_causal_conv1d_metadata``). Only a sequence's head piece reads and
+writes its cache line, so states are read and written without a race.
 
 ``causal_conv1d_update`` serves decode and speculative decode with a grid of
 (batch, feature blocks) fixed by shapes, and no host sync, so it can be
@@ -80,201 +79,25 @@ __all__ = [
 
 
 @triton.jit
-def _count_starts_le(t, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB: tl.constexpr):
-    """Number of sequences b < batch with query_start_loc[b] <= t (t >= -1).
+def _count_starts_le(t, qsl_ptr, batch, n_search):
+    """Number of sequences b < batch with query_start_loc[b] <= t, by binary search.
 
     The sequence holding token t is this count minus one (empty sequences are
     skipped because the count takes the last start not after t).
     """
-    if HAS_SEQ_LB:
-        cnt = tl.load(seq_lb_ptr + tl.minimum(t + 1, num_tokens)).to(tl.int64)
-    else:
-        lo = t * 0
-        hi = lo + batch
-        for _ in range(n_search):
-            active = lo < hi
-            mid = (lo + hi) // 2
-            v = tl.load(qsl_ptr + mid, mask=active, other=0)
-            go_right = active & (v <= t)
-            lo = tl.where(go_right, mid + 1, lo)
-            hi = tl.where(active & (v > t), mid, hi)
-        cnt = lo
-    return cnt
+    lo = t * 0
+    hi = lo + batch
+    for _ in range(n_search):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(qsl_ptr + mid, mask=active, other=0)
+        go_right = active & (v <= t)
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(active & (v > t), mid, hi)
+    return lo
 
 
-@triton.jit
-def _tile_boundary(
-    c,
-    qsl_ptr,
-    seq_lb_ptr,
-    num_tokens,
-    batch,
-    n_search,
-    KERNEL_WIDTH: tl.constexpr,
-    OVERLAP: tl.constexpr,
-    HAS_SEQ_LB: tl.constexpr,
-):
-    """First token in [c, c + OVERLAP) where a tile may start.
-
-    A tile may start at a sequence start or at least W-1 tokens into a
-    sequence, never in between: the tokens that read a sequence's cache line
-    then all lie in the tile that writes it. Runs of forbidden positions are
-    at most W-2 long and OVERLAP >= W-1, so one always exists.
-    """
-    o_p = c + tl.arange(0, OVERLAP).to(tl.int64)
-    o_q = tl.maximum(tl.minimum(o_p, num_tokens - 1), 0)
-    seq = tl.maximum(
-        _count_starts_le(o_q, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB) - 1, 0
-    )
-    start = tl.load(qsl_ptr + seq).to(tl.int64)
-    ok = (o_p >= num_tokens) | (o_p == start) | (o_p - start >= KERNEL_WIDTH - 1)
-    b = tl.min(tl.where(ok, o_p, c + OVERLAP), axis=0)
-    return tl.minimum(b, num_tokens)
-
-
-@triton.jit
-def _fwd_rows(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    state_ptr,
-    qsl_ptr,
-    cache_idx_ptr,
-    has_init_ptr,
-    seq_lb_ptr,
-    out_ptr,
-    r0,
-    b_hi,
-    d_base,
-    num_tokens,
-    dim,
-    batch,
-    n_search,
-    pad_slot_id,
-    stride_x_t,
-    stride_w_d,
-    stride_state_line,
-    stride_state_col,
-    stride_out_t,
-    KERNEL_WIDTH: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    SILU: tl.constexpr,
-    HAS_CACHE_INDICES: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr,
-    HAS_SEQ_LB: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_DS: tl.constexpr,
-    DS_STAGES: tl.constexpr,
-):
-    """Outputs of tokens [r0, min(r0 + BLOCK_R, b_hi)), any mix of sequences.
-
-    Each token's sequence is looked up once; the features are then walked in
-    sub-blocks of BLOCK_DS, whose loads depend on nothing but the lookups.
-    """
-    o_t = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
-    m_t = o_t < b_hi
-    t_q = tl.minimum(o_t, num_tokens - 1)
-    seq = _count_starts_le(t_q, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB)
-    seq = tl.maximum(seq - 1, 0)
-    start = tl.load(qsl_ptr + seq).to(tl.int64)
-    if HAS_CACHE_INDICES:
-        line = tl.load(cache_idx_ptr + seq).to(tl.int64)
-    else:
-        line = seq
-    m_live = m_t & (line != pad_slot_id)
-    if HAS_INITIAL_STATE:
-        m_hist = m_live & tl.load(has_init_ptr + seq).to(tl.int1)
-    p_line = state_ptr + line * stride_state_line
-    for d0 in tl.range(0, BLOCK_D, BLOCK_DS, num_stages=DS_STAGES):
-        o_d = d_base + d0 + tl.arange(0, BLOCK_DS).to(tl.int64)
-        m_d = o_d < dim
-        acc = tl.zeros([BLOCK_R, BLOCK_DS], dtype=tl.float32)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
-        for k in tl.static_range(KERNEL_WIDTH):
-            pos = o_t - (KERNEL_WIDTH - 1) + k
-            in_seq = pos >= start
-            p_x = x_ptr + pos[:, None] * stride_x_t + o_d[None, :]
-            b_x = tl.load(p_x, mask=(m_live & in_seq)[:, None] & m_d[None, :], other=0.0)
-            b_v = b_x.to(tl.float32)
-            if HAS_INITIAL_STATE:
-                if k < KERNEL_WIDTH - 1:
-                    col = pos - start + (KERNEL_WIDTH - 1)
-                    p_h = p_line[:, None] + col[:, None] * stride_state_col + o_d[None, :]
-                    m_h = (m_hist & ~in_seq)[:, None] & m_d[None, :]
-                    b_v += tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
-            b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32)
-            acc += b_v * b_w[None, :]
-        if SILU:
-            acc = acc / (1.0 + tl.exp(-acc))
-        acc = tl.where(m_live[:, None], acc, 0.0)
-        p_out = out_ptr + o_t[:, None] * stride_out_t + o_d[None, :]
-        tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
-
-
-@triton.jit
-def _fwd_final_states(
-    x_ptr,
-    state_ptr,
-    qsl_ptr,
-    cache_idx_ptr,
-    has_init_ptr,
-    s_lo,
-    s_hi,
-    d_base,
-    dim,
-    pad_slot_id,
-    stride_x_t,
-    stride_state_line,
-    stride_state_col,
-    KERNEL_WIDTH: tl.constexpr,
-    HAS_CACHE_INDICES: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_DS: tl.constexpr,
-):
-    """Write the last W-1 inputs of sequences [s_lo, s_hi) into their cache lines.
-
-    Reads of a line (the old history of a short sequence) come before the
-    writes to it: column j is written after every read of a column >= j.
-    """
-    for s0 in range(s_lo, s_hi, BLOCK_S):
-        o_s = s0 + tl.arange(0, BLOCK_S).to(tl.int64)
-        m_s = o_s < s_hi
-        s_start = tl.load(qsl_ptr + o_s, mask=m_s, other=0).to(tl.int64)
-        s_end = tl.load(qsl_ptr + o_s + 1, mask=m_s, other=0).to(tl.int64)
-        if HAS_CACHE_INDICES:
-            s_line = tl.load(cache_idx_ptr + o_s, mask=m_s, other=pad_slot_id).to(tl.int64)
-        else:
-            s_line = o_s
-        m_w = m_s & (s_line != pad_slot_id)
-        p_s_line = state_ptr + s_line * stride_state_line
-        if HAS_INITIAL_STATE:
-            s_init = tl.load(has_init_ptr + o_s, mask=m_s, other=0).to(tl.int1)
-        for j in tl.static_range(KERNEL_WIDTH - 1):
-            s_pos = s_end - (KERNEL_WIDTH - 1) + j
-            s_from_x = s_pos >= s_start
-            s_col = s_pos - s_start + (KERNEL_WIDTH - 1)
-            for d0 in range(0, BLOCK_D, BLOCK_DS):
-                o_d = d_base + d0 + tl.arange(0, BLOCK_DS).to(tl.int64)
-                m_d = o_d < dim
-                p_s_x = x_ptr + s_pos[:, None] * stride_x_t + o_d[None, :]
-                m_s_x = (m_w & s_from_x)[:, None] & m_d[None, :]
-                b_s = tl.load(p_s_x, mask=m_s_x, other=0.0).to(state_ptr.dtype.element_ty)
-                if HAS_INITIAL_STATE:
-                    # Short sequence: the rest comes from its own old history.
-                    p_s_h = p_s_line[:, None] + s_col[:, None] * stride_state_col + o_d[None, :]
-                    m_s_h = (m_w & s_init & ~s_from_x)[:, None] & m_d[None, :]
-                    b_s_h = tl.load(p_s_h, mask=m_s_h, other=0.0)
-                    b_s = tl.where(s_from_x[:, None], b_s, b_s_h)
-                tl.debug_barrier()
-                p_dst = p_s_line[:, None] + j * stride_state_col + o_d[None, :]
-                tl.store(p_dst, b_s, mask=m_w[:, None] & m_d[None, :])
-
-
-@triton.jit(do_not_specialize=["num_tokens", "batch", "n_search"])
+@triton.jit(do_not_specialize=["num_tokens", "n_tiles", "batch", "n_search"])
 def _causal_conv1d_fwd_kernel(
     x_ptr,
     w_ptr,
@@ -283,9 +106,10 @@ def _causal_conv1d_fwd_kernel(
     qsl_ptr,
     cache_idx_ptr,
     has_init_ptr,
-    seq_lb_ptr,
+    tile_seq_ptr,
     out_ptr,
     num_tokens,
+    n_tiles,
     dim,
     batch,
     n_search,
@@ -300,157 +124,105 @@ def _causal_conv1d_fwd_kernel(
     SILU: tl.constexpr,
     HAS_CACHE_INDICES: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
-    HAS_SEQ_LB: tl.constexpr,
-    OVERLAP: tl.constexpr,
+    HAS_TILE_SEQ: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_DS: tl.constexpr,
-    DS_STAGES: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    # Program (i_t, i_d) starts at token t0 = i_t * BLOCK_T of the whole batch
-    # and owns tokens [b_lo, b_hi), each boundary the first allowed start in
-    # [t0, t0 + OVERLAP); neighbours compute the shared boundary alike.
+    # Programs: (piece, feature block), features fastest. Pieces n_tiles + s
+    # are sequence s's head: its tokens up to the first multiple of BLOCK_T at
+    # least W-1 tokens past its start. A head reads the sequence's cache line
+    # and writes it back; nothing else touches the line, so there is no race.
+    # Pieces p < n_tiles are the tokens of [p*BLOCK_T, (p+1)*BLOCK_T) after
+    # their sequence's head; their W-1 rows of context are tokens of the same
+    # sequence. Every piece lies in one sequence, so a program walks its rows
+    # with a rolling window of 1-D row vectors and no per-row lookups.
     pid = tl.program_id(0).to(tl.int64)
     n_blocks_d = tl.cdiv(dim, BLOCK_D)
     i_d = pid % n_blocks_d
-    i_t = pid // n_blocks_d
-    n_tiles = tl.maximum(tl.cdiv(num_tokens, BLOCK_T), 1)
-    is_last = i_t == n_tiles - 1
-    t0 = i_t * BLOCK_T
-    d_base = i_d * BLOCK_D
-
-    # Interior tile: BLOCK_T tokens of one live sequence, none within W-1 of
-    # its start. Then the tile owns exactly [t0, t0 + BLOCK_T), reads no cache
-    # line and writes none, and each token row is loaded once.
-    t_a = tl.minimum(t0, num_tokens - 1)
-    t_b = tl.minimum(t0 + BLOCK_T - 1, num_tokens - 1)
-    cnt_a = _count_starts_le(t_a, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB)
-    cnt_b = _count_starts_le(t_b, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB)
-    seq_a = tl.maximum(cnt_a - 1, 0)
-    start_a = tl.load(qsl_ptr + seq_a).to(tl.int64)
-    if HAS_CACHE_INDICES:
-        line_a = tl.load(cache_idx_ptr + seq_a)
+    i_p = pid // n_blocks_d
+    is_head = i_p >= n_tiles
+    t_tile = i_p * BLOCK_T
+    if is_head:
+        seq = i_p - n_tiles
     else:
-        line_a = seq_a
-    interior = ((~is_last) & (cnt_a == cnt_b) & (t0 - start_a >= KERNEL_WIDTH - 1)) & (
-        line_a != pad_slot_id
-    )
-    if interior:
-        o_d = d_base + tl.arange(0, BLOCK_D).to(tl.int64)
-        m_d = o_d < dim
-        if HAS_BIAS:
-            b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+        if HAS_TILE_SEQ:
+            seq = tl.load(tile_seq_ptr + i_p).to(tl.int64)
         else:
-            b_bias = tl.zeros([BLOCK_D], dtype=tl.float32)
-        b_ws = ()
-        for k in tl.static_range(KERNEL_WIDTH):
-            b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0)
-            b_ws = b_ws + (b_w.to(tl.float32),)
-        # Rolling window of the W-1 rows before each group of BLOCK_G rows.
-        b_win = ()
-        for j in tl.static_range(KERNEL_WIDTH - 1):
-            p_row = x_ptr + (t0 - (KERNEL_WIDTH - 1) + j) * stride_x_t + o_d
-            b_win = b_win + (tl.load(p_row, mask=m_d, other=0.0),)
-        for g0 in range(t0, t0 + BLOCK_T, BLOCK_G):
-            b_rows = b_win
-            for j in tl.static_range(BLOCK_G):
-                p_row = x_ptr + (g0 + j) * stride_x_t + o_d
-                b_rows = b_rows + (tl.load(p_row, mask=m_d, other=0.0),)
-            for r in tl.static_range(BLOCK_G):
-                acc = b_bias
-                for k in tl.static_range(KERNEL_WIDTH):
-                    acc += b_rows[r + k].to(tl.float32) * b_ws[k]
-                if SILU:
-                    acc = acc / (1.0 + tl.exp(-acc))
-                p_out = out_ptr + (g0 + r) * stride_out_t + o_d
-                tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d)
-            b_win = b_rows[BLOCK_G:]
+            seq = _count_starts_le(t_tile, qsl_ptr, batch, n_search).to(tl.int64) - 1
+    start = tl.load(qsl_ptr + seq).to(tl.int64)
+    end = tl.load(qsl_ptr + seq + 1).to(tl.int64)
+    head_end = tl.minimum(end, tl.cdiv(start + KERNEL_WIDTH - 1, BLOCK_T) * BLOCK_T)
+    if is_head:
+        t0 = start
+        t_end = head_end
     else:
-        b_lo = _tile_boundary(
-            t0, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, KERNEL_WIDTH, OVERLAP, HAS_SEQ_LB
-        )
-        b_hi = _tile_boundary(
-            t0 + BLOCK_T,
-            qsl_ptr,
-            seq_lb_ptr,
-            num_tokens,
-            batch,
-            n_search,
-            KERNEL_WIDTH,
-            OVERLAP,
-            HAS_SEQ_LB,
-        )
-        b_hi = tl.where(is_last, num_tokens, b_hi)
-        for r0 in range(b_lo, b_hi, BLOCK_R):
-            _fwd_rows(
-                x_ptr,
-                w_ptr,
-                bias_ptr,
-                state_ptr,
-                qsl_ptr,
-                cache_idx_ptr,
-                has_init_ptr,
-                seq_lb_ptr,
-                out_ptr,
-                r0,
-                b_hi,
-                d_base,
-                num_tokens,
-                dim,
-                batch,
-                n_search,
-                pad_slot_id,
-                stride_x_t,
-                stride_w_d,
-                stride_state_line,
-                stride_state_col,
-                stride_out_t,
-                KERNEL_WIDTH,
-                HAS_BIAS,
-                SILU,
-                HAS_CACHE_INDICES,
-                HAS_INITIAL_STATE,
-                HAS_SEQ_LB,
-                BLOCK_D,
-                BLOCK_R,
-                BLOCK_DS,
-                DS_STAGES,
-            )
-        # Final states of the sequences starting in [b_lo, b_hi); the last
-        # tile also takes empty sequences at the very end. The barrier puts
-        # every read of a cache line above before the writes below.
+        t0 = t_tile
+        # A tile the head covers has nothing left to do.
+        t_end = tl.where(t_tile < head_end, t_tile, tl.minimum(end, t_tile + BLOCK_T))
+    if HAS_CACHE_INDICES:
+        line = tl.load(cache_idx_ptr + seq).to(tl.int64)
+    else:
+        line = seq
+    live = line != pad_slot_id
+    if HAS_INITIAL_STATE:
+        use_hist = live & is_head & tl.load(has_init_ptr + seq).to(tl.int1)
+    else:
+        use_hist = live & False
+    # Feature offsets in int32 (dim < 2^31); token offsets go into 64-bit row pointers.
+    o_d = i_d.to(tl.int32) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < dim
+    p_line = state_ptr + line * stride_state_line
+
+    if HAS_BIAS:
+        b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    b_ws = ()
+    for k in tl.static_range(KERNEL_WIDTH):
+        b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0)
+        b_ws = b_ws + (b_w.to(tl.float32),)
+
+    # The W-1 inputs before t0: token rows, or (a head) the history or zeros.
+    b_win = ()
+    for j in tl.static_range(KERNEL_WIDTH - 1):
+        p = t0 - (KERNEL_WIDTH - 1) + j
+        m_x = m_d & (p >= start) & (t0 < t_end) & live
+        b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_x, other=0.0)
+        p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
+        b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
+        b_win = b_win + (b_x.to(tl.float32) + b_h.to(tl.float32),)
+
+    for g0 in range(t0, t_end, BLOCK_G):
+        b_rows = b_win
+        for j in tl.static_range(BLOCK_G):
+            p_row = x_ptr + (g0 + j) * stride_x_t + o_d
+            b_row = tl.load(p_row, mask=m_d & (g0 + j < t_end) & live, other=0.0)
+            b_rows = b_rows + (b_row.to(tl.float32),)
+        for r in tl.static_range(BLOCK_G):
+            acc = b_bias
+            for k in tl.static_range(KERNEL_WIDTH):
+                acc += b_rows[r + k] * b_ws[k]
+            if SILU:
+                acc = acc / (1.0 + tl.exp(-acc))
+            acc = tl.where(live, acc, 0.0)
+            p_out = out_ptr + (g0 + r) * stride_out_t + o_d
+            tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d & (g0 + r < t_end))
+        b_win = b_rows[BLOCK_G:]
+
+    # The head writes the sequence's last W-1 inputs (the old history for a
+    # sequence shorter than W-1) after all its reads of the line.
+    if is_head & live:
+        b_new = ()
+        for j in tl.static_range(KERNEL_WIDTH - 1):
+            p = end - (KERNEL_WIDTH - 1) + j
+            b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_d & (p >= start), other=0.0)
+            p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
+            b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
+            b_new = b_new + (tl.where(p >= start, b_x.to(state_ptr.dtype.element_ty), b_h),)
         tl.debug_barrier()
-        s_lo = _count_starts_le(
-            b_lo - 1, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB
-        )
-        s_hi = _count_starts_le(
-            b_hi - 1, qsl_ptr, seq_lb_ptr, num_tokens, batch, n_search, HAS_SEQ_LB
-        )
-        s_hi = tl.where(is_last, batch, s_hi)
-        _fwd_final_states(
-            x_ptr,
-            state_ptr,
-            qsl_ptr,
-            cache_idx_ptr,
-            has_init_ptr,
-            s_lo,
-            s_hi,
-            d_base,
-            dim,
-            pad_slot_id,
-            stride_x_t,
-            stride_state_line,
-            stride_state_col,
-            KERNEL_WIDTH,
-            HAS_CACHE_INDICES,
-            HAS_INITIAL_STATE,
-            BLOCK_D,
-            BLOCK_S,
-            BLOCK_DS,
-        )
+        for j in tl.static_range(KERNEL_WIDTH - 1):
+            tl.store(p_line + j * stride_state_col + o_d, b_new[j], mask=m_d)
 
 
 @triton.jit
@@ -560,6 +332,62 @@ def _causal_conv1d_update_kernel(
             tl.store(p_dst, b_v, mask=m_c[:, None] & m_d[None, :])
 
 
+@triton.jit
+def _causal_conv1d_decode_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    state_ptr,
+    idx_ptr,
+    out_ptr,
+    dim,
+    pad_slot_id,
+    stride_x_seq,
+    stride_w_d,
+    stride_state_line,
+    stride_state_col,
+    stride_out_seq,
+    KERNEL_WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # The common decode: one token per sequence, no speculation. One program
+    # per (sequence, feature block) reads the W-1 history columns and the
+    # token as 1-D vectors, and writes the output and the shifted history.
+    i_b = tl.program_id(0).to(tl.int64)
+    o_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < dim
+    if HAS_INDICES:
+        line = tl.load(idx_ptr + i_b).to(tl.int64)
+    else:
+        line = i_b
+    live = line != pad_slot_id
+    p_line = state_ptr + line * stride_state_line
+    b_win = ()
+    for j in tl.static_range(KERNEL_WIDTH - 1):
+        b_win = b_win + (tl.load(p_line + j * stride_state_col + o_d, mask=m_d & live, other=0.0),)
+    b_x = tl.load(x_ptr + i_b * stride_x_seq + o_d, mask=m_d & live, other=0.0)
+    b_win = b_win + (b_x.to(state_ptr.dtype.element_ty),)
+    if HAS_BIAS:
+        acc = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for k in tl.static_range(KERNEL_WIDTH):
+        b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0).to(tl.float32)
+        if k == KERNEL_WIDTH - 1:
+            acc += b_x.to(tl.float32) * b_w
+        else:
+            acc += b_win[k].to(tl.float32) * b_w
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    acc = tl.where(live, acc, 0.0)
+    tl.store(out_ptr + i_b * stride_out_seq + o_d, acc.to(out_ptr.dtype.element_ty), mask=m_d)
+    for j in tl.static_range(KERNEL_WIDTH - 1):
+        tl.store(p_line + j * stride_state_col + o_d, b_win[j + 1], mask=m_d & live)
+
+
 # --------------------------------------------------------------------------
 # Metadata
 # --------------------------------------------------------------------------
@@ -569,14 +397,15 @@ def _causal_conv1d_update_kernel(
 class CausalConv1dMetadata:
     """Per-step data for ``causal_conv1d_fn``, built once and shared by every layer.
 
-    ``token_seq_lb[i]`` is the number of sequences starting before token i
-    (i in [0, num_tokens]); the kernel reads it instead of binary-searching
-    ``query_start_loc`` for every token.
+    ``tile_seq[p]`` is the sequence holding token ``p * block_t`` (p < number of
+    tiles of ``block_t`` tokens); the kernel reads it instead of binary-searching
+    ``query_start_loc`` in every program.
     """
 
     query_start_loc: torch.Tensor
     query_start_loc_cpu: torch.Tensor
-    token_seq_lb: torch.Tensor
+    tile_seq: torch.Tensor
+    block_t: int
     num_tokens: int
     batch_size: int
     max_query_len: int
@@ -599,19 +428,21 @@ def compute_causal_conv1d_metadata(
         raise ValueError("query_start_loc_cpu must start at 0 and be non-decreasing")
     num_tokens = int(qsl[-1])
     batch = qsl.numel() - 1
-    counts = torch.bincount(qsl[:-1].long(), minlength=num_tokens + 1)
-    seq_lb = torch.zeros(num_tokens + 1, dtype=torch.int32)
-    torch.cumsum(counts[:num_tokens], dim=0, out=seq_lb[1:])
+    block_t = _fwd_block_t(num_tokens)
+    n_tiles = -(-num_tokens // block_t)
+    tile_starts = torch.arange(n_tiles, dtype=torch.int32) * block_t
+    tile_seq = (torch.searchsorted(qsl[:-1], tile_starts, right=True) - 1).to(torch.int32)
     device = torch.device(device)
     if device.type == "cuda":
-        seq_lb = seq_lb.pin_memory()
+        tile_seq = tile_seq.pin_memory()
         qsl_host = qsl.pin_memory()
     else:
         qsl_host = qsl
     return CausalConv1dMetadata(
         query_start_loc=qsl_host.to(device, non_blocking=True),
         query_start_loc_cpu=qsl,
-        token_seq_lb=seq_lb.to(device, non_blocking=True),
+        tile_seq=tile_seq.to(device, non_blocking=True),
+        block_t=block_t,
         num_tokens=num_tokens,
         batch_size=batch,
         max_query_len=int(lens.max()) if batch else 0,
@@ -702,22 +533,18 @@ def _use_kernel(x: torch.Tensor) -> bool:
 # --------------------------------------------------------------------------
 
 
+def _fwd_block_t(num_tokens: int) -> int:
+    # Tokens per tile: long tiles amortise the W-1 rows of context each one
+    # re-reads; short ones spread a small step over every SM. Chosen on an
+    # H200 with benchmarks/kernels/tune_causal_conv1d.py.
+    return 64 if num_tokens > 8192 else 32
+
+
 def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int) -> dict:
-    # One 16-byte vector per thread per token row in interior tiles, which hold
-    # BLOCK_G + W-1 rows in registers; other tiles walk [BLOCK_R, BLOCK_DS]
-    # sub-tiles. Chosen on an H200 with benchmarks/kernels/tune_causal_conv1d.py.
+    # One 16-byte vector per thread per token row; a program keeps BLOCK_G + W-1
+    # rows in registers.
     num_warps = 1
-    return dict(
-        OVERLAP=triton.next_power_of_2(width - 1),
-        BLOCK_T=64,
-        BLOCK_D=16 // elem_size * 32 * num_warps,
-        BLOCK_G=8,
-        BLOCK_R=8,
-        BLOCK_S=16,
-        BLOCK_DS=32,
-        DS_STAGES=1,
-        num_warps=num_warps,
-    )
+    return dict(BLOCK_G=8, BLOCK_D=16 // elem_size * 32 * num_warps, num_warps=num_warps)
 
 
 def _fwd_impl(
@@ -730,7 +557,8 @@ def _fwd_impl(
     has_initial_state: torch.Tensor | None,
     silu: bool,
     pad_slot_id: int,
-    token_seq_lb: torch.Tensor | None,
+    tile_seq: torch.Tensor | None,
+    block_t: int,
 ) -> torch.Tensor:
     if not _use_kernel(x):
         return causal_conv1d_ref(
@@ -748,9 +576,13 @@ def _fwd_impl(
     batch = query_start_loc.shape[0] - 1
     width = weight.shape[1]
     out = torch.empty(num_tokens, dim, dtype=x.dtype, device=x.device).t()
+    if block_t <= 0:
+        block_t = _fwd_block_t(num_tokens)
     cfg = _fwd_config(num_tokens, dim, width, x.element_size())
-    n_tiles = max(triton.cdiv(num_tokens, cfg["BLOCK_T"]), 1)
-    grid = (n_tiles * triton.cdiv(dim, cfg["BLOCK_D"]),)
+    n_tiles = triton.cdiv(num_tokens, block_t)
+    grid = ((n_tiles + batch) * triton.cdiv(dim, cfg["BLOCK_D"]),)
+    if grid[0] == 0:
+        return out
     _causal_conv1d_fwd_kernel[grid](
         x,
         weight,
@@ -759,9 +591,10 @@ def _fwd_impl(
         query_start_loc,
         cache_indices,
         has_initial_state,
-        token_seq_lb,
+        tile_seq,
         out,
         num_tokens,
+        n_tiles,
         dim,
         batch,
         batch.bit_length(),
@@ -776,7 +609,8 @@ def _fwd_impl(
         SILU=silu,
         HAS_CACHE_INDICES=cache_indices is not None,
         HAS_INITIAL_STATE=has_initial_state is not None,
-        HAS_SEQ_LB=token_seq_lb is not None,
+        HAS_TILE_SEQ=tile_seq is not None,
+        BLOCK_T=block_t,
         **cfg,
     )
     return out
@@ -829,7 +663,7 @@ def causal_conv1d_fn(
                 f"got {has_initial_state.shape[0]}"
             )
     silu = _is_silu(activation)
-    token_seq_lb = None
+    tile_seq, block_t = None, 0
     if metadata is not None:
         if not isinstance(metadata, CausalConv1dMetadata):
             raise ValueError(
@@ -842,9 +676,9 @@ def causal_conv1d_fn(
                 f"{metadata.batch_size} sequences, but x has {num_tokens} tokens and "
                 f"query_start_loc {batch} sequences"
             )
-        if metadata.token_seq_lb.device != x.device:
-            raise ValueError(f"metadata is on {metadata.token_seq_lb.device}, x on {x.device}")
-        token_seq_lb = metadata.token_seq_lb
+        if metadata.tile_seq.device != x.device:
+            raise ValueError(f"metadata is on {metadata.tile_seq.device}, x on {x.device}")
+        tile_seq, block_t = metadata.tile_seq, metadata.block_t
     if validate_data:
         _check_qsl_data("query_start_loc", query_start_loc, num_tokens)
         _check_cache_indices_data(
@@ -865,7 +699,8 @@ def causal_conv1d_fn(
         has_initial_state,
         silu,
         pad_slot_id,
-        token_seq_lb,
+        tile_seq,
+        block_t,
     )
     if torch.compiler.is_compiling():
         return torch.ops.vllm.causal_conv1d_fwd(*args)
@@ -884,6 +719,45 @@ def _update_config(batch: int, dim: int, block_l: int, width: int) -> dict:
     block_c = triton.next_power_of_2(width - 1 + block_l - 1)
     num_warps = 4 if block_d >= 128 else 1
     return dict(BLOCK_L=block_l, BLOCK_C=block_c, BLOCK_D=block_d, num_warps=num_warps)
+
+
+def _decode_config(batch: int, dim: int, elem_size: int) -> dict:
+    # Up to one 16-byte vector per thread; smaller feature blocks when the batch
+    # alone does not cover the GPU several times over.
+    block_d = min(16 // elem_size * 32 * 4, max(64, triton.next_power_of_2(dim)))
+    while block_d > 64 and batch * triton.cdiv(dim, block_d) < 132 * 8:
+        block_d //= 2
+    return dict(BLOCK_D=block_d, num_warps=max(1, min(4, block_d * elem_size // 512)))
+
+
+def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
+    batch, dim = x.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if batch == 0:
+        return out
+    cfg = _decode_config(batch, dim, x.element_size())
+    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
+    _causal_conv1d_decode_kernel[grid](
+        x,
+        weight,
+        bias,
+        conv_state,
+        conv_state_indices,
+        out,
+        dim,
+        pad_slot_id,
+        x.stride(0),
+        weight.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(2),
+        out.stride(0),
+        KERNEL_WIDTH=weight.shape[1],
+        HAS_BIAS=bias is not None,
+        SILU=silu,
+        HAS_INDICES=conv_state_indices is not None,
+        **cfg,
+    )
+    return out
 
 
 def _update_impl(
@@ -911,6 +785,8 @@ def _update_impl(
             pad_slot_id,
         )
     width = weight.shape[1]
+    if x.dim() == 2 and query_start_loc is None and num_accepted_tokens is None:
+        return _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id)
     if query_start_loc is not None:
         batch = query_start_loc.shape[0] - 1
         dim = x.shape[1]
@@ -1107,7 +983,8 @@ def _causal_conv1d_fwd_op(
     has_initial_state: torch.Tensor | None,
     silu: bool,
     pad_slot_id: int,
-    token_seq_lb: torch.Tensor | None,
+    tile_seq: torch.Tensor | None,
+    block_t: int,
 ) -> torch.Tensor:
     return _fwd_impl(
         x,
@@ -1119,13 +996,14 @@ def _causal_conv1d_fwd_op(
         has_initial_state,
         silu,
         pad_slot_id,
-        token_seq_lb,
+        tile_seq,
+        block_t,
     )
 
 
 @_causal_conv1d_fwd_op.register_fake
 def _(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, silu,
-      pad_slot_id, token_seq_lb):  # fmt: skip
+      pad_slot_id, tile_seq, block_t):  # fmt: skip
     return x.new_empty(x.shape[1], x.shape[0]).t()
 
 
