@@ -16,6 +16,15 @@ sigmas 1.0 and 0.9: a heavy right tail and a few-hundred-token bulk, the shape c
 reported for ShareGPT conversations. These parameters are chosen by hand, not fitted to
 ShareGPT; use ``--dataset`` for the real distribution. Prompt token ids are uniform over
 the vocabulary (the dummy models have no tokenizer).
+
+Before the timed run, the decode CUDA graphs the run can use are captured (on CUDA, unless
+``--enforce-eager``; the capture time is printed) and a two-request generation warms up
+the kernels (Triton compiles on first use, the CUDA ops do not), so neither falls inside
+the timed run. ``--profile`` then runs a short profiled generation (the first
+``--profile-prompts`` requests cut to ``--profile-prompt-len`` tokens, each generating
+``--profile-decode-steps`` + 1 tokens: a few mixed steps, then decode-only steps at the
+run's batch size) and splits each step kind's wall time into conv, scan, matmul, other and
+idle (host) time, as ``step_profile.py`` describes.
 """
 
 from __future__ import annotations
@@ -30,6 +39,12 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
+
+PROFILE_PREFIX = "engine:"
 
 NAMED_CONFIGS = {
     # Mamba-Codestral-7B's shape: Mamba2ModelConfig's defaults.
@@ -113,8 +128,18 @@ def main(argv=None) -> dict:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--no-warmup", action="store_true", help="time from a cold start")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--profile", action="store_true", help="a short profiled run after timing")
+    p.add_argument(
+        "--profile-prompts",
+        type=int,
+        default=None,
+        help="default: as many as the run's batch (num prompts, at most max-num-seqs)",
+    )
+    p.add_argument("--profile-prompt-len", type=int, default=64)
+    p.add_argument("--profile-decode-steps", type=int, default=3)
     args = p.parse_args(argv)
 
     import torch
@@ -127,6 +152,8 @@ def main(argv=None) -> dict:
         load_format = args.load_format or "dummy"
     else:
         model, load_format = args.model, args.load_format or "auto"
+    phases = {}
+    t0 = time.perf_counter()
     llm = LLM(
         model,
         load_format=load_format,
@@ -137,7 +164,9 @@ def main(argv=None) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enforce_eager=args.enforce_eager,
     )
-    vocab = llm.engine.runner.model.config.vocab_size
+    phases["load_s"] = time.perf_counter() - t0
+    runner = llm.engine.runner
+    vocab = runner.model.config.vocab_size
     if args.dataset:
         requests = sharegpt_requests(args, llm.get_tokenizer())
     else:
@@ -148,14 +177,27 @@ def main(argv=None) -> dict:
         for _, n in requests
     ]
 
-    device = llm.engine.runner.device
-    if device.type == "cuda":
+    device = runner.device
+    on_cuda = device.type == "cuda"
+    capture = None
+    if runner.graphs is not None:
+        capture = capture_graphs(runner.graphs, min(len(requests), args.max_num_seqs))
+        phases["capture_s"] = capture["seconds"]
+    if not args.no_warmup:
+        t0 = time.perf_counter()
+        warm = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+        llm.generate([ids[:16] for ids in prompts[:2]], warm, use_tqdm=False)
+        phases["warmup_s"] = time.perf_counter() - t0
+
+    steps_before = llm.engine.num_steps
+    if on_cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
-    if device.type == "cuda":
+    if on_cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
+    phases["elapsed_s"] = elapsed
 
     n_prompt = sum(len(x) for x in prompts)
     n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -177,8 +219,11 @@ def main(argv=None) -> dict:
             "VLLM_USE_TRITON_CONV1D": os.environ.get("VLLM_USE_TRITON_CONV1D", "1"),
             "torch": torch.__version__,
             "python": platform.python_version(),
-            "engine_steps": llm.engine.num_steps,
+            "engine_steps": llm.engine.num_steps - steps_before,
+            "cuda_graphs": runner.graphs is not None,
         },
+        "graph_capture": capture,
+        "phases": phases,
     }
     print(
         f"Throughput: {results['requests_per_s']:.2f} requests/s, "
@@ -188,10 +233,93 @@ def main(argv=None) -> dict:
         f"{elapsed:.2f} s, {args.model} on {results['setup']['device']}, "
         f"conv {results['setup']['conv_backend']})"
     )
+    if args.profile:
+        t0 = time.perf_counter()
+        results["profile"] = profile_engine(llm, requests, args)
+        phases["profile_s"] = time.perf_counter() - t0
+        table = [
+            *MARKDOWN_HEADER,
+            *markdown_rows(results["setup"]["conv_backend"], results["profile"]),
+        ]
+        print("\n".join(table))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2, default=str))
         print(f"results written to {args.out}")
     return results
+
+
+def capture_graphs(graphs, max_batch: int) -> dict:
+    """Capture the decode graphs a batch of up to ``max_batch`` can use; time and memory."""
+    import torch
+
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    t0 = time.perf_counter()
+    sizes = graphs.capture(max_batch)
+    torch.cuda.synchronize()
+    info = {
+        "graphs": len(sizes),
+        "batch_sizes": sizes,
+        "seconds": time.perf_counter() - t0,
+        "memory_gib": (torch.cuda.memory_reserved() - reserved) / 2**30,
+    }
+    print(
+        f"captured {len(sizes)} decode CUDA graphs (batch {sizes[0]}..{sizes[-1]}) in "
+        f"{info['seconds']:.1f} s, +{info['memory_gib']:.2f} GiB reserved",
+        flush=True,
+    )
+    return info
+
+
+def profile_engine(llm, requests, args) -> dict:
+    """Profile a short generation step by step (see the module docstring); the
+    ``step_profile`` summary per step kind: mixed, decode (eager) or decode_graph."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from vllm import SamplingParams
+
+    engine, runner = llm.engine, llm.engine.runner
+    on_cuda = runner.device.type == "cuda"
+    n = min(args.profile_prompts or len(requests), args.max_num_seqs, len(requests))
+    params = SamplingParams(max_tokens=args.profile_decode_steps + 1, ignore_eos=True)
+    for ids, _ in requests[:n]:
+        engine.add_request(ids[: args.profile_prompt_len], params)
+
+    # The kind of a step is known once the scheduler has made its batch: the runner's
+    # execute is wrapped, for this run only, to note it.
+    kinds: list[str] = []
+    execute = runner.execute
+
+    def noting_execute(batch):
+        if batch.num_decodes < len(batch):
+            kinds.append("mixed")
+        elif runner.graphs is not None and runner.graphs.fits(len(batch)):
+            kinds.append("decode_graph")
+        else:
+            kinds.append("decode")
+        return execute(batch)
+
+    runner.execute = noting_execute
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    walls = {}
+    try:
+        with profile(activities=activities) as prof:
+            while engine.has_unfinished_requests():
+                name = f"{PROFILE_PREFIX}#{len(walls)}"
+                t0 = time.perf_counter()
+                with record_function(name):
+                    engine.step()  # ends in a host sync: the sampled tokens
+                    if on_cuda:
+                        torch.cuda.synchronize()
+                walls[name] = (time.perf_counter() - t0) * 1e3
+    finally:
+        del runner.execute
+    steps = {name: (kind, wall) for (name, wall), kind in zip(walls.items(), kinds, strict=True)}
+    records = kernel_records(prof.events(), PROFILE_PREFIX, on_cuda)
+    summary = summarize(records, steps, PROFILE_PREFIX, graphed_kinds=("decode_graph",))
+    summary["_requests"] = {"prompts": n, "prompt_len_max": args.profile_prompt_len}
+    return summary
 
 
 if __name__ == "__main__":

@@ -72,3 +72,34 @@ def test_sharegpt_file(bench, tmp_path):
     assert (res["prompt_tokens"], res["output_tokens"]) == (8, 6)
     with pytest.raises(SystemExit):
         bench.main([*COMMON, "--dataset", str(path), "--num-prompts", "2"])
+
+
+def test_warmup_and_profile(bench, capsys):
+    res = bench.main(
+        [
+            *COMMON,
+            "--num-prompts",
+            "3",
+            "--max-prompt-len",
+            "5",
+            "--output-len",
+            "3",
+            "--profile",
+            "--profile-decode-steps",
+            "2",
+        ]
+    )
+    assert res["output_tokens"] == 9
+    assert set(res["phases"]) == {"load_s", "warmup_s", "elapsed_s", "profile_s"}
+    assert res["graph_capture"] is None and res["setup"]["cuda_graphs"] is False
+    # 3 prompts of <= 5 tokens fit one 16-token step, then two decode steps: the warm-up's
+    # steps are not counted
+    assert res["setup"]["engine_steps"] == 3
+    prof = res["profile"]
+    assert prof["_requests"]["prompts"] == 3
+    assert prof["mixed"]["steps"] == 1 and prof["decode"]["steps"] == 2
+    for kind in ("mixed", "decode"):
+        shares = prof[kind]["share"]
+        assert shares["conv"] > 0 and shares["scan"] > 0
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-6)
+    assert "| triton | decode | 2 |" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.engine.sampler import Sampler
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-from vllm.worker.cuda_graph import graph_buckets
+from vllm.worker.cuda_graph import buckets_covering, graph_buckets
 
 CONFIG = Mamba2ModelConfig(
     vocab_size=256,
@@ -26,6 +26,26 @@ def test_graph_buckets():
     assert graph_buckets(1) == [1]
     assert graph_buckets(6) == [1, 2, 4, 6]
     assert graph_buckets(20) == [1, 2, 4, 8, 16, 20]
+
+
+def test_buckets_covering():
+    buckets = graph_buckets(20)
+    assert buckets_covering(buckets, 1) == [1]
+    assert buckets_covering(buckets, 5) == [1, 2, 4, 8]
+    assert buckets_covering(buckets, 16) == [1, 2, 4, 8, 16]
+    assert buckets_covering(buckets, 17) == buckets
+    assert buckets_covering(buckets, 99) == buckets
+
+
+@pytest.mark.gpu
+def test_capture_ahead_of_time():
+    llm = LLM(CONFIG, load_format="dummy", dtype="float32", device="cuda", max_num_seqs=20)
+    graphs = llm.engine.runner.graphs
+    assert graphs.capture(5) == [1, 2, 4, 8] and sorted(graphs._graphs) == [1, 2, 4, 8]
+    assert graphs.capture() == graphs.buckets and sorted(graphs._graphs) == graphs.buckets
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    outs = llm.generate([[1, 2, 3], [4, 5]], params)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3, 3]
 
 
 @pytest.mark.gpu

@@ -5,7 +5,8 @@ A decode-only step of ``b`` sequences runs the graph of the smallest bucket >= b
 writes the pool's sink line). Each bucket owns its metadata builder, so the metadata tensors
 the graph captured stay where they are: a replay only copies the step's input ids and
 slots into them. Graphs are captured on first use, with every row padded, so capturing
-never touches a sequence's state.
+never touches a sequence's state; ``capture`` takes them ahead of time (a benchmark does, so
+that no capture falls inside its timed run).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ def graph_buckets(max_batch: int) -> list[int]:
     sizes = [b for b in (1, 2, 4) if b < max_batch]
     sizes += list(range(8, max_batch, 8)) + [max_batch]
     return sorted(set(sizes))
+
+
+def buckets_covering(buckets: list[int], max_batch: int) -> list[int]:
+    """The buckets a decode batch of 1 .. ``max_batch`` sequences can run in."""
+    top = next((b for b in buckets if b >= max_batch), buckets[-1])
+    return [b for b in buckets if b <= top]
 
 
 class _Graph:
@@ -57,6 +64,15 @@ class DecodeGraphs:
 
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.buckets[-1]
+
+    def capture(self, max_batch: int | None = None) -> list[int]:
+        """Capture now the graphs of every bucket a batch of up to ``max_batch`` sequences
+        (default: all buckets) can use; returns their sizes. Largest first, so the smaller
+        graphs reuse the memory pool blocks the larger ones freed."""
+        sizes = buckets_covering(self.buckets, max_batch or self.buckets[-1])
+        for size in reversed(sizes):
+            self._graph(size)
+        return sizes
 
     def _graph(self, batch_size: int) -> _Graph:
         size = next(b for b in self.buckets if b >= batch_size)
