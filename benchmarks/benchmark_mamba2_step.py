@@ -1,0 +1,381 @@
+"""Forward time of one Mamba2 model step with each causal-conv1d backend.
+
+    python benchmarks/benchmark_mamba2_step.py                      # codestral-7b, bf16, GPU
+    python benchmarks/benchmark_mamba2_step.py --profile --out step.json
+    python benchmarks/benchmark_mamba2_step.py --model tiny --device cpu --prefill-len 32 \\
+        --num-decodes 3 --decode-batch 4 --iters 2 --warmup 1
+
+Steps (rows in the engine's order: decodes first, then the prefill):
+
+- mixed: ``--num-decodes`` one-token decodes continuing their slots' states plus one
+  ``--prefill-len``-token prefill (no initial state unless ``--prefill-has-initial-state``);
+  the default, 255 + 2048, is the issue's "1 x 2048 prefill + 255 decodes";
+- decode: ``--decode-batch`` one-token decodes, eager (the Triton backend takes
+  ``causal_conv1d_update``);
+- decode_graph (CUDA, unless ``--no-cuda-graph``): the same decodes replayed from the
+  engine's CUDA graphs (``vllm/worker/cuda_graph.py``), all buckets up to the batch captured
+  first; the capture time and the memory it took are reported.
+
+A step is the model forward plus the logits of the rows the engine samples (each decode and
+the prefill's last token); the metadata is built once per step kind, outside the timing.
+The logits of each backend's first mixed step (fresh pool) are checked to be finite and,
+with both backends, compared (``check`` in the JSON).
+The model is built once (dummy weights) and switched between backends with
+``set_conv_backend``; each backend gets its own state pool, since the conv-state layout
+differs (only one pool is alive at a time: the 7B pool of 256 slots holds 64 GiB of fp32
+SSM state). States start at zero; the kernels' speed does not depend on the values.
+
+Timing: CUDA events around each step, median (p20, p80) of ``--iters`` after ``--warmup``
+(on CPU: ``time.perf_counter``); ``host ms`` is the time the host takes to issue the step.
+``--profile`` then runs ``--profile-steps`` more steps of each kind under
+``torch.profiler`` and splits the wall time into conv, scan, matmul, other and idle (see
+``step_profile.py``). The CUDA backend is skipped, with the reason printed, when the CUDA
+ops are not built or the device is not CUDA.
+
+Budget on an H200 (7B shape, defaults): a mixed step is a few hundred ms and an eager
+256-decode step ~150-200 ms (the PyTorch scan reads and writes the 4 MiB fp32 SSM state of
+each sequence per layer several times); model build, two pools, two graph captures (35
+buckets each) and the profile bring the whole run to about 1.5 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
+from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
+
+STEP_PREFIX = "step:"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="codestral-7b", choices=sorted(NAMED_CONFIGS))
+    p.add_argument("--backends", default="triton,cuda", help="comma-separated: triton, cuda")
+    p.add_argument("--num-decodes", type=int, default=255, help="decodes in the mixed step")
+    p.add_argument("--prefill-len", type=int, default=2048)
+    p.add_argument("--prefill-has-initial-state", action="store_true")
+    p.add_argument("--decode-batch", type=int, default=256, help="sequences in the decode step")
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--no-cuda-graph", action="store_true", help="skip the decode_graph step")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per kind")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(args.backends) - {"triton", "cuda"}
+    if unknown:
+        p.error(f"unknown backends {sorted(unknown)}: use triton and/or cuda")
+    if args.prefill_len < 1 or args.num_decodes < 0 or args.decode_batch < 1 or args.iters < 1:
+        p.error("need --prefill-len >= 1, --num-decodes >= 0, --decode-batch >= 1, --iters >= 1")
+    return args
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def quantiles(samples: list[float]) -> dict:
+    if len(samples) > 1:
+        p20, _, _, p80 = statistics.quantiles(samples, n=5, method="inclusive")
+    else:
+        p20 = p80 = samples[0]
+    return {"median": statistics.median(samples), "p20": p20, "p80": p80}
+
+
+class StepCase:
+    """One step kind: its metadata (own builder, so it stays valid), ids and sampled rows.
+
+    ``rows`` are (slot, tokens, has_initial_state), in the engine's order."""
+
+    def __init__(self, model, device, rows: list[tuple[int, int, bool]], vocab: int, gen):
+        import torch
+
+        slots, lens, init = (list(col) for col in zip(*rows, strict=True))
+        qsl = torch.zeros(len(rows) + 1, dtype=torch.int32)
+        torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
+        self.builder = model.metadata_builder(device)
+        start = time.perf_counter()
+        self.md = self.builder.build(
+            qsl, torch.tensor(slots, dtype=torch.int32), torch.tensor(init, dtype=torch.bool)
+        )
+        self.build_ms = (time.perf_counter() - start) * 1e3
+        self.num_tokens = int(qsl[-1])
+        self.ids = torch.randint(0, vocab, (self.num_tokens,), generator=gen).to(device)
+        self.rows = (qsl[1:] - 1).long().to(device)  # each row's last token: sampled
+        self.slots = slots
+
+    def run(self, model, pool):
+        hidden = model(self.ids, self.md, pool)
+        return model.compute_logits(hidden.index_select(0, self.rows))
+
+
+def timed(fn, iters: int, warmup: int, on_cuda: bool) -> dict:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if on_cuda:
+        torch.cuda.synchronize()
+    walls, hosts = [], []
+    for _ in range(iters):
+        if on_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        fn()
+        host = time.perf_counter() - t0
+        if on_cuda:
+            end.record()
+            end.synchronize()
+            walls.append(start.elapsed_time(end))
+        else:
+            walls.append(host * 1e3)
+        hosts.append(host * 1e3)
+    return {"ms": quantiles(walls), "host_ms": statistics.median(hosts), "samples_ms": walls}
+
+
+def profile_steps(steps: dict, n: int, on_cuda: bool, graphed: tuple[str, ...]) -> dict:
+    """Run ``n`` of each step under the profiler; the step_profile summary per kind."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    walls = {}
+    with profile(activities=activities) as prof:
+        for kind, fn in steps.items():
+            for i in range(n):
+                name = f"{STEP_PREFIX}{kind}#{i}"
+                t0 = time.perf_counter()
+                with record_function(name):
+                    fn()
+                    if on_cuda:
+                        torch.cuda.synchronize()
+                walls[name] = (kind, (time.perf_counter() - t0) * 1e3)
+    records = kernel_records(prof.events(), STEP_PREFIX, on_cuda)
+    return summarize(records, walls, STEP_PREFIX, graphed)
+
+
+def run_backend(name, model, cases, args, on_cuda) -> dict:
+    import torch
+
+    from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend
+
+    os.environ["VLLM_USE_TRITON_CONV1D"] = "1" if name == "triton" else "0"
+    model.set_conv_backend(ConvBackend(name))
+    num_slots = max(args.num_decodes + 1, args.decode_batch)
+    pool = model.allocate_state_pool(num_slots)
+    out: dict = {"pool_gib": pool.nbytes() / 2**30}
+    # The first mixed step on the fresh pool: its logits are compared across backends.
+    out["first_logits"] = cases["mixed"].run(model, pool).float().cpu()
+    steps = {
+        "mixed": lambda: cases["mixed"].run(model, pool),
+        "decode": lambda: cases["decode"].run(model, pool),
+    }
+    if on_cuda and not args.no_cuda_graph:
+        from vllm.worker.cuda_graph import DecodeGraphs
+
+        torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved()
+        t0 = time.perf_counter()
+        graphs = DecodeGraphs(model, pool, args.decode_batch)
+        sizes = graphs.capture()
+        torch.cuda.synchronize()
+        out["graph_capture"] = {
+            "graphs": len(sizes),
+            "batch_sizes": sizes,
+            "seconds": time.perf_counter() - t0,
+            "memory_gib": (torch.cuda.memory_reserved() - reserved) / 2**30,
+        }
+        print(
+            f"[{name}] captured {len(sizes)} decode graphs (batch {sizes[0]}..{sizes[-1]}) in "
+            f"{out['graph_capture']['seconds']:.1f} s, "
+            f"+{out['graph_capture']['memory_gib']:.2f} GiB reserved",
+            flush=True,
+        )
+        ids, slots = cases["decode"].ids.tolist(), cases["decode"].slots
+        steps["decode_graph"] = lambda: graphs.run(ids, slots)
+    for kind, fn in steps.items():
+        res = timed(fn, args.iters, args.warmup, on_cuda)
+        out[kind] = res
+        print(
+            f"[{name}] {kind}: {res['ms']['median']:.2f} ms "
+            f"(p20 {res['ms']['p20']:.2f}, p80 {res['ms']['p80']:.2f}), "
+            f"host {res['host_ms']:.2f} ms",
+            flush=True,
+        )
+    if args.profile:
+        out["profile"] = profile_steps(steps, args.profile_steps, on_cuda, ("decode_graph",))
+    return out  # the pool and the graphs die here, before the next backend's are made
+
+
+def cuda_skip_reason(on_cuda: bool) -> str | None:
+    if not on_cuda:
+        return "the CUDA conv ops run on CUDA tensors only (this run is on the CPU)"
+    from vllm import _custom_ops
+
+    if not _custom_ops.cuda_ops_available():
+        return (
+            "the CUDA conv ops are not built (vllm._custom_ops.cuda_ops_available() is False; "
+            "build with VLLM_BUILD_CUDA_OPS=1 pip install --no-deps --no-build-isolation -e .)"
+        )
+    return None
+
+
+def markdown(results: dict) -> str:
+    s = results["setup"]
+    lines = [
+        f"Mamba2 step, {s['model']} shape, {s['dtype']}, {s['device']}: mixed = "
+        f"{s['num_decodes']} decodes + 1 x {s['prefill_len']} prefill, decode = "
+        f"{s['decode_batch']} decodes (median of {s['iters']}, ms)",
+        "",
+        "| backend | step | tokens | ms (median) | p20 | p80 | host ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, res in results["backends"].items():
+        if "skipped" in res:
+            lines.append(f"| {name} | skipped: {res['skipped']} | | | | | |")
+            continue
+        for kind in ("mixed", "decode", "decode_graph"):
+            if kind in res:
+                r, tokens = res[kind], s["tokens"][kind.replace("_graph", "")]
+                lines.append(
+                    f"| {name} | {kind} | {tokens} | {r['ms']['median']:.2f} | "
+                    f"{r['ms']['p20']:.2f} | {r['ms']['p80']:.2f} | {r['host_ms']:.2f} |"
+                )
+    speedups = results.get("triton_over_cuda")
+    if speedups:
+        lines += [
+            "",
+            "Triton over CUDA (CUDA ms / Triton ms): "
+            + ", ".join(f"{k} {v:.3f}x" for k, v in speedups.items()),
+        ]
+    profiles = [(n, r["profile"]) for n, r in results["backends"].items() if "profile" in r]
+    if profiles:
+        lines += ["", "Share of step wall time (profiled steps):", "", *MARKDOWN_HEADER]
+        for name, prof in profiles:
+            lines += markdown_rows(name, prof)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    on_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if on_cuda else "cpu")
+    if not on_cuda:
+        # The Triton kernels take CPU tensors only under the interpreter, which must be on
+        # before the kernel module is imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Built with the Triton backend, which needs no build; run_backend switches per backend.
+    os.environ["VLLM_USE_TRITON_CONV1D"] = "1"
+    from vllm.model_executor.model_loader import get_model
+    from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+    dtype = args.dtype or ("bfloat16" if on_cuda else "float32")
+    config = Mamba2ModelConfig(**NAMED_CONFIGS[args.model])
+    t0 = time.perf_counter()
+    model = get_model(config, load_format="dummy", dtype=dtype, device=device, seed=args.seed)
+    build_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(args.seed)
+    n_dec = args.num_decodes
+    mixed = [(slot, 1, True) for slot in range(1, n_dec + 1)]
+    mixed.append((0, args.prefill_len, args.prefill_has_initial_state))
+    decode = [(slot, 1, True) for slot in range(args.decode_batch)]
+    vocab = config.vocab_size
+    cases = {
+        "mixed": StepCase(model, device, mixed, vocab, gen),
+        "decode": StepCase(model, device, decode, vocab, gen),
+    }
+    results: dict = {
+        "setup": {
+            "model": args.model,
+            "model_config": asdict(config),
+            "dtype": dtype,
+            "device": torch.cuda.get_device_name() if on_cuda else "cpu",
+            "num_decodes": n_dec,
+            "prefill_len": args.prefill_len,
+            "prefill_has_initial_state": args.prefill_has_initial_state,
+            "decode_batch": args.decode_batch,
+            "tokens": {k: c.num_tokens for k, c in cases.items()},
+            "metadata_build_ms": {k: c.build_ms for k, c in cases.items()},
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "model_build_s": build_s,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "git_sha": git_sha(),
+            "argv": ["benchmark_mamba2_step.py", *(sys.argv[1:] if argv is None else argv)],
+        },
+        "backends": {},
+    }
+    try:
+        import triton
+
+        results["setup"]["triton"] = triton.__version__
+    except ImportError:
+        results["setup"]["triton"] = None
+    print(
+        f"{args.model} ({dtype}, {results['setup']['device']}) built in {build_s:.1f} s",
+        flush=True,
+    )
+    for name in args.backends:
+        reason = cuda_skip_reason(on_cuda) if name == "cuda" else None
+        if reason:
+            print(f"[cuda] skipped: {reason}", flush=True)
+            results["backends"][name] = {"skipped": reason}
+            continue
+        results["backends"][name] = run_backend(name, model, cases, args, on_cuda)
+        if on_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    done = results["backends"]
+    logits = {n: r.pop("first_logits") for n, r in done.items() if "first_logits" in r}
+    results["check"] = {f"{n}_logits_finite": bool(t.isfinite().all()) for n, t in logits.items()}
+    if len(logits) == 2:
+        diff = (logits["triton"] - logits["cuda"]).abs().max().item()
+        results["check"]["max_abs_logit_diff_triton_cuda"] = diff
+        print(f"first mixed step: max |logits(triton) - logits(cuda)| = {diff:.3g}")
+    if all("skipped" not in done.get(b, {"skipped": 1}) for b in ("triton", "cuda")):
+        results["triton_over_cuda"] = {
+            kind: done["cuda"][kind]["ms"]["median"] / done["triton"][kind]["ms"]["median"]
+            for kind in ("mixed", "decode", "decode_graph")
+            if kind in done["triton"] and kind in done["cuda"]
+        }
+    table = markdown(results)
+    results["markdown"] = table
+    print("\n" + table, flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+        print(f"results written to {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""benchmarks/benchmark_mamba2_step.py on the CPU: tiny model, Triton under the interpreter,
+the CUDA backend skipped with its reason; timings, profile and JSON come out complete."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_mamba2_step.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("benchmark_mamba2_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMALL = ["--model", "tiny", "--device", "cpu", "--prefill-len", "16", "--num-decodes", "2"]
+
+
+def test_tiny_step_on_cpu(bench, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_TRITON_CONV1D", "0")  # the script sets it per backend
+    out = tmp_path / "step.json"
+    argv = [*SMALL, "--decode-batch", "3", "--iters", "2", "--warmup", "0"]
+    res = bench.main([*argv, "--profile", "--profile-steps", "1", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["setup"]["tokens"] == {"mixed": 18, "decode": 3}
+    assert saved["setup"]["model_config"]["hidden_size"] == 64
+    assert saved["setup"]["dtype"] == "float32" and saved["setup"]["device"] == "cpu"
+    triton = saved["backends"]["triton"]
+    assert set(triton) >= {"mixed", "decode", "profile", "pool_gib"}
+    assert "decode_graph" not in triton and "graph_capture" not in triton  # CUDA only
+    for kind in ("mixed", "decode"):
+        ms = triton[kind]["ms"]
+        assert len(triton[kind]["samples_ms"]) == 2
+        assert 0 < ms["p20"] <= ms["median"] <= ms["p80"]
+        prof = triton["profile"][kind]
+        assert prof["steps"] == 1 and prof["share"]["conv"] > 0 and prof["share"]["scan"] > 0
+        assert sum(prof["share"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert "CPU" in saved["backends"]["cuda"]["skipped"]
+    assert saved["check"] == {"triton_logits_finite": True}
+    assert "triton_over_cuda" not in saved
+    printed = capsys.readouterr().out
+    assert "[cuda] skipped:" in printed and "| triton | mixed | 18 |" in printed
+    assert res["markdown"] == saved["markdown"]
+
+
+def test_rejects_unknown_backend(bench):
+    with pytest.raises(SystemExit):
+        bench.main([*SMALL, "--backends", "triton,rocm"])
