@@ -218,6 +218,7 @@ def main(argv=None) -> dict:
             "conv_backend": llm.engine.runner.model.conv_backend.value,
             "VLLM_USE_TRITON_CONV1D": os.environ.get("VLLM_USE_TRITON_CONV1D", "1"),
             "torch": torch.__version__,
+            "triton": triton_version(),
             "python": platform.python_version(),
             "engine_steps": llm.engine.num_steps - steps_before,
             "cuda_graphs": runner.graphs is not None,
@@ -246,6 +247,14 @@ def main(argv=None) -> dict:
         Path(args.out).write_text(json.dumps(results, indent=2, default=str))
         print(f"results written to {args.out}")
     return results
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
 
 
 def capture_graphs(graphs, max_batch: int) -> dict:
