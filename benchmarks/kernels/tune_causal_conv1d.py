@@ -78,24 +78,26 @@ def main():
     }
     if args.quick:
         fwd_cases = {k: fwd_cases[k] for k in ("T2048x1", "T8192x16", "T131072x1", "mix2048+255")}
-    # (tokens per tile, rows per group, bytes per thread per row, warps)
+    # (tokens per tile, rows per group, bytes per thread per row, warps, early state loads)
     configs = [
-        (16, 8, 16, 1), (32, 8, 16, 1), (64, 8, 16, 1), (128, 8, 16, 1),
-        (32, 4, 16, 1), (64, 4, 16, 1), (32, 8, 8, 1), (64, 8, 8, 1),
-        (16, 8, 8, 1), (32, 16, 8, 1), (64, 16, 8, 1), (32, 8, 16, 2), (64, 8, 16, 4),
-        (32, 8, 8, 2),
+        (16, 8, 8, 1, 0), (32, 8, 8, 1, 0), (64, 8, 8, 1, 0), (32, 8, 8, 1, 1),
+        (64, 8, 8, 1, 1), (32, 16, 8, 1, 0), (64, 16, 8, 1, 0), (32, 8, 8, 2, 0),
+        (32, 8, 16, 1, 0), (64, 8, 16, 1, 0), (32, 4, 16, 1, 0), (128, 8, 8, 1, 0),
     ]  # fmt: skip
+    if args.quick:
+        configs = configs[:8]
     results["fwd"] = {}
     for name, (lens, nd, ip) in fwd_cases.items():
         c = make_fn_case(8448, lens, nd, ip)
         nbytes = 2 * c["T"] * 8448 * 2
         row = {}
-        for bt, bg, vec, nw in configs:
-            cfg = dict(BLOCK_G=bg, BLOCK_D=vec // 2 * 32 * nw, num_warps=nw)
+        for bt, bg, vec, nw, early in configs:
+            cfg = dict(BLOCK_G=bg, BLOCK_D=vec // 2 * 32 * nw, EARLY_STATE=bool(early),
+                       num_warps=nw)  # fmt: skip
             cc._fwd_config = lambda *a, cfg=cfg: dict(cfg)
             cc._fwd_block_t = lambda n, bt=bt: bt
             c["meta"] = cc.compute_causal_conv1d_metadata(c["qsl_cpu"], "cuda")
-            key = f"T{bt}_G{bg}_V{vec}_w{nw}"
+            key = f"T{bt}_G{bg}_V{vec}_w{nw}" + ("_early" if early else "")
             try:
                 ok, err = check_fn(c)
                 us = cold_us(lambda c=c: run_fn(c))
@@ -152,9 +154,11 @@ def main():
         st = torch.randn(1024, WIDTH - 1, dim, device="cuda", dtype=DTYPE).transpose(1, 2)
         idx = torch.randperm(1024, device="cuda")[:B].int()
         row = {}
-        for bd, nw in itertools.product((64, 128, 256, 512, 1024), (1, 2, 4)):
-            if bd < 32 * nw:
-                continue
+        pairs = itertools.product((64, 128, 256, 512, 1024), (1, 2, 4))
+        dec_configs = [(bd, nw) for bd, nw in pairs if bd >= 32 * nw]
+        if args.quick:
+            dec_configs = [(64, 1), (128, 2), (256, 4), (256, 2), (512, 4)]
+        for bd, nw in dec_configs:
             cc._decode_config = lambda *a, bd=bd, nw=nw: dict(BLOCK_D=bd, num_warps=nw)
             s1, s2 = st.clone(), st.clone()
             o1 = cc.causal_conv1d_update(x, s1, w, b, "silu", idx)

@@ -61,6 +61,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
 )
 from vllm.tensor_checks import FLOAT_DTYPES, MAX_CONV_WIDTH, MIN_CONV_WIDTH, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
+from vllm.triton_utils.launch import CachedLauncher
 
 __all__ = [
     "PAD_SLOT_ID",
@@ -97,6 +98,22 @@ def _count_starts_le(t, qsl_ptr, batch, n_search):
     return lo
 
 
+@triton.jit
+def _fwd_final_state(
+    x_ptr, p_line, start, end, o_d, m_d, use_hist, stride_x_t, stride_state_col,
+    STATE_DTYPE: tl.constexpr, KERNEL_WIDTH: tl.constexpr,
+):  # fmt: skip
+    """The last W-1 inputs of a sequence's xx, as a tuple of rows in the state dtype."""
+    b_new = ()
+    for j in tl.static_range(KERNEL_WIDTH - 1):
+        p = end - (KERNEL_WIDTH - 1) + j
+        b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_d & (p >= start), other=0.0)
+        p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
+        b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
+        b_new = b_new + (tl.where(p >= start, b_x.to(STATE_DTYPE), b_h),)
+    return b_new
+
+
 @triton.jit(do_not_specialize=["num_tokens", "n_tiles", "batch", "n_search"])
 def _causal_conv1d_fwd_kernel(
     x_ptr,
@@ -128,6 +145,7 @@ def _causal_conv1d_fwd_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    EARLY_STATE: tl.constexpr,
 ):
     # Programs: (piece, feature block), features fastest. Pieces n_tiles + s
     # are sequence s's head: its tokens up to the first multiple of BLOCK_T at
@@ -193,6 +211,15 @@ def _causal_conv1d_fwd_kernel(
         b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
         b_win = b_win + (b_x.to(tl.float32) + b_h.to(tl.float32),)
 
+    # The head's final state: the sequence's last W-1 inputs (the old history
+    # for a sequence shorter than W-1). EARLY_STATE loads it up front, so its
+    # latency overlaps the loads above (more registers held through the loop).
+    if EARLY_STATE:
+        b_new = _fwd_final_state(
+            x_ptr, p_line, start, end, o_d, m_d & is_head & live, use_hist,
+            stride_x_t, stride_state_col, state_ptr.dtype.element_ty, KERNEL_WIDTH,
+        )  # fmt: skip
+
     for g0 in range(t0, t_end, BLOCK_G):
         b_rows = b_win
         for j in tl.static_range(BLOCK_G):
@@ -210,16 +237,14 @@ def _causal_conv1d_fwd_kernel(
             tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d & (g0 + r < t_end))
         b_win = b_rows[BLOCK_G:]
 
-    # The head writes the sequence's last W-1 inputs (the old history for a
-    # sequence shorter than W-1) after all its reads of the line.
+    # The head writes the sequence's last W-1 inputs (read before the loop)
+    # after all its reads of the line.
     if is_head & live:
-        b_new = ()
-        for j in tl.static_range(KERNEL_WIDTH - 1):
-            p = end - (KERNEL_WIDTH - 1) + j
-            b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_d & (p >= start), other=0.0)
-            p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
-            b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
-            b_new = b_new + (tl.where(p >= start, b_x.to(state_ptr.dtype.element_ty), b_h),)
+        if not EARLY_STATE:
+            b_new = _fwd_final_state(
+                x_ptr, p_line, start, end, o_d, m_d, use_hist,
+                stride_x_t, stride_state_col, state_ptr.dtype.element_ty, KERNEL_WIDTH,
+            )  # fmt: skip
         tl.debug_barrier()
         for j in tl.static_range(KERNEL_WIDTH - 1):
             tl.store(p_line + j * stride_state_col + o_d, b_new[j], mask=m_d)
@@ -388,6 +413,12 @@ def _causal_conv1d_decode_kernel(
         tl.store(p_line + j * stride_state_col + o_d, b_win[j + 1], mask=m_d & live)
 
 
+# Launch with the compiled kernels cached by their specialisation (host cost).
+_LAUNCH_FWD = CachedLauncher(_causal_conv1d_fwd_kernel)
+_LAUNCH_UPDATE = CachedLauncher(_causal_conv1d_update_kernel)
+_LAUNCH_DECODE = CachedLauncher(_causal_conv1d_decode_kernel)
+
+
 # --------------------------------------------------------------------------
 # Metadata
 # --------------------------------------------------------------------------
@@ -537,14 +568,20 @@ def _fwd_block_t(num_tokens: int) -> int:
     # Tokens per tile: long tiles amortise the W-1 rows of context each one
     # re-reads; short ones spread a small step over every SM. Chosen on an
     # H200 with benchmarks/kernels/tune_causal_conv1d.py.
-    return 64 if num_tokens > 8192 else 32
+    return 64 if num_tokens > 16384 else 32
 
 
 def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int) -> dict:
-    # One 16-byte vector per thread per token row; a program keeps BLOCK_G + W-1
+    # One 8-byte vector per thread per token row (beat 16 bytes on an H200:
+    # fewer registers, more warps in flight); a program keeps BLOCK_G + W-1
     # rows in registers.
     num_warps = 1
-    return dict(BLOCK_G=8, BLOCK_D=16 // elem_size * 32 * num_warps, num_warps=num_warps)
+    return dict(
+        BLOCK_G=8,
+        BLOCK_D=8 // elem_size * 32 * num_warps,
+        EARLY_STATE=False,
+        num_warps=num_warps,
+    )
 
 
 def _fwd_impl(
@@ -583,7 +620,7 @@ def _fwd_impl(
     grid = ((n_tiles + batch) * triton.cdiv(dim, cfg["BLOCK_D"]),)
     if grid[0] == 0:
         return out
-    _causal_conv1d_fwd_kernel[grid](
+    args = (
         x,
         weight,
         bias,
@@ -604,6 +641,8 @@ def _fwd_impl(
         conv_states.stride(0),
         conv_states.stride(2),
         out.stride(1),
+    )
+    constexprs = dict(
         KERNEL_WIDTH=width,
         HAS_BIAS=bias is not None,
         SILU=silu,
@@ -613,6 +652,7 @@ def _fwd_impl(
         BLOCK_T=block_t,
         **cfg,
     )
+    _LAUNCH_FWD(grid, args, constexprs)
     return out
 
 
@@ -722,12 +762,11 @@ def _update_config(batch: int, dim: int, block_l: int, width: int) -> dict:
 
 
 def _decode_config(batch: int, dim: int, elem_size: int) -> dict:
-    # Up to one 16-byte vector per thread; smaller feature blocks when the batch
-    # alone does not cover the GPU several times over.
-    block_d = min(16 // elem_size * 32 * 4, max(64, triton.next_power_of_2(dim)))
-    while block_d > 64 and batch * triton.cdiv(dim, block_d) < 132 * 8:
-        block_d //= 2
-    return dict(BLOCK_D=block_d, num_warps=max(1, min(4, block_d * elem_size // 512)))
+    # 4 bytes per thread and 4 warps: the fastest on an H200 from 8 to 512
+    # sequences (tune_causal_conv1d.py); a lone sequence is spread thinner.
+    if batch <= 2:
+        return dict(BLOCK_D=64, num_warps=1)
+    return dict(BLOCK_D=4 // elem_size * 128, num_warps=4)
 
 
 def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
@@ -737,7 +776,7 @@ def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
         return out
     cfg = _decode_config(batch, dim, x.element_size())
     grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
-    _causal_conv1d_decode_kernel[grid](
+    args = (
         x,
         weight,
         bias,
@@ -751,12 +790,15 @@ def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
         conv_state.stride(0),
         conv_state.stride(2),
         out.stride(0),
+    )
+    constexprs = dict(
         KERNEL_WIDTH=weight.shape[1],
         HAS_BIAS=bias is not None,
         SILU=silu,
         HAS_INDICES=conv_state_indices is not None,
         **cfg,
     )
+    _LAUNCH_DECODE(grid, args, constexprs)
     return out
 
 
@@ -810,7 +852,7 @@ def _update_impl(
         hint = seqlen
     cfg = _update_config(batch, dim, min(triton.next_power_of_2(max(hint, 1)), 8), width)
     grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
-    _causal_conv1d_update_kernel[grid](
+    args = (
         x,
         weight,
         bias,
@@ -829,6 +871,8 @@ def _update_impl(
         conv_state.stride(2),
         strides_out[0],
         strides_out[1],
+    )
+    constexprs = dict(
         KERNEL_WIDTH=width,
         HAS_BIAS=bias is not None,
         SILU=silu,
@@ -837,6 +881,7 @@ def _update_impl(
         IS_VARLEN=query_start_loc is not None,
         **cfg,
     )
+    _LAUNCH_UPDATE(grid, args, constexprs)
     return out
 
 
