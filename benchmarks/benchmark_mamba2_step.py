@@ -41,6 +41,7 @@ buckets each) and the profile bring the whole run to about 1.5 minutes.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -353,6 +354,7 @@ def main(argv=None) -> dict:
             continue
         results["backends"][name] = run_backend(name, model, cases, args, on_cuda)
         if on_cuda:
+            gc.collect()  # the pool (64 GiB for the 7B shape) must go before the next one
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
     done = results["backends"]

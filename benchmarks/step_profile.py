@@ -4,14 +4,13 @@ The caller runs each step inside a profiler range whose name starts with a prefi
 ``step:mixed#0``), waits for the device at its end, and passes each step's kind and wall
 time to ``summarize``. Every device kernel (on a CPU run: every op's self time) is then attributed
 
-- to the step whose range its execution falls in (the step waits for the device before its
-  range closes);
+- to the step whose range was open at its launch call (``cudaLaunchKernel``,
+  ``cuLaunchKernelEx``, ``cudaGraphLaunch``, ``cudaMemcpyAsync``, ..., found through the
+  CUDA correlation id the two share); failing that, the step its execution falls in (the
+  step waits for the device before its range closes);
 - to a category: launched inside ``mamba2::conv`` -> conv, inside ``mamba2::ssm_scan`` ->
   scan (``MambaMixer2`` opens both ranges while the profiler records); otherwise by kernel
-  name: ``conv1d`` -> conv, GEMM kernels -> matmul, anything else -> other. The host time
-  of a kernel's launch is that of its launch call (``cudaLaunchKernel``,
-  ``cuLaunchKernelEx``, ``cudaGraphLaunch``, ``cudaMemcpyAsync``, ...), found through the
-  CUDA correlation id the two share.
+  name: ``conv1d`` -> conv, GEMM kernels -> matmul, anything else -> other.
 
 Kernels replayed from a CUDA graph were launched by ``cudaGraphLaunch`` and carry no
 ranges, so in a graphed step only the name rules apply: the PyTorch scan's kernels
@@ -23,6 +22,7 @@ running (host work, launch gaps and syncs); the categories and idle add up to th
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -80,11 +80,11 @@ def _ranges_at(times: list[float], spans: list[tuple[float, float, str]]) -> lis
 def kernel_records(events, step_prefix: str, on_cuda: bool) -> list[KernelRecord]:
     """The kernels of a profile (``prof.events()``) with the ranges open at their launch.
 
-    On CUDA: device kernels, memcpys and memsets. The mamba2 ranges are those open at the
-    kernel's launch call; the step range is the one its execution falls in (each step waits
-    for the device before its range closes), which also places a kernel whose launch call
-    was not recorded. On CPU: every CPU event's self time, at its start (a range's own self
-    time is the Python between its ops).
+    On CUDA: device kernels, memcpys and memsets, with the ranges open at their launch call;
+    a kernel whose launch call was not recorded gets the step range its execution falls in
+    (each step waits for the device before its range closes) and no mamba2 range. On CPU:
+    every CPU event's self time, at its start (a range's own self time is the Python
+    between its ops).
     """
     from torch.autograd import DeviceType
 
@@ -97,9 +97,9 @@ def kernel_records(events, step_prefix: str, on_cuda: bool) -> list[KernelRecord
         for e in cpu
         if e.name.startswith(step_prefix)
     ]
+    all_spans = step_spans + mamba_spans
     if not on_cuda:
-        times = [e.time_range.start for e in cpu]
-        ranges = _ranges_at(times, step_spans + mamba_spans)
+        ranges = _ranges_at([e.time_range.start for e in cpu], all_spans)
         return [
             KernelRecord(e.name, float(e.self_cpu_time_total), r)
             for e, r in zip(cpu, ranges, strict=True)
@@ -110,12 +110,13 @@ def kernel_records(events, step_prefix: str, on_cuda: bool) -> list[KernelRecord
         for e in events
         if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
     ]
-    # No recorded launch: time -inf, inside no range.
-    launched = _ranges_at([launch_time.get(e.id, float("-inf")) for e in kernels], mamba_spans)
-    ran = _ranges_at([e.time_range.start for e in kernels], step_spans)
+    launched = [launch_time.get(e.id) for e in kernels]
+    at_launch = _ranges_at([-math.inf if t is None else t for t in launched], all_spans)
+    # A kernel whose launch call was not recorded: its step from when it ran.
+    at_run = _ranges_at([e.time_range.start for e in kernels], step_spans)
     return [
-        KernelRecord(e.name, float(e.time_range.end - e.time_range.start), step + mamba)
-        for e, step, mamba in zip(kernels, ran, launched, strict=True)
+        KernelRecord(e.name, float(e.time_range.end - e.time_range.start), r if t is None else a)
+        for e, t, a, r in zip(kernels, launched, at_launch, at_run, strict=True)
     ]
 
 
