@@ -16,6 +16,7 @@ from tests.models.mamba2_utils import (
     assert_close,
     gen_for,
     hf_config,
+    hf_oracle_groups,
     hf_prefill_then_decode,
     make_hf_model,
 )
@@ -30,7 +31,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def hf_and_dir(tmp_path_factory):
-    hf = make_hf_model(hf_config(n_groups=2), seed=5)
+    hf = make_hf_model(hf_config(n_groups=hf_oracle_groups()), seed=5)
     path = tmp_path_factory.mktemp("mamba2_engine")
     hf.save_pretrained(path)
     return hf, path

@@ -109,6 +109,23 @@ def make_hf_model(config, seed: int = 0):
     return model
 
 
+def hf_norms_per_group() -> bool:
+    """Whether the installed transformers' Mamba2 gated RMSNorm normalises per group.
+
+    Newer releases do (``group_size``), as Mamba2 and our layer do; older ones normalise
+    over the whole intermediate dimension, so with n_groups > 1 they are no oracle.
+    """
+    from transformers.models.mamba2 import modeling_mamba2
+
+    init = modeling_mamba2.MambaRMSNormGated.__init__
+    return "group_size" in inspect.signature(init).parameters
+
+
+def hf_oracle_groups() -> int:
+    """n_groups for a test that compares with HF: 2 where HF normalises per group, else 1."""
+    return 2 if hf_norms_per_group() else 1
+
+
 class HFCache:
     """One view of HF's Mamba2 cache across transformers releases.
 
