@@ -29,6 +29,7 @@ caller's bug.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -212,6 +213,14 @@ def _check_flag(name, value) -> None:
 # --------------------------------------------------------------------------
 
 
+_FWD_THREADS = 128  # threads per block of the forward kernel (kFwdThreads in csrc/)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def causal_conv1d_fwd_cuda(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -238,9 +247,9 @@ def causal_conv1d_fwd_cuda(
     place. One thread block per (sequence, block of features) walks the sequence's
     tokens in order, so a step with few long sequences leaves most of the GPU idle.
     Each thread moves ``row_bytes`` of a token per access: 16 (fewer, wider threads) or
-    4 (4x the blocks, for steps with few sequences); 0 lets the launcher choose (16 when
-    that grid has a block per SM), and 16 falls back to 4 when x or out rows are not
-    16-byte aligned.
+    4 (4x the blocks, for steps with few sequences); 0 chooses 16 when that grid has at
+    least 4 blocks per SM (fewer leave too few warps in flight to stream at full
+    bandwidth), and 16 falls back to 4 when x or out rows are not 16-byte aligned.
     """
     ops = _LIBRARY.ops()
     _check_x(x, feature_axis=0)
@@ -261,6 +270,9 @@ def causal_conv1d_fwd_cuda(
     _check_flag("silu", silu)
     if row_bytes not in (0, 4, 16):
         raise ValueError(f"row_bytes must be 0 (choose), 4 or 16, got {row_bytes!r}")
+    if row_bytes == 0:
+        blocks16 = batch * -(-dim // (_FWD_THREADS * 16 // x.element_size()))
+        row_bytes = 16 if blocks16 >= 4 * _num_sms(x.device) else 4
     if out is None:
         out = torch.empty(num_tokens, dim, dtype=x.dtype, device=x.device).t()
     else:

@@ -178,6 +178,27 @@ def main():
         if bad:
             print(f"  WRONG RESULTS: {bad}")
         results["update"][f"B{B}"] = dict(configs=row, default=default)
+    # The CUDA pathway's forward: 16- vs 4-byte rows (vllm/_custom_ops.py chooses).
+    from vllm import _custom_ops as cuda_ops
+
+    if cuda_ops.cuda_ops_available():
+        results["cuda_row_bytes"] = {}
+        for name, lens in (("T2048x16", [128] * 16), ("T8192x16", [512] * 16),
+                           ("T32768x16", [2048] * 16), ("T131072x16", [8192] * 16),
+                           ("T8192x64", [128] * 64)):  # fmt: skip
+            c = make_fn_case(8448, lens)
+            pool = torch.empty(1024, 8448, WIDTH - 1, device="cuda", dtype=DTYPE)
+            row = {}
+            for rb in (0, 4, 16):
+                fn = functools.partial(
+                    cuda_ops.causal_conv1d_fwd_cuda, c["x"], c["w"], c["b"], pool, c["qsl"],
+                    c["idx"], c["init"], True, cc.PAD_SLOT_ID, row_bytes=rb,
+                )  # fmt: skip
+                row[rb] = cold_us(fn)
+            print(f"cuda fwd {name}: " + ", ".join(f"rows {k}: {v:.1f} us" for k, v in row.items()))
+            results["cuda_row_bytes"][name] = row
+            del c
+
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
