@@ -20,17 +20,18 @@ generation after the timed one (see ``benchmark_throughput.py``): the share of m
 decode step time in conv, scan, matmul, other kernels and idle (host) time.
 
 Time budget (H200, 7B shape). The PyTorch SSM scan is the bottleneck of a decode step: it
-reads and writes each sequence's 4 MiB fp32 state per layer several times, ~2.5 GB per
-sequence per step over 64 layers, ~0.6-0.7 ms per sequence-step at H200 bandwidth, plus
-~4 ms of weight reads per step. With the default 100 prompts (a decode step of 100
-sequences, ~70 ms) a run of output length L takes ~L x 75 ms plus ~4 s of prefill: ~25 s at
-256 and ~80 s at 1024; each process adds ~15 s (start-up, 7B dummy weights, Triton
-compile on first use, capture of the graphs up to the run's batch) and ``--profile`` ~15 s
-per backend. All four runs and the profile: ~5 minutes. 200 prompts would double the
-decode time (~7.5 minutes), hence the default of 100; ``--num-prompts 200`` gives the
-issue's count where the time is there. ``--budget-s`` (default 360) skips the runs of an
-output length whose predicted time (from the runs done: start-up + elapsed scaled by the
-output length) no longer fits, and says so; 0 turns the guard off.
+reads and writes each sequence's 4 MiB fp32 state per layer about eleven times (gather,
+decay, outer product, sum, output, scatter), ~2.8 GiB per sequence per step over 64
+layers, ~0.75 ms per sequence-step at H200 bandwidth, plus ~4 ms of weight reads per step.
+With the default 100 prompts (a decode step of 100 sequences, ~80 ms) a run of output
+length L takes ~L x 85 ms plus a few seconds of prefill: ~25 s at 256 and ~90 s at 1024;
+each process adds ~15 s (start-up, 7B dummy weights, Triton compile on first use, capture
+of the graphs up to the run's batch) and ``--profile`` ~15 s per backend. All four runs
+and the profile: ~5.5 minutes. 200 prompts would double the decode time (~9 minutes),
+hence the default of 100; ``--num-prompts 200`` gives the issue's count where the time is
+there. ``--budget-s`` (default 360) skips the runs of an output length whose predicted
+time (from the runs done: start-up + elapsed scaled by the output length) no longer fits,
+and says so; 0 turns the guard off.
 """
 
 from __future__ import annotations
