@@ -78,26 +78,27 @@ def main():
     }
     if args.quick:
         fwd_cases = {k: fwd_cases[k] for k in ("T2048x1", "T8192x16", "T131072x1", "mix2048+255")}
-    # (tokens per tile, rows per group, bytes per thread per row, warps, early state loads)
+    # (tokens per tile, rows per group, bytes per thread per row, warps, sequences per
+    # head program, register cap)
     configs = [
-        (16, 8, 8, 1, 0), (32, 8, 8, 1, 0), (64, 8, 8, 1, 0), (32, 8, 8, 1, 1),
-        (64, 8, 8, 1, 1), (32, 16, 8, 1, 0), (64, 16, 8, 1, 0), (32, 8, 8, 2, 0),
-        (32, 8, 16, 1, 0), (64, 8, 16, 1, 0), (32, 4, 16, 1, 0), (128, 8, 8, 1, 0),
+        (32, 8, 8, 1, 1, None), (32, 8, 8, 1, 4, None), (32, 8, 8, 1, 4, 128),
+        (32, 8, 8, 1, 1, 128), (64, 8, 8, 1, 1, None), (64, 8, 8, 1, 1, 128),
+        (64, 8, 8, 1, 4, 128), (32, 8, 4, 1, 4, None), (16, 8, 4, 1, 4, None),
+        (64, 8, 4, 1, 4, None), (32, 16, 8, 1, 4, None), (32, 8, 8, 1, 8, None),
     ]  # fmt: skip
-    if args.quick:
-        configs = configs[:8]
     results["fwd"] = {}
     for name, (lens, nd, ip) in fwd_cases.items():
         c = make_fn_case(8448, lens, nd, ip)
         nbytes = 2 * c["T"] * 8448 * 2
         row = {}
-        for bt, bg, vec, nw, early in configs:
-            cfg = dict(BLOCK_G=bg, BLOCK_D=vec // 2 * 32 * nw, EARLY_STATE=bool(early),
-                       num_warps=nw)  # fmt: skip
+        for bt, bg, vec, nw, hs, maxr in configs:
+            cfg = dict(BLOCK_G=bg, BLOCK_D=vec // 2 * 32 * nw, HEAD_S=hs, num_warps=nw)
+            if maxr:
+                cfg["maxnreg"] = maxr
             cc._fwd_config = lambda *a, cfg=cfg: dict(cfg)
             cc._fwd_block_t = lambda n, bt=bt: bt
             c["meta"] = cc.compute_causal_conv1d_metadata(c["qsl_cpu"], "cuda")
-            key = f"T{bt}_G{bg}_V{vec}_w{nw}" + ("_early" if early else "")
+            key = f"T{bt}_G{bg}_V{vec}_w{nw}_S{hs}" + (f"_r{maxr}" if maxr else "")
             try:
                 ok, err = check_fn(c)
                 us = cold_us(lambda c=c: run_fn(c))

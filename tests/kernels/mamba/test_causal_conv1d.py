@@ -127,6 +127,10 @@ FN_CASES = [
     _case(tuple(i % 7 + 1 for i in range(24)), 2064, 5, FP32, init="all"),
     # a decode-only batch wider than a tile's sequence block
     _case((1,) * 40, 64, 4, FP32, pads=(0, 21, 39)),
+    # decodes grouped with empty, short and long sequences (the head programs take
+    # several sequences, one-token ones together), pads among them
+    _case((1, 1, 0, 1, 70, 1, 1, 1, 1, 2, 1), 64, 4, FP32, pads=(1, 6)),
+    _case((1, 3, 1, 1, 1, 0, 1), 64, 3, FP16, state_dtype=FP32, pads=(3,), init="all"),
     # empty sequences first and last, and a step with no tokens at all
     _case((0, 5, 0, 3, 0), 64, 4, FP32, init=(False, True, True, False, True)),
     _case((0, 0), 64, 3, FP32, init=(True, False)),

@@ -99,19 +99,89 @@ def _count_starts_le(t, qsl_ptr, batch, n_search):
 
 
 @triton.jit
-def _fwd_final_state(
-    x_ptr, p_line, start, end, o_d, m_d, use_hist, stride_x_t, stride_state_col,
-    STATE_DTYPE: tl.constexpr, KERNEL_WIDTH: tl.constexpr,
-):  # fmt: skip
-    """The last W-1 inputs of a sequence's xx, as a tuple of rows in the state dtype."""
-    b_new = ()
+def _fwd_piece(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    state_ptr,
+    out_ptr,
+    start,
+    end,
+    t0,
+    t_end,
+    line,
+    use_hist,
+    o_d,
+    m_d,
+    stride_x_t,
+    stride_w_d,
+    stride_state_line,
+    stride_state_col,
+    stride_out_t,
+    pad_slot_id,
+    KERNEL_WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    IS_HEAD: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """Outputs of tokens [t0, t_end) of the sequence [start, end) on line ``line``.
+
+    The W-1 rows before t0 are tokens (a tile) or the cache line's history or zeros
+    (a head, t0 == start). A head then writes the sequence's final state.
+    """
+    live = line != pad_slot_id
+    p_line = state_ptr + line * stride_state_line
+    if HAS_BIAS:
+        b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_bias = tl.zeros(o_d.shape, dtype=tl.float32)
+    b_ws = ()
+    for k in tl.static_range(KERNEL_WIDTH):
+        b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0)
+        b_ws = b_ws + (b_w.to(tl.float32),)
+
+    b_win = ()
     for j in tl.static_range(KERNEL_WIDTH - 1):
-        p = end - (KERNEL_WIDTH - 1) + j
-        b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_d & (p >= start), other=0.0)
-        p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
-        b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
-        b_new = b_new + (tl.where(p >= start, b_x.to(STATE_DTYPE), b_h),)
-    return b_new
+        p = t0 - (KERNEL_WIDTH - 1) + j
+        m_x = m_d & (p >= start) & (t0 < t_end) & live
+        b_v = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_x, other=0.0).to(tl.float32)
+        if IS_HEAD:
+            p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
+            b_v += tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0).to(tl.float32)
+        b_win = b_win + (b_v,)
+
+    for g0 in range(t0, t_end, BLOCK_G):
+        b_rows = b_win
+        for j in tl.static_range(BLOCK_G):
+            p_row = x_ptr + (g0 + j) * stride_x_t + o_d
+            b_row = tl.load(p_row, mask=m_d & (g0 + j < t_end) & live, other=0.0)
+            b_rows = b_rows + (b_row.to(tl.float32),)
+        for r in tl.static_range(BLOCK_G):
+            acc = b_bias
+            for k in tl.static_range(KERNEL_WIDTH):
+                acc += b_rows[r + k] * b_ws[k]
+            if SILU:
+                acc = acc / (1.0 + tl.exp(-acc))
+            acc = tl.where(live, acc, 0.0)
+            p_out = out_ptr + (g0 + r) * stride_out_t + o_d
+            tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d & (g0 + r < t_end))
+        b_win = b_rows[BLOCK_G:]
+
+    if IS_HEAD:
+        # The sequence's last W-1 inputs (the old history for a sequence shorter
+        # than W-1), written after every read of the line.
+        if live:
+            b_new = ()
+            for j in tl.static_range(KERNEL_WIDTH - 1):
+                p = end - (KERNEL_WIDTH - 1) + j
+                b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_d & (p >= start), other=0.0)
+                p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
+                b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
+                b_new = b_new + (tl.where(p >= start, b_x.to(state_ptr.dtype.element_ty), b_h),)
+            tl.debug_barrier()
+            for j in tl.static_range(KERNEL_WIDTH - 1):
+                tl.store(p_line + j * stride_state_col + o_d, b_new[j], mask=m_d)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "n_tiles", "batch", "n_search"])
@@ -145,109 +215,152 @@ def _causal_conv1d_fwd_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    EARLY_STATE: tl.constexpr,
+    HEAD_S: tl.constexpr,
 ):
-    # Programs: (piece, feature block), features fastest. Pieces n_tiles + s
-    # are sequence s's head: its tokens up to the first multiple of BLOCK_T at
-    # least W-1 tokens past its start. A head reads the sequence's cache line
-    # and writes it back; nothing else touches the line, so there is no race.
-    # Pieces p < n_tiles are the tokens of [p*BLOCK_T, (p+1)*BLOCK_T) after
-    # their sequence's head; their W-1 rows of context are tokens of the same
-    # sequence. Every piece lies in one sequence, so a program walks its rows
-    # with a rolling window of 1-D row vectors and no per-row lookups.
+    # Programs: (piece, feature block), features fastest.
+    # - Pieces p < n_tiles are tiles: the tokens of [p*BLOCK_T, (p+1)*BLOCK_T)
+    #   past their sequence's head. Their W-1 rows of context are tokens of the
+    #   same sequence.
+    # - Pieces n_tiles + h hold the heads of sequences [h*HEAD_S, (h+1)*HEAD_S).
+    #   A sequence's head is its tokens up to the first multiple of BLOCK_T at
+    #   least W-1 tokens past its start; the head reads the cache line and
+    #   writes it back, and nothing else touches the line, so there is no race.
+    #   One-token sequences (decodes) of the group are done together, all
+    #   their loads issued before any store.
+    # Every piece lies in one sequence, so a program walks its rows with a
+    # rolling window of 1-D row vectors and no per-row lookups.
     pid = tl.program_id(0).to(tl.int64)
     n_blocks_d = tl.cdiv(dim, BLOCK_D)
     i_d = pid % n_blocks_d
     i_p = pid // n_blocks_d
-    is_head = i_p >= n_tiles
-    t_tile = i_p * BLOCK_T
-    if is_head:
-        seq = i_p - n_tiles
-    else:
+    # Feature offsets in int32 (dim < 2^31); token offsets go into 64-bit row pointers.
+    o_d = i_d.to(tl.int32) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < dim
+    if i_p < n_tiles:
+        t_tile = i_p * BLOCK_T
         if HAS_TILE_SEQ:
             seq = tl.load(tile_seq_ptr + i_p).to(tl.int64)
         else:
             seq = _count_starts_le(t_tile, qsl_ptr, batch, n_search).to(tl.int64) - 1
-    start = tl.load(qsl_ptr + seq).to(tl.int64)
-    end = tl.load(qsl_ptr + seq + 1).to(tl.int64)
-    head_end = tl.minimum(end, tl.cdiv(start + KERNEL_WIDTH - 1, BLOCK_T) * BLOCK_T)
-    if is_head:
-        t0 = start
-        t_end = head_end
-    else:
-        t0 = t_tile
+        start = tl.load(qsl_ptr + seq).to(tl.int64)
+        end = tl.load(qsl_ptr + seq + 1).to(tl.int64)
+        head_end = tl.minimum(end, tl.cdiv(start + KERNEL_WIDTH - 1, BLOCK_T) * BLOCK_T)
         # A tile the head covers has nothing left to do.
         t_end = tl.where(t_tile < head_end, t_tile, tl.minimum(end, t_tile + BLOCK_T))
-    if HAS_CACHE_INDICES:
-        line = tl.load(cache_idx_ptr + seq).to(tl.int64)
+        if HAS_CACHE_INDICES:
+            line = tl.load(cache_idx_ptr + seq).to(tl.int64)
+        else:
+            line = seq
+        _fwd_piece(
+            x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, start, end, t_tile, t_end, line,
+            False, o_d, m_d, stride_x_t, stride_w_d, stride_state_line, stride_state_col,
+            stride_out_t, pad_slot_id, KERNEL_WIDTH, HAS_BIAS, SILU, False, BLOCK_G,
+        )  # fmt: skip
     else:
-        line = seq
-    live = line != pad_slot_id
-    if HAS_INITIAL_STATE:
-        use_hist = live & is_head & tl.load(has_init_ptr + seq).to(tl.int1)
-    else:
-        use_hist = live & False
-    # Feature offsets in int32 (dim < 2^31); token offsets go into 64-bit row pointers.
-    o_d = i_d.to(tl.int32) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m_d = o_d < dim
-    p_line = state_ptr + line * stride_state_line
+        s0 = (i_p - n_tiles) * HEAD_S
+        if HEAD_S > 1:
+            _fwd_decodes(
+                x_ptr, w_ptr, bias_ptr, state_ptr, qsl_ptr, cache_idx_ptr, has_init_ptr,
+                out_ptr, s0, batch, o_d, m_d, pad_slot_id, stride_x_t, stride_w_d,
+                stride_state_line, stride_state_col, stride_out_t, KERNEL_WIDTH, HAS_BIAS,
+                SILU, HAS_CACHE_INDICES, HAS_INITIAL_STATE, HEAD_S,
+            )  # fmt: skip
+        for seq in range(s0, tl.minimum(s0 + HEAD_S, batch)):
+            start = tl.load(qsl_ptr + seq).to(tl.int64)
+            end = tl.load(qsl_ptr + seq + 1).to(tl.int64)
+            if (HEAD_S == 1) | (end - start != 1):
+                head_end = tl.minimum(end, tl.cdiv(start + KERNEL_WIDTH - 1, BLOCK_T) * BLOCK_T)
+                if HAS_CACHE_INDICES:
+                    line = tl.load(cache_idx_ptr + seq).to(tl.int64)
+                else:
+                    line = seq
+                if HAS_INITIAL_STATE:
+                    use_hist = tl.load(has_init_ptr + seq).to(tl.int1)
+                else:
+                    use_hist = False
+                _fwd_piece(
+                    x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, start, end, start, head_end,
+                    line, use_hist & (line != pad_slot_id), o_d, m_d, stride_x_t, stride_w_d,
+                    stride_state_line, stride_state_col, stride_out_t, pad_slot_id,
+                    KERNEL_WIDTH, HAS_BIAS, SILU, True, BLOCK_G,
+                )  # fmt: skip
 
+
+@triton.jit
+def _fwd_decodes(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    state_ptr,
+    qsl_ptr,
+    cache_idx_ptr,
+    has_init_ptr,
+    out_ptr,
+    s0,
+    batch,
+    o_d,
+    m_d,
+    pad_slot_id,
+    stride_x_t,
+    stride_w_d,
+    stride_state_line,
+    stride_state_col,
+    stride_out_t,
+    KERNEL_WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_CACHE_INDICES: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr,
+    HEAD_S: tl.constexpr,
+):
+    """The one-token sequences among [s0, s0 + HEAD_S): every load, then every store."""
+    # Loads: for each sequence, its token and its W-1 columns of history.
+    rows = ()
+    for i in tl.static_range(HEAD_S):
+        seq = s0 + i
+        valid = seq < batch
+        start = tl.load(qsl_ptr + seq, mask=valid, other=0).to(tl.int64)
+        end = tl.load(qsl_ptr + seq + 1, mask=valid, other=0).to(tl.int64)
+        if HAS_CACHE_INDICES:
+            line = tl.load(cache_idx_ptr + seq, mask=valid, other=pad_slot_id).to(tl.int64)
+        else:
+            line = seq
+        one = valid & (end - start == 1)
+        live = one & (line != pad_slot_id)
+        if HAS_INITIAL_STATE:
+            hist = live & tl.load(has_init_ptr + seq, mask=valid, other=0).to(tl.int1)
+        else:
+            hist = live & False
+        p_line = state_ptr + line * stride_state_line
+        win = ()
+        for j in tl.static_range(KERNEL_WIDTH - 1):
+            p_h = p_line + j * stride_state_col + o_d
+            win = win + (tl.load(p_h, mask=m_d & hist, other=0.0),)
+        b_x = tl.load(x_ptr + start * stride_x_t + o_d, mask=m_d & live, other=0.0)
+        rows = rows + ((start, one, live, p_line, win, b_x),)
     if HAS_BIAS:
         b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
     else:
-        b_bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+        b_bias = tl.zeros(o_d.shape, dtype=tl.float32)
     b_ws = ()
     for k in tl.static_range(KERNEL_WIDTH):
         b_w = tl.load(w_ptr + o_d * stride_w_d + k, mask=m_d, other=0.0)
         b_ws = b_ws + (b_w.to(tl.float32),)
-
-    # The W-1 inputs before t0: token rows, or (a head) the history or zeros.
-    b_win = ()
-    for j in tl.static_range(KERNEL_WIDTH - 1):
-        p = t0 - (KERNEL_WIDTH - 1) + j
-        m_x = m_d & (p >= start) & (t0 < t_end) & live
-        b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_x, other=0.0)
-        p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
-        b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
-        b_win = b_win + (b_x.to(tl.float32) + b_h.to(tl.float32),)
-
-    # The head's final state: the sequence's last W-1 inputs (the old history
-    # for a sequence shorter than W-1). EARLY_STATE loads it up front, so its
-    # latency overlaps the loads above (more registers held through the loop).
-    if EARLY_STATE:
-        b_new = _fwd_final_state(
-            x_ptr, p_line, start, end, o_d, m_d & is_head & live, use_hist,
-            stride_x_t, stride_state_col, state_ptr.dtype.element_ty, KERNEL_WIDTH,
-        )  # fmt: skip
-
-    for g0 in range(t0, t_end, BLOCK_G):
-        b_rows = b_win
-        for j in tl.static_range(BLOCK_G):
-            p_row = x_ptr + (g0 + j) * stride_x_t + o_d
-            b_row = tl.load(p_row, mask=m_d & (g0 + j < t_end) & live, other=0.0)
-            b_rows = b_rows + (b_row.to(tl.float32),)
-        for r in tl.static_range(BLOCK_G):
-            acc = b_bias
-            for k in tl.static_range(KERNEL_WIDTH):
-                acc += b_rows[r + k] * b_ws[k]
-            if SILU:
-                acc = acc / (1.0 + tl.exp(-acc))
-            acc = tl.where(live, acc, 0.0)
-            p_out = out_ptr + (g0 + r) * stride_out_t + o_d
-            tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d & (g0 + r < t_end))
-        b_win = b_rows[BLOCK_G:]
-
-    # The head writes the sequence's last W-1 inputs (read before the loop)
-    # after all its reads of the line.
-    if is_head & live:
-        if not EARLY_STATE:
-            b_new = _fwd_final_state(
-                x_ptr, p_line, start, end, o_d, m_d, use_hist,
-                stride_x_t, stride_state_col, state_ptr.dtype.element_ty, KERNEL_WIDTH,
-            )  # fmt: skip
-        tl.debug_barrier()
-        for j in tl.static_range(KERNEL_WIDTH - 1):
-            tl.store(p_line + j * stride_state_col + o_d, b_new[j], mask=m_d)
+    # Stores: the output row, and the history shifted by one token.
+    for i in tl.static_range(HEAD_S):
+        start, one, live, p_line, win, b_x = rows[i]
+        acc = b_bias + b_x.to(tl.float32) * b_ws[KERNEL_WIDTH - 1]
+        for k in tl.static_range(KERNEL_WIDTH - 1):
+            acc += win[k].to(tl.float32) * b_ws[k]
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        acc = tl.where(live, acc, 0.0)
+        p_out = out_ptr + start * stride_out_t + o_d
+        tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d & one)
+        for j in tl.static_range(KERNEL_WIDTH - 2):
+            tl.store(p_line + j * stride_state_col + o_d, win[j + 1], mask=m_d & live)
+        p_last = p_line + (KERNEL_WIDTH - 2) * stride_state_col + o_d
+        tl.store(p_last, b_x.to(state_ptr.dtype.element_ty), mask=m_d & live)
 
 
 @triton.jit
@@ -579,7 +692,7 @@ def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int) -> dict:
     return dict(
         BLOCK_G=8,
         BLOCK_D=8 // elem_size * 32 * num_warps,
-        EARLY_STATE=False,
+        HEAD_S=4,
         num_warps=num_warps,
     )
 
@@ -617,7 +730,8 @@ def _fwd_impl(
         block_t = _fwd_block_t(num_tokens)
     cfg = _fwd_config(num_tokens, dim, width, x.element_size())
     n_tiles = triton.cdiv(num_tokens, block_t)
-    grid = ((n_tiles + batch) * triton.cdiv(dim, cfg["BLOCK_D"]),)
+    n_heads = triton.cdiv(batch, cfg["HEAD_S"])
+    grid = ((n_tiles + n_heads) * triton.cdiv(dim, cfg["BLOCK_D"]),)
     if grid[0] == 0:
         return out
     args = (
