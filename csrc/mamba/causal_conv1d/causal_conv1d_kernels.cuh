@@ -60,7 +60,8 @@ VecFlags vec_flags(int64_t dim, const void* x, int64_t stride_x, const void* out
 
 // The forward's row width and vector flags. 16-byte rows when the grid of
 // (sequence, 16-byte feature block) has a block for every SM and the rows are
-// aligned; otherwise 4-byte rows, whose grid is 4x larger. params.row_bytes forces it.
+// aligned; otherwise 4-byte rows, whose grid is 4x larger. params.row_bytes forces
+// it (8-byte rows only when asked for; 16 and 8 fall back to 4 when not aligned).
 struct FwdVariant {
   int row_bytes;
   VecFlags vf;
@@ -74,6 +75,12 @@ FwdVariant choose_fwd_variant(const FwdParams& p, int num_sms) {
   const int64_t blocks16 = p.batch * ceil_div(p.dim, int64_t{kFwdThreads} * (16 / sizeof(T)));
   const bool want16 = p.row_bytes == 16 || (p.row_bytes == 0 && blocks16 >= num_sms);
   if (want16 && v16.x) return {16, v16};
+  if (p.row_bytes == 8) {
+    const VecFlags v8 = vec_flags<T, W, 8>(p.dim, p.x, p.stride_x_t, p.out, p.stride_out_t,
+                                           p.weight, p.stride_w_d, p.bias, p.states,
+                                           p.stride_state_line, p.stride_state_d);
+    if (v8.x) return {8, v8};
+  }
   return {4, vec_flags<T, W, 4>(p.dim, p.x, p.stride_x_t, p.out, p.stride_out_t, p.weight,
                                 p.stride_w_d, p.bias, p.states, p.stride_state_line,
                                 p.stride_state_d)};
@@ -112,7 +119,7 @@ struct Cvt<__nv_bfloat16> {
 
 template <typename T, int kBytes>
 struct Layout {
-  static_assert(kBytes == 4 || kBytes == 16, "rows are 4 or 16 bytes");
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "rows are 4, 8 or 16 bytes");
   static constexpr int kBits = 8 * sizeof(T);
   static constexpr int kPerWord = 4 / sizeof(T);
   static constexpr int kWords = kBytes / 4;
@@ -175,6 +182,11 @@ __device__ __forceinline__ Row<kBytes> load_row(const T* p, int nv, bool vec) {
       r.w[1] = u.y;
       r.w[2] = u.z;
       r.w[3] = u.w;
+    } else if constexpr (kBytes == 8) {
+      const uint2* q = reinterpret_cast<const uint2*>(p);
+      const uint2 u = kNC ? __ldg(q) : __ldcg(q);
+      r.w[0] = u.x;
+      r.w[1] = u.y;
     } else {
       const unsigned int* q = reinterpret_cast<const unsigned int*>(p);
       r.w[0] = kNC ? __ldg(q) : __ldcg(q);
@@ -199,6 +211,8 @@ __device__ __forceinline__ void store_row(T* p, const Row<kBytes>& r, int nv, bo
   if (vec) {
     if constexpr (kBytes == 16) {
       __stwb(reinterpret_cast<uint4*>(p), make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]));
+    } else if constexpr (kBytes == 8) {
+      __stwb(reinterpret_cast<uint2*>(p), make_uint2(r.w[0], r.w[1]));
     } else {
       __stwb(reinterpret_cast<unsigned int*>(p), r.w[0]);
     }

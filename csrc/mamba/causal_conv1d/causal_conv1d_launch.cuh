@@ -46,6 +46,7 @@ template <typename T, int W>
 cudaError_t launch_fwd_width(const FwdParams& p, cudaStream_t stream) {
   const FwdVariant fv = choose_fwd_variant<T, W>(p, num_sms());
   if (fv.row_bytes == 16) return launch_fwd_kernel<T, W, 16, true>(p, fv.vf, stream);
+  if (fv.row_bytes == 8) return launch_fwd_kernel<T, W, 8, true>(p, fv.vf, stream);
   return fv.vf.x ? launch_fwd_kernel<T, W, 4, true>(p, fv.vf, stream)
                  : launch_fwd_kernel<T, W, 4, false>(p, fv.vf, stream);
 }

@@ -101,8 +101,8 @@ void causal_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
   if (has_initial_state.has_value()) {
     check_index(x, *has_initial_state, "has_initial_state", batch, at::kBool);
   }
-  TORCH_CHECK(row_bytes == 0 || row_bytes == 4 || row_bytes == 16,
-              "_C_conv: row_bytes must be 0 (choose), 4 or 16, got ", row_bytes);
+  TORCH_CHECK(row_bytes == 0 || row_bytes == 4 || row_bytes == 8 || row_bytes == 16,
+              "_C_conv: row_bytes must be 0 (choose), 4, 8 or 16, got ", row_bytes);
 
   vllm_conv::FwdParams p;
   p.x = x.data_ptr();

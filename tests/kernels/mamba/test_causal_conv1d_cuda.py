@@ -151,7 +151,7 @@ FWD_CASES = [
 
 
 @gpu
-@pytest.mark.parametrize("row_bytes", [0, 4, 16], ids=["rows_auto", "rows4", "rows16"])
+@pytest.mark.parametrize("row_bytes", [0, 4, 8, 16], ids=["rows_auto", "rows4", "rows8", "rows16"])
 @pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: c.id)
 def test_fwd_vs_ref(case, row_bytes, device, nan_poison):
     """Every case with the launcher's choice of row width and with each width forced."""
@@ -501,7 +501,7 @@ FWD_ERRORS = {
     "indices_dtype": (dict(cache_indices="int64"), r"cache_indices must have dtype in \(int32\)"),
     "init_dtype": (dict(has_initial_state="int32"), r"has_initial_state must have dtype in"),
     "silu_str": (dict(silu="silu"), "silu must be a bool"),
-    "row_bytes_8": (dict(row_bytes=8), "row_bytes must be 0"),
+    "row_bytes_2": (dict(row_bytes=2), "row_bytes must be 0"),
     "bias_len": (dict(bias=(65,)), r"bias must be \(dim=64,\)"),
 }
 
