@@ -71,12 +71,19 @@ NUM_LINES = 1024
 PREFILL_SEQS = (1, 16)
 MIXED_PREFILL = 2048
 REPO = Path(__file__).resolve().parents[2]
-PROVIDERS = ("triton", "cuda", "torch", "dao", "cuda-r4", "cuda-r16")
+PROVIDERS = ("triton", "cuda", "torch", "dao", "cuda-r4", "cuda-r8", "cuda-r16")
 DEFAULT_PROVIDERS = ("triton", "cuda", "torch", "dao")
-# cuda-r4 / cuda-r16: the CUDA forward with its row width forced (cuda: the launcher's
+# cuda-r4 / cuda-r8 / cuda-r16: the CUDA forward with its row width forced (cuda: the launcher's
 # choice), to compare the two; decode has no forward call, so they skip it.
-ROW_BYTES = {"cuda": 0, "cuda-r4": 4, "cuda-r16": 16}
-OUR_PROVIDERS = ("triton", "cuda", "torch", "cuda-r4", "cuda-r16")  # their failures fail the run
+ROW_BYTES = {"cuda": 0, "cuda-r4": 4, "cuda-r8": 8, "cuda-r16": 16}
+OUR_PROVIDERS = (
+    "triton",
+    "cuda",
+    "torch",
+    "cuda-r4",
+    "cuda-r8",
+    "cuda-r16",
+)  # their failures fail the run
 
 SIZES = {
     False: dict(
