@@ -78,4 +78,7 @@ def get_model(
         initialize_dummy_weights(net, seed)
     else:
         net.load_weights(iterate_safetensors(model_dir))
+    # An inference engine: no forward may record an autograd graph (a 7B step that
+    # did would keep every layer's activations alive).
+    net.requires_grad_(False)
     return net.eval()
