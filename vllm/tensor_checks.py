@@ -21,3 +21,43 @@ def check_tensor(name, t, device, ndim=None, dtypes=None) -> None:
         raise ValueError(f"{name} must have dtype in ({names}), got {t.dtype}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but x is on {device}")
+
+
+def check_scan_shapes(x, dt, A, B, C, D, dt_bias) -> None:
+    """Shapes of the selective scan's inputs (see ``ops/mamba_ssm_torch``): x (tokens, nheads,
+    headdim), dt (tokens, nheads), B and C (tokens, ngroups, dstate), A, D, dt_bias (nheads,)."""
+    if x.dim() != 3:
+        raise ValueError(f"x must be (num_tokens, nheads, headdim), got {tuple(x.shape)}")
+    n, nheads, _ = x.shape
+    if tuple(dt.shape) != (n, nheads):
+        raise ValueError(f"dt must be (num_tokens={n}, nheads={nheads}), got {tuple(dt.shape)}")
+    if B.dim() != 3 or B.shape[0] != n or B.shape != C.shape:
+        raise ValueError(
+            f"B and C must be (num_tokens={n}, ngroups, dstate) alike, got {tuple(B.shape)} "
+            f"and {tuple(C.shape)}"
+        )
+    if nheads % B.shape[1]:
+        raise ValueError(f"nheads={nheads} must be a multiple of ngroups={B.shape[1]}")
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None and tuple(t.shape) != (nheads,):
+            raise ValueError(f"{name} must be (nheads={nheads},), got {tuple(t.shape)}")
+
+
+def check_state_update_shapes(state, x, dt, A, B, C, D, dt_bias, state_batch_indices, out) -> None:
+    """Shapes of ``selective_state_update``'s arguments, whichever path runs it."""
+    check_scan_shapes(x, dt, A, B, C, D, dt_bias)
+    batch, nheads, headdim = x.shape
+    dstate = B.shape[2]
+    if state.dim() != 4 or tuple(state.shape[1:]) != (nheads, headdim, dstate):
+        raise ValueError(
+            f"state must be (num_lines, {nheads}, {headdim}, {dstate}), got {tuple(state.shape)}"
+        )
+    if out is not None and out.shape != x.shape:
+        raise ValueError(f"out must be shaped like x {tuple(x.shape)}, got {tuple(out.shape)}")
+    if state_batch_indices is None:
+        if batch > state.shape[0]:
+            raise ValueError(f"batch={batch} > num_lines={state.shape[0]} without indices")
+    elif tuple(state_batch_indices.shape) != (batch,):
+        raise ValueError(
+            f"state_batch_indices must be (batch={batch},), got {tuple(state_batch_indices.shape)}"
+        )

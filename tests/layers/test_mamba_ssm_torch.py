@@ -14,7 +14,7 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_ref import ssm_scan_ref
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     chunk_scan_varlen,
     plan_chunked_scan,
-    selective_state_update,
+    selective_state_update_torch,
 )
 
 NAMES = {FP32: "fp32", FP16: "fp16"}
@@ -195,7 +195,7 @@ def test_selective_state_update_matches_reference_with_pads(groups):
         **scan_args,
     )
     work = pool.clone()
-    y = selective_state_update(
+    y = selective_state_update_torch(
         work,
         inp["x"],
         inp["dt"],
@@ -217,7 +217,7 @@ def test_selective_state_update_equals_one_token_chunk_scan():
     inp = make_inputs(case, 3, "decode-vs-chunk")
     pool = torch.randn(4, case.heads, HEADDIM, DSTATE, generator=gen_for("p"))
     work = pool.clone()
-    y_dec = selective_state_update(work, **inp, dt_softplus=True)
+    y_dec = selective_state_update_torch(work, **inp, dt_softplus=True)
     y_chk, final = chunk_scan_varlen(
         **inp,
         layout=plan_chunked_scan(torch.tensor(case.lens), 8),
@@ -240,4 +240,4 @@ def test_scan_shape_errors():
     with pytest.raises(ValueError, match="initial_states"):
         chunk_scan_varlen(**inp, layout=lay, initial_states=torch.zeros(2, 4, HEADDIM, DSTATE))
     with pytest.raises(ValueError, match="state must be"):
-        selective_state_update(torch.zeros(3, 4, HEADDIM, DSTATE + 1), **inp)
+        selective_state_update_torch(torch.zeros(3, 4, HEADDIM, DSTATE + 1), **inp)

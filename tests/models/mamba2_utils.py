@@ -24,8 +24,9 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_ref import ssm_scan_ref
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 # The ONE tolerance table of the Mamba2 layer/model tests: (what is compared) -> dtype -> bounds.
-#   scan:     the chunked / recurrent scan vs the per-token reference (fp32 math both sides;
-#             the budget covers reassociation over chunks of up to 16 tokens)
+#   scan:     the chunked / recurrent scan vs the per-token reference, and the decode kernel
+#             vs the PyTorch path (fp32 math both sides; the budget covers reassociation
+#             over chunks of up to 16 tokens, and one ulp of the fp16/bf16 cast at the store)
 #   vs_hf:    our logits vs HF transformers' logits for the same weights and tokens (logits
 #             are O(1-5); bf16 allows a few bf16 ulps accumulated over the layers)
 #   batching: our model vs itself (mixed batch vs each sequence alone, chunked vs one
@@ -33,7 +34,11 @@ FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 #   backends: Triton conv vs CUDA conv inside the same model (GPU)
 #   reference: our model vs the per-token fp32 reference of tests (n_groups > 1)
 TOLERANCES = {
-    "scan": {FP32: dict(atol=2e-5, rtol=2e-5), FP16: dict(atol=2e-3, rtol=2e-3)},
+    "scan": {
+        FP32: dict(atol=2e-5, rtol=2e-5),
+        FP16: dict(atol=2e-3, rtol=2e-3),
+        BF16: dict(atol=1e-2, rtol=1e-2),
+    },
     "vs_hf": {FP32: dict(atol=1e-4, rtol=1e-4), BF16: dict(atol=0.25, rtol=0.05)},
     "batching": {FP32: dict(atol=2e-5, rtol=2e-5), BF16: dict(atol=5e-2, rtol=2e-2)},
     "backends": {FP32: dict(atol=1e-5, rtol=1e-5), BF16: dict(atol=5e-2, rtol=2e-2)},

@@ -18,8 +18,9 @@ switches it; the state pool must then be allocated in the new backend's layout):
   op, the prefill rows through the CUDA forward op; the scan consumes the two results
   where they lie, so nothing is stitched back.
 
-The SSM scan is the PyTorch one of ``ops.mamba_ssm_torch`` (Triton kernels may replace it
-behind the same two calls).
+The SSM scan goes through the two calls of ``ops.mamba_ssm_torch``: the prefills' chunked
+scan in PyTorch, and the decode update, which on CUDA runs the fused Triton kernel of
+``ops.mamba_ssm_triton``.
 
 While the torch profiler records, the conv and the scan run inside the ranges
 ``mamba2::conv`` and ``mamba2::ssm_scan``, so a profile can tell the scan's kernels (generic

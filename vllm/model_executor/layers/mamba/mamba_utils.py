@@ -12,7 +12,8 @@ The conv-state layout follows the conv backend (``VLLM_USE_TRITON_CONV1D``):
 
 A pool has ``num_slots + 1`` lines per layer. Slots 0 .. num_slots - 1 belong to sequences;
 the last line is the sink where padded rows (``PAD_SLOT_ID``) of a decode batch drop their
-SSM state (see ``selective_state_update``), so no real slot is ever written by a pad.
+SSM state on the PyTorch path (``selective_state_update_torch``; the Triton kernel skips
+them), so no real slot is ever written by a pad.
 """
 
 from __future__ import annotations

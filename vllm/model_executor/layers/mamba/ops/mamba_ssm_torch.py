@@ -13,7 +13,7 @@ Tensors (logical shapes, token-major; views with any strides are fine):
 - ``x``: (num_tokens, nheads, headdim); ``dt``: (num_tokens, nheads) before the bias;
   ``B``, ``C``: (num_tokens, ngroups, dstate); ``A``, ``D``, ``dt_bias``: (nheads,).
 - ``state``: (num_lines, nheads, headdim, dstate), the SSM state pool. Its LAST line is the
-  sink of padded rows in ``selective_state_update`` (the state pool reserves it).
+  sink of padded rows in ``selective_state_update_torch`` (the state pool reserves it).
 
 ``chunk_scan_varlen`` runs the prefill sequences of a step, each from its own initial state,
 and returns their final states; the caller moves states between the pool and the sequences
@@ -26,7 +26,9 @@ their sequence, then by sequence (longest first), so the sequences active at pos
 a prefix of the sorted order and every step of that loop works on slices.
 
 ``selective_state_update`` is the one-token recurrence for decodes, updating pool lines in
-place. Neither function reads device data on the host: no sync.
+place: on CUDA the fused Triton kernel of ``mamba_ssm_triton``, on CPU
+``selective_state_update_torch`` (also the kernel's reference). Neither function reads
+device data on the host: no sync.
 """
 
 from __future__ import annotations
@@ -38,12 +40,18 @@ import torch
 import torch.nn.functional as F
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import (
+    selective_state_update_triton,
+    use_ssm_kernel,
+)
+from vllm.tensor_checks import check_scan_shapes, check_state_update_shapes
 
 __all__ = [
     "ChunkedScanLayout",
     "chunk_scan_varlen",
     "plan_chunked_scan",
     "selective_state_update",
+    "selective_state_update_torch",
 ]
 
 _NO_LIMIT = (0.0, math.inf)
@@ -143,24 +151,6 @@ def _discretize_dt(dt, dt_bias, dt_softplus, dt_limit) -> torch.Tensor:
     return dt
 
 
-def _check_scan_shapes(x, dt, A, B, C, D, dt_bias):
-    if x.dim() != 3:
-        raise ValueError(f"x must be (num_tokens, nheads, headdim), got {tuple(x.shape)}")
-    n, nheads, _ = x.shape
-    if tuple(dt.shape) != (n, nheads):
-        raise ValueError(f"dt must be (num_tokens={n}, nheads={nheads}), got {tuple(dt.shape)}")
-    if B.dim() != 3 or B.shape[0] != n or B.shape != C.shape:
-        raise ValueError(
-            f"B and C must be (num_tokens={n}, ngroups, dstate) alike, got {tuple(B.shape)} "
-            f"and {tuple(C.shape)}"
-        )
-    if nheads % B.shape[1]:
-        raise ValueError(f"nheads={nheads} must be a multiple of ngroups={B.shape[1]}")
-    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
-        if t is not None and tuple(t.shape) != (nheads,):
-            raise ValueError(f"{name} must be (nheads={nheads},), got {tuple(t.shape)}")
-
-
 def chunk_scan_varlen(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -182,7 +172,7 @@ def chunk_scan_varlen(
     (num_tokens, nheads, headdim), when given, is written in full and returned;
     otherwise it is allocated in x's dtype.
     """
-    _check_scan_shapes(x, dt, A, B, C, D, dt_bias)
+    check_scan_shapes(x, dt, A, B, C, D, dt_bias)
     if x.shape[0] != layout.num_tokens:
         raise ValueError(f"x has {x.shape[0]} tokens, the layout {layout.num_tokens}")
     _, nheads, headdim = x.shape
@@ -269,30 +259,50 @@ def selective_state_update(
 
     x (batch, nheads, headdim), dt (batch, nheads), B and C (batch, ngroups, dstate).
     ``state_batch_indices`` (batch,) names each sequence's line (None: line b);
-    ``pad_slot_id`` marks a padded row: its output is zero and its state goes to the
-    pool's last line (the sink), so the grid stays fixed by shapes (CUDA-graph safe).
+    ``pad_slot_id`` marks a padded row: its output is zero and no slot is written.
+    Returns ``out`` (allocated in x's dtype when None), written in full.
+
+    CUDA tensors run the fused Triton kernel (``mamba_ssm_triton``), which reads and writes
+    each state line once; CPU tensors run ``selective_state_update_torch``, or the kernel
+    under ``TRITON_INTERPRET=1``.
     """
-    _check_scan_shapes(x, dt, A, B, C, D, dt_bias)
+    fn = selective_state_update_triton if use_ssm_kernel(x) else selective_state_update_torch
+    return fn(
+        state, x, dt, A, B, C, D, dt_bias, dt_softplus, dt_limit, state_batch_indices,
+        pad_slot_id, out,
+    )  # fmt: skip
+
+
+def selective_state_update_torch(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = _NO_LIMIT,
+    state_batch_indices: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``selective_state_update`` in PyTorch: the CPU path, and the GPU kernel's reference.
+
+    A padded row's state goes to the pool's last line (the sink), so the work stays fixed by
+    shapes (CUDA-graph safe) with no host sync; the sink's content means nothing.
+    """
+    check_state_update_shapes(state, x, dt, A, B, C, D, dt_bias, state_batch_indices, out)
     batch, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
     hpg = nheads // ngroups
-    if state.dim() != 4 or tuple(state.shape[1:]) != (nheads, headdim, dstate):
-        raise ValueError(
-            f"state must be (num_lines, {nheads}, {headdim}, {dstate}), got {tuple(state.shape)}"
-        )
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if state_batch_indices is None:
-        if batch > state.shape[0]:
-            raise ValueError(f"batch={batch} > num_lines={state.shape[0]} without indices")
         lines = torch.arange(batch, device=x.device)
         is_pad = None
     else:
-        if tuple(state_batch_indices.shape) != (batch,):
-            raise ValueError(
-                f"state_batch_indices must be (batch={batch},), "
-                f"got {tuple(state_batch_indices.shape)}"
-            )
         idx = state_batch_indices.long()
         is_pad = idx == pad_slot_id
         lines = torch.where(is_pad, state.shape[0] - 1, idx)
