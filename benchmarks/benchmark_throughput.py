@@ -18,9 +18,11 @@ ShareGPT; use ``--dataset`` for the real distribution. Prompt token ids are unif
 the vocabulary (the dummy models have no tokenizer).
 
 Before the timed run, the decode CUDA graphs the run can use are captured (on CUDA, unless
-``--enforce-eager``; the capture time is printed) and a two-request generation warms up
-the kernels (Triton compiles on first use, the CUDA ops do not), so neither falls inside
-the timed run. ``--profile`` then runs a short profiled generation (the first
+``--enforce-eager``; the capture time is printed) and two short generations warm up the
+kernels (Triton compiles each variant on first use, the CUDA ops do not): the two longest
+prompts (steps of few sequences and many tokens), then as many short prompts as the run
+batches beside the longest (steps of many sequences), so no compile falls inside the
+timed run. ``--profile`` then runs a short profiled generation (the first
 ``--profile-prompts`` requests cut to ``--profile-prompt-len`` tokens, each generating
 ``--profile-decode-steps`` + 1 tokens: a few mixed steps, then decode-only steps at the
 run's batch size) and splits each step kind's wall time into conv, scan, matmul, other and
@@ -186,7 +188,13 @@ def main(argv=None) -> dict:
     if not args.no_warmup:
         t0 = time.perf_counter()
         warm = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
-        llm.generate([ids[:16] for ids in prompts[:2]], warm, use_tqdm=False)
+        # Step shapes pick kernel variants (Triton compiles each on first use): a step of
+        # few sequences and many tokens (the two longest prompts), and one of many
+        # sequences (as many short prompts as the run batches, beside a long one).
+        longest = sorted(prompts, key=len)[-2:]
+        llm.generate(longest, warm, use_tqdm=False)
+        many = [ids[:16] for ids in prompts[: min(len(prompts), args.max_num_seqs) - 1]]
+        llm.generate(many + longest[-1:], warm, use_tqdm=False)
         phases["warmup_s"] = time.perf_counter() - t0
 
     steps_before = llm.engine.num_steps
