@@ -4,7 +4,7 @@
 # installs this package without touching those, building the CUDA ops of csrc/ (falling
 # back to a pure Python install if that build fails), runs the GPU tests, the rest of the
 # suite (on CUDA tensors where a test's device fixture picks CUDA), the demo and the
-# causal-conv1d benchmark (--quick, results under OUTDIR/bench). Every step runs even
+# benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -63,18 +63,32 @@ gpu_tests() {
 other_tests() {
     python3 -m pytest tests -q -m "not gpu" $parallel -p no:cacheprovider 2>&1 | tee -a "$out/tests.log"
 }
-demo() { python3 examples/causal_conv1d_demo.py --json "$out/demo.json" 2>&1 | tee "$out/demo.log"; }
+demo() {
+    python3 examples/causal_conv1d_demo.py --json "$out/demo.json" 2>&1 | tee "$out/demo.log" &&
+        python3 examples/generate_demo.py --json "$out/generate.json" 2>&1 | tee -a "$out/demo.log"
+}
+# The benchmarks of record (docs/benchmarks/): every kernel case (~1 minute), one 7B-shaped
+# step per conv backend (~2 minutes), and, only when asked for (GPU_CHECK_STEPS=e2e; ~4
+# minutes), the end-to-end comparison.
 bench() {
-    python3 benchmarks/kernels/benchmark_causal_conv1d.py --quick --out "$out/bench" 2>&1 |
+    python3 benchmarks/kernels/benchmark_causal_conv1d.py --out "$out/bench" 2>&1 |
         tee "$out/bench.log"
+}
+step_bench() {
+    python3 benchmarks/benchmark_mamba2_step.py --profile --out "$out/step.json" 2>&1 |
+        tee "$out/step.log"
+}
+e2e() {
+    python3 benchmarks/benchmark_e2e.py --num-prompts 200 --profile --out "$out/e2e.json" \
+        --md "$out/e2e_h200.md" 2>&1 | tee "$out/e2e.log"
 }
 
 # GPU_CHECK_STEPS picks a subset (the device's calls are capped at 10 minutes each).
-steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench}
+steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench step_bench}
 for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
-    install | gpu_tests | other_tests | demo | bench) step "$s" "$s" ;;
+    install | gpu_tests | other_tests | demo | bench | step_bench | e2e) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
