@@ -50,6 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
+from run_info import git_sha  # noqa: E402
 from step_profile import MARKDOWN_HEADER, markdown_rows  # noqa: E402
 
 THROUGHPUT = Path(__file__).resolve().parent / "benchmark_throughput.py"
@@ -167,20 +168,6 @@ def run_one(args, backend: str, output_len: int, profile: bool, work: Path, on_c
         run["error"] = f"{why} (the run's own output above says more)"
         print(f"!!! {backend}, output len {output_len}: {run['error']}", flush=True)
     return run
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def speedups(runs: list[dict]) -> dict[int, float]:

@@ -46,7 +46,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -55,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
+from run_info import git_sha  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
 STEP_PREFIX = "step:"
@@ -85,20 +85,6 @@ def parse_args(argv):
     if args.prefill_len < 1 or args.num_decodes < 0 or args.decode_batch < 1 or args.iters < 1:
         p.error("need --prefill-len >= 1, --num-decodes >= 0, --decode-batch >= 1, --iters >= 1")
     return args
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def quantiles(samples: list[float]) -> dict:

@@ -43,6 +43,7 @@ import datetime
 import functools
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -546,9 +547,12 @@ def environment(args, copy_start) -> dict:
         except (OSError, subprocess.CalledProcessError):
             return None
 
-    sha = git("rev-parse", "HEAD")
-    if sha is not None and git("status", "--porcelain", "--untracked-files=no"):
-        sha += " (with uncommitted changes)"
+    # VLLM_RUN_SHA: see benchmarks/run_info.py (a copied tree may carry a stale .git).
+    sha = os.environ.get("VLLM_RUN_SHA")
+    if not sha:
+        sha = git("rev-parse", "HEAD")
+        if sha is not None and git("status", "--porcelain", "--untracked-files=no"):
+            sha += " (with uncommitted changes)"
     return {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
