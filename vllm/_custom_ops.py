@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from vllm.tensor_checks import FLOAT_DTYPES, MAX_CONV_WIDTH, MIN_CONV_WIDTH, check_tensor
+from vllm.tensor_checks import FLOAT_DTYPES, check_conv_weight_bias, check_tensor
 
 __all__ = [
     "causal_conv1d_fwd_cuda",
@@ -153,20 +153,8 @@ def _check_x(x: torch.Tensor, feature_axis: int) -> None:
 
 
 def _check_weights_and_states(x, dim, weight, bias, states, states_name) -> int:
-    check_tensor("weight", weight, x.device, 2, (x.dtype,))
-    width = weight.shape[1]
-    if weight.shape[0] != dim:
-        raise ValueError(f"weight must be (dim={dim}, width), got {tuple(weight.shape)}")
-    if not MIN_CONV_WIDTH <= width <= MAX_CONV_WIDTH:
-        raise ValueError(
-            f"weight width must be in [{MIN_CONV_WIDTH}, {MAX_CONV_WIDTH}], got {width}"
-        )
-    if weight.stride(1) != 1:
-        raise ValueError(f"weight must have stride(1) == 1, got strides {weight.stride()}")
+    width = check_conv_weight_bias(weight, bias, dim, x.device, (x.dtype,))
     if bias is not None:
-        check_tensor("bias", bias, x.device, 1, (x.dtype,))
-        if bias.shape[0] != dim:
-            raise ValueError(f"bias must be (dim={dim},), got {tuple(bias.shape)}")
         if dim > 1 and bias.stride(0) != 1:
             raise ValueError(f"bias must be contiguous, got stride {bias.stride(0)}")
     check_tensor(states_name, states, x.device, 3, (x.dtype,))

@@ -23,6 +23,26 @@ def check_tensor(name, t, device, ndim=None, dtypes=None) -> None:
         raise ValueError(f"{name} is on {t.device} but x is on {device}")
 
 
+def check_conv_weight_bias(weight, bias, dim, device, dtypes) -> int:
+    """Conv ``weight`` (dim, W) with 2 <= W <= 8 and ``stride(1) == 1``, ``bias`` (dim,) or
+    None, both on ``device`` with a dtype in ``dtypes``; returns W."""
+    check_tensor("weight", weight, device, 2, dtypes)
+    width = weight.shape[1]
+    if weight.shape[0] != dim:
+        raise ValueError(f"weight must be (dim={dim}, width), got {tuple(weight.shape)}")
+    if not MIN_CONV_WIDTH <= width <= MAX_CONV_WIDTH:
+        raise ValueError(
+            f"weight width must be in [{MIN_CONV_WIDTH}, {MAX_CONV_WIDTH}], got {width}"
+        )
+    if weight.stride(1) != 1:
+        raise ValueError(f"weight must have stride(1) == 1, got strides {weight.stride()}")
+    if bias is not None:
+        check_tensor("bias", bias, device, 1, dtypes)
+        if bias.shape[0] != dim:
+            raise ValueError(f"bias must be (dim={dim},), got {tuple(bias.shape)}")
+    return width
+
+
 def check_scan_shapes(x, dt, A, B, C, D, dt_bias) -> None:
     """Shapes of the selective scan's inputs (see ``ops/mamba_ssm_torch``): x (tokens, nheads,
     headdim), dt (tokens, nheads), B and C (tokens, ngroups, dstate), A, D, dt_bias (nheads,)."""

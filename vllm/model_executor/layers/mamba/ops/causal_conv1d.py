@@ -59,7 +59,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
-from vllm.tensor_checks import FLOAT_DTYPES, MAX_CONV_WIDTH, MIN_CONV_WIDTH, check_tensor
+from vllm.tensor_checks import FLOAT_DTYPES, check_conv_weight_bias, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
@@ -607,20 +607,7 @@ def compute_causal_conv1d_metadata(
 
 
 def _check_common(x, weight, bias, conv_states, dim, states_name):
-    check_tensor("weight", weight, x.device, 2, FLOAT_DTYPES)
-    width = weight.shape[1]
-    if weight.shape[0] != dim:
-        raise ValueError(f"weight must be (dim={dim}, width), got {tuple(weight.shape)}")
-    if not MIN_CONV_WIDTH <= width <= MAX_CONV_WIDTH:
-        raise ValueError(
-            f"weight width must be in [{MIN_CONV_WIDTH}, {MAX_CONV_WIDTH}], got {width}"
-        )
-    if weight.stride(1) != 1:
-        raise ValueError(f"weight must have stride(1) == 1, got strides {weight.stride()}")
-    if bias is not None:
-        check_tensor("bias", bias, x.device, 1, FLOAT_DTYPES)
-        if bias.shape[0] != dim:
-            raise ValueError(f"bias must be (dim={dim},), got {tuple(bias.shape)}")
+    width = check_conv_weight_bias(weight, bias, dim, x.device, FLOAT_DTYPES)
     check_tensor(states_name, conv_states, x.device, 3, FLOAT_DTYPES)
     if conv_states.shape[1] != dim:
         raise ValueError(
