@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "causal_conv1d.h"
@@ -280,7 +281,77 @@ __device__ __forceinline__ void store_cols(T* p, int64_t stride_f, int nv, bool 
   }
 }
 
-__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
+// SiLU, v / (1 + e^-v), with one hardware exp2 and one hardware reciprocal (both
+// approximate, relative error ~2^-22): __expf and __fdividef add range fix-ups that
+// double the instructions of the forward's inner loop. Large |v| saturates
+// correctly: e^-v = inf gives -0, e^-v = 0 gives v.
+__device__ __forceinline__ float silu(float v) {
+#if defined(__CUDA_ARCH__)
+  float e;
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return v * r;
+#else
+  return v / (1.0f + std::exp(-v));
+#endif
+}
+
+// Asynchronous copies of one row from global to shared memory (cp.async, sm_80+):
+// the thread goes on while the row travels, so rows in flight cost shared memory,
+// not registers. 16-byte rows bypass L1 (read once). Before sm_80, and in the host
+// emulation of the kernels, the copy is synchronous.
+template <int kBytes>
+__device__ __forceinline__ void async_copy_row(uint32_t* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(kBytes)
+                 : "memory");
+  }
+#else
+  const uint32_t* g = static_cast<const uint32_t*>(gmem);
+#pragma unroll
+  for (int i = 0; i < kBytes / 4; ++i) smem[i] = g[i];
+#endif
+}
+
+// Closes the group of the copies issued since the last commit.
+__device__ __forceinline__ void async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's groups are still in flight.
+template <int N>
+__device__ __forceinline__ void async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// A row of kBytes from shared memory (one access).
+template <int kBytes>
+__device__ __forceinline__ Row<kBytes> smem_row(const uint32_t* s) {
+  Row<kBytes> r;
+  if constexpr (kBytes == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(s);
+    r.w[0] = u.x;
+    r.w[1] = u.y;
+    r.w[2] = u.z;
+    r.w[3] = u.w;
+  } else if constexpr (kBytes == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(s);
+    r.w[0] = u.x;
+    r.w[1] = u.y;
+  } else {
+    r.w[0] = s[0];
+  }
+  return r;
+}
 
 // One output row from the W-1 previous inputs (win, oldest first) and the new
 // input row; then the window slides by one.
@@ -312,121 +383,222 @@ __device__ __forceinline__ void conv_row(const Row<kBytes>& in,
   for (int v = 0; v < V; ++v) win[W - 2][v] = xin[v];
 }
 
-// Token rows a thread loads ahead: two chunks of C rows are in registers at
-// once (the one being convolved and the next one in flight), next to the
-// weights (V*W floats) and the window (V*(W-1)). 256 bytes in flight per thread
-// (C = 16 rows of 16 bytes, 64 of 4) except for wide 16-bit kernels with 16-byte
-// rows, which take 128 to stay within 255 registers. A build may force the bytes
-// (CMake's CONV_FWD_INFLIGHT_BYTES) to compare settings.
+// A forward thread's constants and running state: the weights and bias of its V
+// features and the window of the W-1 previous inputs (oldest first), fp32.
 template <typename T, int W, int kBytes>
-constexpr int fwd_chunk() {
-#ifdef VLLM_CONV_FWD_INFLIGHT_BYTES
-  return VLLM_CONV_FWD_INFLIGHT_BYTES / kBytes;
-#else
-  constexpr int V = Layout<T, kBytes>::kPerRow;
-  return (V * (2 * W - 1) <= 64 ? 256 : 128) / kBytes;
-#endif
+struct FwdThread {
+  static constexpr int V = Layout<T, kBytes>::kPerRow;
+  float w[V][W];
+  float bias[V];
+  float win[W - 1][V];
+
+  // Weights, bias, and the window: the line's W-1 columns when the sequence has an
+  // initial state, zeros otherwise.
+  __device__ __forceinline__ void load(const FwdParams& p, const VecFlags& vf, int64_t seq,
+                                       int64_t f0, int nv, const T* state) {
+    load_cols<T, kBytes, W>(static_cast<const T*>(p.weight) + f0 * p.stride_w_d, p.stride_w_d,
+                            nv, vf.weight, w);
+    float b[V][1];
+    if (p.bias != nullptr) {
+      load_cols<T, kBytes, 1>(static_cast<const T*>(p.bias) + f0, 1, nv, vf.bias, b);
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) b[v][0] = 0.0f;
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) bias[v] = b[v][0];
+    if (p.has_initial_state != nullptr && p.has_initial_state[seq]) {
+      float h[V][W - 1];
+      load_cols<T, kBytes, W - 1>(state, p.stride_state_d, nv, vf.state, h);
+#pragma unroll
+      for (int k = 0; k < W - 1; ++k) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) win[k][v] = h[v][k];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < W - 1; ++k) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) win[k][v] = 0.0f;
+      }
+    }
+  }
+
+  template <bool kSilu>
+  __device__ __forceinline__ void conv(const Row<kBytes>& in, T* out, int nv, bool vec) {
+    conv_row<T, W, kBytes, kSilu>(in, w, bias, win, out, nv, vec);
+  }
+
+  // Final state: the last W-1 inputs of [history, tokens]. Only this thread reads
+  // or writes these columns of this line.
+  __device__ __forceinline__ void store_state(const FwdParams& p, const VecFlags& vf, int nv,
+                                              T* state) const {
+    float h[V][W - 1];
+#pragma unroll
+    for (int k = 0; k < W - 1; ++k) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) h[v][k] = win[k][v];
+    }
+    store_cols<T, kBytes, W - 1>(state, p.stride_state_d, nv, vf.state, h);
+  }
+};
+
+// Where a forward thread works: its sequence's tokens and line, its features.
+struct FwdSlice {
+  int64_t seq, f0, start, len, line;
+  int nv;
+};
+
+template <int V>
+__device__ __forceinline__ bool fwd_slice(const FwdParams& p, int threads, FwdSlice& s) {
+  s.seq = blockIdx.x;
+  s.f0 = (static_cast<int64_t>(blockIdx.y) * threads + threadIdx.x) * V;
+  if (s.f0 >= p.dim) return false;
+  s.nv = static_cast<int>(p.dim - s.f0 < V ? p.dim - s.f0 : V);
+  s.start = p.query_start_loc[s.seq];
+  s.len = p.query_start_loc[s.seq + 1] - s.start;
+  s.line = p.cache_indices != nullptr ? static_cast<int64_t>(p.cache_indices[s.seq]) : s.seq;
+  return true;
 }
 
-// Forward: block (sequence, feature block); each thread walks its sequence's
-// tokens in order for its V features, prefetching the next C token rows while
-// it convolves the current C.
-template <typename T, int W, int kBytes, int C, bool kVec, bool kSilu>
+// Forward, whole aligned rows (the usual case): block (sequence, feature block);
+// each thread walks its sequence's tokens in order for its V features. Its token
+// rows travel by asynchronous copies into a per-thread ring of shared memory,
+// kFwdRingGroups groups of G rows, 256 bytes a thread: while it convolves group
+// g, groups g+1..g+6 are in flight (224 bytes a thread), and its registers hold
+// only the weights and the window. No thread reads another's rows, so the block
+// never synchronises.
+// A build may change the ring's bytes (CMake's CONV_FWD_RING_BYTES) to compare settings.
+constexpr int kFwdRingGroups = 8;
+#ifdef VLLM_CONV_FWD_RING_BYTES
+constexpr int kFwdRingBytes = VLLM_CONV_FWD_RING_BYTES;
+#else
+constexpr int kFwdRingBytes = 256;
+#endif
+
+template <typename T, int W, int kBytes, bool kSilu>
 __global__ void __launch_bounds__(kFwdThreads)
     causal_conv1d_fwd_kernel(const FwdParams p, const VecFlags vf) {
   constexpr int V = Layout<T, kBytes>::kPerRow;
-  const int64_t seq = blockIdx.x;
-  const int64_t f0 = (static_cast<int64_t>(blockIdx.y) * kFwdThreads + threadIdx.x) * V;
-  if (f0 >= p.dim) return;
-  const int nv = static_cast<int>(p.dim - f0 < V ? p.dim - f0 : V);
+  constexpr int kWords = kBytes / 4;
+  constexpr int R = kFwdRingGroups;
+  constexpr int G = kFwdRingBytes / (R * kBytes);
+  static_assert(G >= 1 && (R & (R - 1)) == 0, "ring of 2^k groups of >= 1 row");
+  // ring[slot][thread]: a slot's rows are contiguous over the block's threads.
+  alignas(16) __shared__ uint32_t ring[R * G][kFwdThreads * kWords];
 
-  const int64_t start = p.query_start_loc[seq];
-  const int64_t len = p.query_start_loc[seq + 1] - start;
-  const int64_t line =
-      p.cache_indices != nullptr ? static_cast<int64_t>(p.cache_indices[seq]) : seq;
+  FwdSlice s;
+  if (!fwd_slice<V>(p, kFwdThreads, s)) return;
   const int64_t sx = p.stride_x_t;
   const int64_t so = p.stride_out_t;
-  const T* x = static_cast<const T*>(p.x) + start * sx + f0;
-  T* out = static_cast<T*>(p.out) + start * so + f0;
-
-  if (line == p.pad_slot_id) {
+  const T* x = static_cast<const T*>(p.x) + s.start * sx + s.f0;
+  T* out = static_cast<T*>(p.out) + s.start * so + s.f0;
+  if (s.line == p.pad_slot_id) {
     const Row<kBytes> zero = zero_row<kBytes>();
-    for (int64_t t = 0; t < len; ++t) store_row<T, kBytes>(out + t * so, zero, nv, kVec);
+    for (int64_t t = 0; t < s.len; ++t) store_row<T, kBytes>(out + t * so, zero, V, true);
     return;
   }
+  T* state = static_cast<T*>(p.states) + s.line * p.stride_state_line + s.f0 * p.stride_state_d;
+  FwdThread<T, W, kBytes> th;
+  th.load(p, vf, s.seq, s.f0, s.nv, state);
 
-  float w[V][W];
-  load_cols<T, kBytes, W>(static_cast<const T*>(p.weight) + f0 * p.stride_w_d, p.stride_w_d, nv,
-                          vf.weight, w);
-  float b[V][1];
-  if (p.bias != nullptr) {
-    load_cols<T, kBytes, 1>(static_cast<const T*>(p.bias) + f0, 1, nv, vf.bias, b);
-  } else {
+  uint32_t* mine = &ring[0][threadIdx.x * kWords];
+  constexpr int kSlot = kFwdThreads * kWords;  // words between a thread's slots
+  // Token counts fit in int (query_start_loc is int32); rows advance by pointer
+  // increments rather than 64-bit products.
+  const int len = static_cast<int>(s.len);
+  const T* xi = x;  // the next row to issue
+  int left = len;   // rows not yet issued
+  // Group g: the next G rows into slots (g % R)*G ...; always committed (maybe
+  // empty) so that "group g has landed" is "at most R-2 newer groups in flight".
+  auto issue = [&](int g) {
+    uint32_t* dst = mine + (g & (R - 1)) * G * kSlot;
 #pragma unroll
-    for (int v = 0; v < V; ++v) b[v][0] = 0.0f;
+    for (int i = 0; i < G; ++i) {
+      if (i < left) async_copy_row<kBytes>(dst + i * kSlot, xi + i * sx);
+    }
+    const int n = left < G ? left : G;
+    xi += n * sx;
+    left -= n;
+    async_commit();
+  };
+#pragma unroll
+  for (int g = 0; g < R - 1; ++g) issue(g);
+  T* o = out;
+  for (int g = 0, t0 = 0; t0 < len; ++g, t0 += G) {
+    async_wait<R - 2>();
+    const uint32_t* src = mine + (g & (R - 1)) * G * kSlot;
+    if (t0 + G <= len) {
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        th.template conv<kSilu>(smem_row<kBytes>(src + i * kSlot), o, V, true);
+        o += so;
+      }
+    } else {
+      // The sequence's last, partial group: the window must stop at its last token.
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        if (t0 + i < len) {
+          th.template conv<kSilu>(smem_row<kBytes>(src + i * kSlot), o, V, true);
+          o += so;
+        }
+      }
+    }
+    // Into the slots of group g-1, read one iteration ago.
+    issue(g + R - 1);
   }
-  float bias[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) bias[v] = b[v][0];
+  async_wait<0>();  // no copy may land in shared memory after the block is gone
+  th.store_state(p, vf, s.nv, state);
+}
 
-  T* state = static_cast<T*>(p.states) + line * p.stride_state_line + f0 * p.stride_state_d;
-  float win[W - 1][V];
-  if (p.has_initial_state != nullptr && p.has_initial_state[seq]) {
-    float h[V][W - 1];
-    load_cols<T, kBytes, W - 1>(state, p.stride_state_d, nv, vf.state, h);
-#pragma unroll
-    for (int k = 0; k < W - 1; ++k) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) win[k][v] = h[v][k];
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < W - 1; ++k) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) win[k][v] = 0.0f;
-    }
+// Forward, element-wise fallback (odd dims or misaligned rows): 4-byte rows read
+// element by element into registers; each thread loads the next C rows while it
+// convolves the current C.
+constexpr int kFwdFallbackChunk = 32;
+
+template <typename T, int W, bool kSilu>
+__global__ void __launch_bounds__(kFwdThreads)
+    causal_conv1d_fwd_fallback_kernel(const FwdParams p, const VecFlags vf) {
+  constexpr int kBytes = 4;
+  constexpr int C = kFwdFallbackChunk;
+  constexpr int V = Layout<T, kBytes>::kPerRow;
+  FwdSlice s;
+  if (!fwd_slice<V>(p, kFwdThreads, s)) return;
+  const int64_t sx = p.stride_x_t;
+  const int64_t so = p.stride_out_t;
+  const int nv = s.nv;
+  const int64_t len = s.len;
+  const T* x = static_cast<const T*>(p.x) + s.start * sx + s.f0;
+  T* out = static_cast<T*>(p.out) + s.start * so + s.f0;
+  if (s.line == p.pad_slot_id) {
+    const Row<kBytes> zero = zero_row<kBytes>();
+    for (int64_t t = 0; t < len; ++t) store_row<T, kBytes>(out + t * so, zero, nv, false);
+    return;
   }
+  T* state = static_cast<T*>(p.states) + s.line * p.stride_state_line + s.f0 * p.stride_state_d;
+  FwdThread<T, W, kBytes> th;
+  th.load(p, vf, s.seq, s.f0, nv, state);
 
   Row<kBytes> cur[C];
 #pragma unroll
   for (int i = 0; i < C; ++i) {
-    cur[i] = i < len ? load_row<T, kBytes, true>(x + i * sx, nv, kVec) : zero_row<kBytes>();
+    cur[i] = i < len ? load_row<T, kBytes, true>(x + i * sx, nv, false) : zero_row<kBytes>();
   }
   for (int64_t c0 = 0; c0 < len; c0 += C) {
     Row<kBytes> nxt[C];
 #pragma unroll
     for (int i = 0; i < C; ++i) {
       const int64_t t = c0 + C + i;
-      nxt[i] = t < len ? load_row<T, kBytes, true>(x + t * sx, nv, kVec) : zero_row<kBytes>();
+      nxt[i] = t < len ? load_row<T, kBytes, true>(x + t * sx, nv, false) : zero_row<kBytes>();
     }
-    if (c0 + C <= len) {
 #pragma unroll
-      for (int i = 0; i < C; ++i) {
-        conv_row<T, W, kBytes, kSilu>(cur[i], w, bias, win, out + (c0 + i) * so, nv, kVec);
-      }
-    } else {
-      // The sequence's last, partial chunk: the window must stop at its last token.
-      const int n = static_cast<int>(len - c0);
-#pragma unroll
-      for (int i = 0; i < C; ++i) {
-        if (i < n) {
-          conv_row<T, W, kBytes, kSilu>(cur[i], w, bias, win, out + (c0 + i) * so, nv, kVec);
-        }
-      }
+    for (int i = 0; i < C; ++i) {
+      if (c0 + i < len) th.template conv<kSilu>(cur[i], out + (c0 + i) * so, nv, false);
     }
 #pragma unroll
     for (int i = 0; i < C; ++i) cur[i] = nxt[i];
   }
-
-  // Final state: the last W-1 inputs of [history, tokens]. Only this thread
-  // reads or writes these columns of this line.
-  float h[V][W - 1];
-#pragma unroll
-  for (int k = 0; k < W - 1; ++k) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) h[v][k] = win[k][v];
-  }
-  store_cols<T, kBytes, W - 1>(state, p.stride_state_d, nv, vf.state, h);
+  th.store_state(p, vf, nv, state);
 }
 
 // Update (decode): block (sequence, feature block), one token per sequence, rows

@@ -26,18 +26,28 @@ inline int num_sms() {
   return n;
 }
 
-template <typename T, int W, int kBytes, bool kVec>
+template <typename T, int W, int kBytes>
 cudaError_t launch_fwd_kernel(const FwdParams& p, const VecFlags& vf, cudaStream_t stream) {
-  constexpr int C = fwd_chunk<T, W, kBytes>();
   constexpr int V = Layout<T, kBytes>::kPerRow;
   const dim3 grid(static_cast<unsigned>(p.batch),
                   static_cast<unsigned>(ceil_div(p.dim, int64_t{kFwdThreads} * V)));
   if (p.silu) {
-    causal_conv1d_fwd_kernel<T, W, kBytes, C, kVec, true>
-        <<<grid, kFwdThreads, 0, stream>>>(p, vf);
+    causal_conv1d_fwd_kernel<T, W, kBytes, true><<<grid, kFwdThreads, 0, stream>>>(p, vf);
   } else {
-    causal_conv1d_fwd_kernel<T, W, kBytes, C, kVec, false>
-        <<<grid, kFwdThreads, 0, stream>>>(p, vf);
+    causal_conv1d_fwd_kernel<T, W, kBytes, false><<<grid, kFwdThreads, 0, stream>>>(p, vf);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, int W>
+cudaError_t launch_fwd_fallback(const FwdParams& p, const VecFlags& vf, cudaStream_t stream) {
+  constexpr int V = Layout<T, 4>::kPerRow;
+  const dim3 grid(static_cast<unsigned>(p.batch),
+                  static_cast<unsigned>(ceil_div(p.dim, int64_t{kFwdThreads} * V)));
+  if (p.silu) {
+    causal_conv1d_fwd_fallback_kernel<T, W, true><<<grid, kFwdThreads, 0, stream>>>(p, vf);
+  } else {
+    causal_conv1d_fwd_fallback_kernel<T, W, false><<<grid, kFwdThreads, 0, stream>>>(p, vf);
   }
   return cudaGetLastError();
 }
@@ -45,10 +55,10 @@ cudaError_t launch_fwd_kernel(const FwdParams& p, const VecFlags& vf, cudaStream
 template <typename T, int W>
 cudaError_t launch_fwd_width(const FwdParams& p, cudaStream_t stream) {
   const FwdVariant fv = choose_fwd_variant<T, W>(p, num_sms());
-  if (fv.row_bytes == 16) return launch_fwd_kernel<T, W, 16, true>(p, fv.vf, stream);
-  if (fv.row_bytes == 8) return launch_fwd_kernel<T, W, 8, true>(p, fv.vf, stream);
-  return fv.vf.x ? launch_fwd_kernel<T, W, 4, true>(p, fv.vf, stream)
-                 : launch_fwd_kernel<T, W, 4, false>(p, fv.vf, stream);
+  if (!fv.vf.x) return launch_fwd_fallback<T, W>(p, fv.vf, stream);
+  if (fv.row_bytes == 16) return launch_fwd_kernel<T, W, 16>(p, fv.vf, stream);
+  if (fv.row_bytes == 8) return launch_fwd_kernel<T, W, 8>(p, fv.vf, stream);
+  return launch_fwd_kernel<T, W, 4>(p, fv.vf, stream);
 }
 
 template <typename T>
