@@ -201,29 +201,6 @@ def _check_flag(name, value) -> None:
 # --------------------------------------------------------------------------
 
 
-_FWD_THREADS = 128  # threads per block of the forward kernel (kFwdThreads in csrc/)
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _fwd_row_bytes(batch: int, dim: int, elem_size: int, num_sms: int) -> int:
-    """The widest rows whose grid still has 2 blocks per SM.
-
-    The 8- and 16-byte kernels hold 32 and 16 token rows per thread in flight and take
-    ~255 registers, so 2 blocks of 128 threads fit on an SM; fewer blocks leave SMs
-    idle or with too little in flight (measured on an H200: 16-byte rows reach 61% of
-    copy bandwidth on 16 x 8192 tokens at dim 8448, with 144 blocks on 132 SMs).
-    """
-    for row_bytes in (16, 8):
-        blocks = batch * -(-dim // (_FWD_THREADS * row_bytes // elem_size))
-        if blocks >= 2 * num_sms:
-            return row_bytes
-    return 4
-
-
 def causal_conv1d_fwd_cuda(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -249,10 +226,10 @@ def causal_conv1d_fwd_cuda(
     Returns ``out`` (dim, num_tokens) with ``out.stride(0) == 1``; given, it is written in
     place. One thread block per (sequence, block of features) walks the sequence's
     tokens in order, so a step with few long sequences leaves most of the GPU idle.
-    Each thread moves ``row_bytes`` of a token per access: 16 or 8 (fewer, wider
-    threads) or 4 (more blocks, for steps with few sequences); 0 chooses the widest
-    whose grid has 2 blocks per SM, and 16 or 8 fall back to 4 when x or out rows are
-    not aligned to them.
+    Each thread moves ``row_bytes`` of a token per access: 16, 8 or 4 (narrower rows,
+    more and smaller blocks); 0 lets the launcher choose the widest whose grid spreads
+    evenly over the SMs (see csrc/mamba/causal_conv1d/causal_conv1d_kernels.cuh). Rows
+    too wide for the alignment of x or out fall back to narrower ones.
     """
     ops = _LIBRARY.ops()
     _check_x(x, feature_axis=0)
@@ -273,8 +250,6 @@ def causal_conv1d_fwd_cuda(
     _check_flag("silu", silu)
     if row_bytes not in (0, 4, 8, 16):
         raise ValueError(f"row_bytes must be 0 (choose), 4, 8 or 16, got {row_bytes!r}")
-    if row_bytes == 0:
-        row_bytes = _fwd_row_bytes(batch, dim, x.element_size(), _num_sms(x.device))
     if out is None:
         out = torch.empty(num_tokens, dim, dtype=x.dtype, device=x.device).t()
     else:

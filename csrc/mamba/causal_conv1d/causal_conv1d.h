@@ -54,8 +54,8 @@ struct FwdParams {
   int64_t pad_slot_id = -1;
   bool silu = false;
   ScalarType dtype = ScalarType::kFloat32;
-  // Bytes of a token a thread moves per access: 16 or 4 force it (16 falls back to 4
-  // when x/out rows are not 16-byte aligned), 0 lets the launcher choose.
+  // Bytes of a token a thread moves per access: 16, 8 or 4 force it (falling back to
+  // narrower rows when x/out rows are not aligned to it), 0 lets the launcher choose.
   int row_bytes = 0;
 };
 

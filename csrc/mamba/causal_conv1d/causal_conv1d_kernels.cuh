@@ -1,12 +1,10 @@
 // Device code of the CUDA causal-conv1d pathway (see causal_conv1d.h for the contract).
 //
 // Each thread owns V consecutive features and moves them as one "row" of kBytes
-// per token: kBytes = 16 (V = 16 / sizeof(T), one 16-byte access, a warp reads 512
-// contiguous bytes of a token) or kBytes = 4 (V = 4 / sizeof(T), a warp reads 128
-// contiguous bytes, and 4x more threads cover the same features). The forward
-// kernel's blocks are (sequence, feature block), so a step of few sequences has few
-// blocks; narrow rows give it 4x more blocks, and more token rows in flight per
-// sequence. The launcher picks per call (causal_conv1d_launch.cuh); the update
+// per token: kBytes = 16, 8 or 4 (V = kBytes / sizeof(T); a warp reads 32 * kBytes
+// contiguous bytes of a token). The forward kernel's blocks are (sequence, feature
+// block), so a step of few sequences has few blocks; narrower rows give it more,
+// smaller blocks. The launcher picks per call (choose_fwd_variant); the update
 // kernel always uses 16-byte rows.
 //
 // Values travel as raw 32-bit words and are widened to fp32 only where they are
@@ -59,28 +57,58 @@ VecFlags vec_flags(int64_t dim, const void* x, int64_t stride_x, const void* out
   return vf;
 }
 
-// The forward's row width and vector flags. 16-byte rows when the grid of
-// (sequence, 16-byte feature block) has a block for every SM and the rows are
-// aligned; otherwise 4-byte rows, whose grid is 4x larger. params.row_bytes forces
-// it (8-byte rows only when asked for; 16 and 8 fall back to 4 when not aligned).
+// The forward's row width and vector flags. Every (sequence, feature block) is one
+// block that streams its sequence at roughly the same rate, so the step takes as
+// long as the SM with the most blocks: the launcher takes the widest rows (fewest
+// instructions per byte) whose grid spreads evenly, at least 80% of the busiest SM's
+// blocks on the average SM, else the most even grid. Measured on an H200 (bf16,
+// 16 sequences): at dim 8448, 4-byte rows (528 blocks, 4 per SM) reach 77% of copy
+// bandwidth where 8-byte rows (272 blocks, 2 or 3 per SM) reach 69%; at dim 10240
+// and 4096 8-byte rows are the faster (balance 0.81 and 0.97).
+// params.row_bytes forces the width; rows too wide for the alignment of x/out fall
+// back to narrower ones, then to the element-wise kernel (vf.x false).
 struct FwdVariant {
   int row_bytes;
   VecFlags vf;
 };
 
+inline double grid_balance(int64_t blocks, int64_t num_sms) {
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  return static_cast<double>(blocks) / static_cast<double>(ceil_div(blocks, sms) * sms);
+}
+
+template <typename T>
+int choose_fwd_row_bytes(const FwdParams& p, int num_sms) {
+  if (p.row_bytes != 0) return p.row_bytes;
+  int best_rb = 4;
+  double best = -1.0;
+  for (const int rb : {16, 8, 4}) {
+    const int64_t per_block = int64_t{kFwdThreads} * (rb / static_cast<int>(sizeof(T)));
+    const double balance = grid_balance(p.batch * ceil_div(p.dim, per_block), num_sms);
+    if (balance >= 0.8) return rb;
+    if (balance > best) {
+      best = balance;
+      best_rb = rb;
+    }
+  }
+  return best_rb;
+}
+
 template <typename T, int W>
 FwdVariant choose_fwd_variant(const FwdParams& p, int num_sms) {
-  const VecFlags v16 = vec_flags<T, W, 16>(p.dim, p.x, p.stride_x_t, p.out, p.stride_out_t,
-                                           p.weight, p.stride_w_d, p.bias, p.states,
-                                           p.stride_state_line, p.stride_state_d);
-  const int64_t blocks16 = p.batch * ceil_div(p.dim, int64_t{kFwdThreads} * (16 / sizeof(T)));
-  const bool want16 = p.row_bytes == 16 || (p.row_bytes == 0 && blocks16 >= num_sms);
-  if (want16 && v16.x) return {16, v16};
-  if (p.row_bytes == 8) {
-    const VecFlags v8 = vec_flags<T, W, 8>(p.dim, p.x, p.stride_x_t, p.out, p.stride_out_t,
-                                           p.weight, p.stride_w_d, p.bias, p.states,
-                                           p.stride_state_line, p.stride_state_d);
-    if (v8.x) return {8, v8};
+  const int want = choose_fwd_row_bytes<T>(p, num_sms);
+  VecFlags vf;
+  if (want >= 16) {
+    vf = vec_flags<T, W, 16>(p.dim, p.x, p.stride_x_t, p.out, p.stride_out_t, p.weight,
+                             p.stride_w_d, p.bias, p.states, p.stride_state_line,
+                             p.stride_state_d);
+    if (vf.x) return {16, vf};
+  }
+  if (want >= 8) {
+    vf = vec_flags<T, W, 8>(p.dim, p.x, p.stride_x_t, p.out, p.stride_out_t, p.weight,
+                            p.stride_w_d, p.bias, p.states, p.stride_state_line,
+                            p.stride_state_d);
+    if (vf.x) return {8, vf};
   }
   return {4, vec_flags<T, W, 4>(p.dim, p.x, p.stride_x_t, p.out, p.stride_out_t, p.weight,
                                 p.stride_w_d, p.bias, p.states, p.stride_state_line,
