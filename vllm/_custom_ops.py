@@ -29,6 +29,7 @@ caller's bug.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch

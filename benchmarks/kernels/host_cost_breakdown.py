@@ -82,7 +82,7 @@ def main():
         xf, w, b, pool, qsl, idx4, init, metadata=meta
     )
     rows["cc._fwd_impl (no checks)"] = lambda: cc._fwd_impl(
-        xf, w, b, pool, qsl, idx4, init, True, cc.PAD_SLOT_ID, meta.tiles, meta.block_t
+        xf, w, b, pool, qsl, idx4, init, True, cc.PAD_SLOT_ID, meta.tile_seq, meta.block_t
     )
     rows["compute_causal_conv1d_metadata (once per step)"] = lambda: (
         cc.compute_causal_conv1d_metadata(qsl_cpu, "cuda")

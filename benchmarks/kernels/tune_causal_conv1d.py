@@ -129,7 +129,7 @@ def main():
         "fn_without_metadata": lambda: run_fn(c, meta=False),
         "fwd_impl_only": lambda: cc._fwd_impl(
             c["x"], c["w"], c["b"], c["states"], c["qsl"], c["idx"], c["init"], True,
-            cc.PAD_SLOT_ID, c["meta"].tiles, c["meta"].block_t),
+            cc.PAD_SLOT_ID, c["meta"].tile_seq, c["meta"].block_t),
         "torch_empty_only": lambda: torch.empty(16, 8448, dtype=DTYPE, device="cuda"),
     }  # fmt: skip
     xd = torch.randn(8, 8448, device="cuda", dtype=DTYPE)

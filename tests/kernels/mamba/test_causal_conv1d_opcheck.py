@@ -35,7 +35,7 @@ def fwd_args(device, dtype, with_bias, with_meta, state_dtype=None):
         torch.tensor([True, False, True, False], device=device),
         True,
         PAD_SLOT_ID,
-        meta.tiles if meta else None,
+        meta.tile_seq if meta else None,
         meta.block_t if meta else 0,
     )
 

@@ -59,12 +59,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
-from vllm.tensor_checks import (
-    FLOAT_DTYPES,
-    MAX_CONV_WIDTH,
-    check_conv_weight_bias,
-    check_tensor,
-)
+from vllm.tensor_checks import FLOAT_DTYPES, check_conv_weight_bias, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
@@ -136,12 +131,6 @@ def _fwd_piece(
     (a head, t0 == start). A head then writes the sequence's final state.
     """
     live = line != pad_slot_id
-    # A tile's row loads do not wait for its line (a pad sequence's rows are read and
-    # its outputs zeroed); a head's must, as they include the line's history.
-    if IS_HEAD:
-        load_live = live
-    else:
-        load_live = True
     p_line = state_ptr + line * stride_state_line
     if HAS_BIAS:
         b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
@@ -155,7 +144,7 @@ def _fwd_piece(
     b_win = ()
     for j in tl.static_range(KERNEL_WIDTH - 1):
         p = t0 - (KERNEL_WIDTH - 1) + j
-        m_x = m_d & (p >= start) & (t0 < t_end) & load_live
+        m_x = m_d & (p >= start) & (t0 < t_end) & live
         b_v = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_x, other=0.0).to(tl.float32)
         if IS_HEAD:
             p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
@@ -166,7 +155,7 @@ def _fwd_piece(
         b_rows = b_win
         for j in tl.static_range(BLOCK_G):
             p_row = x_ptr + (g0 + j) * stride_x_t + o_d
-            b_row = tl.load(p_row, mask=m_d & (g0 + j < t_end) & load_live, other=0.0)
+            b_row = tl.load(p_row, mask=m_d & (g0 + j < t_end) & live, other=0.0)
             b_rows = b_rows + (b_row.to(tl.float32),)
         for r in tl.static_range(BLOCK_G):
             acc = b_bias
@@ -204,7 +193,7 @@ def _causal_conv1d_fwd_kernel(
     qsl_ptr,
     cache_idx_ptr,
     has_init_ptr,
-    tiles_ptr,
+    tile_seq_ptr,
     out_ptr,
     num_tokens,
     n_tiles,
@@ -222,9 +211,8 @@ def _causal_conv1d_fwd_kernel(
     SILU: tl.constexpr,
     HAS_CACHE_INDICES: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
-    HAS_TILES: tl.constexpr,
+    HAS_TILE_SEQ: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    HEAD_MIN: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HEAD_S: tl.constexpr,
@@ -235,8 +223,7 @@ def _causal_conv1d_fwd_kernel(
     #   same sequence.
     # - Pieces n_tiles + h hold the heads of sequences [h*HEAD_S, (h+1)*HEAD_S).
     #   A sequence's head is its tokens up to the first multiple of BLOCK_T at
-    #   least HEAD_MIN (the widest kernel's W-1, so the split does not depend on
-    #   the layer) tokens past its start; the head reads the cache line and
+    #   least W-1 tokens past its start; the head reads the cache line and
     #   writes it back, and nothing else touches the line, so there is no race.
     #   One-token sequences (decodes) of the group are done together, all
     #   their loads issued before any store.
@@ -251,33 +238,28 @@ def _causal_conv1d_fwd_kernel(
     m_d = o_d < dim
     if i_p < n_tiles:
         t_tile = i_p * BLOCK_T
-        if HAS_TILES:
-            # The sequence and the end of the tile's work, from the step's metadata:
-            # the row loads wait on one small load, not on a chain of three.
-            seq = tl.load(tiles_ptr + i_p).to(tl.int64)
-            t_end = tl.load(tiles_ptr + n_tiles + i_p).to(tl.int64)
+        if HAS_TILE_SEQ:
+            seq = tl.load(tile_seq_ptr + i_p).to(tl.int64)
         else:
             seq = _count_starts_le(t_tile, qsl_ptr, batch, n_search).to(tl.int64) - 1
-            start = tl.load(qsl_ptr + seq).to(tl.int64)
-            end = tl.load(qsl_ptr + seq + 1).to(tl.int64)
-            head_end = tl.minimum(end, tl.cdiv(start + HEAD_MIN, BLOCK_T) * BLOCK_T)
-            # A tile the head covers has nothing left to do.
-            t_end = tl.where(t_tile < head_end, t_tile, tl.minimum(end, t_tile + BLOCK_T))
+        start = tl.load(qsl_ptr + seq).to(tl.int64)
+        end = tl.load(qsl_ptr + seq + 1).to(tl.int64)
+        head_end = tl.minimum(end, tl.cdiv(start + KERNEL_WIDTH - 1, BLOCK_T) * BLOCK_T)
+        # A tile the head covers has nothing left to do.
+        t_end = tl.where(t_tile < head_end, t_tile, tl.minimum(end, t_tile + BLOCK_T))
         if HAS_CACHE_INDICES:
             line = tl.load(cache_idx_ptr + seq).to(tl.int64)
         else:
             line = seq
-        # tl.where(seq < 0, ...) changes nothing but hides that t0 is a multiple of
-        # BLOCK_T: knowing it, the compiler spends ~50% more registers on the row
-        # loop (148 vs 101 at sm_90), which costs occupancy.
-        t0 = tl.where(seq < 0, t_end, t_tile)
-        # An active tile starts at least HEAD_MIN >= W-1 tokens past its sequence's
-        # start, so its window rows are tokens of the sequence: start is not needed.
+        # max(., start) changes nothing (an active tile starts past its head) but
+        # hides that t0 is a multiple of BLOCK_T: knowing it, the compiler spends
+        # ~50% more registers on the row loop (148 vs 101 at sm_90), which costs
+        # occupancy.
+        t0 = tl.where(seq < 0, start, t_tile)
         _fwd_piece(
-            x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, t0 - (KERNEL_WIDTH - 1), t_end, t0,
-            t_end, line, False, o_d, m_d, stride_x_t, stride_w_d, stride_state_line,
-            stride_state_col, stride_out_t, pad_slot_id, KERNEL_WIDTH, HAS_BIAS, SILU, False,
-            BLOCK_G,
+            x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, start, end, t0, t_end, line,
+            False, o_d, m_d, stride_x_t, stride_w_d, stride_state_line, stride_state_col,
+            stride_out_t, pad_slot_id, KERNEL_WIDTH, HAS_BIAS, SILU, False, BLOCK_G,
         )  # fmt: skip
     else:
         s0 = (i_p - n_tiles) * HEAD_S
@@ -295,7 +277,7 @@ def _causal_conv1d_fwd_kernel(
             start = tl.load(qsl_ptr + seq, mask=valid, other=0).to(tl.int64)
             end = tl.load(qsl_ptr + seq + 1, mask=valid, other=0).to(tl.int64)
             if valid & ((HEAD_S == 1) | (end - start != 1)):
-                head_end = tl.minimum(end, tl.cdiv(start + HEAD_MIN, BLOCK_T) * BLOCK_T)
+                head_end = tl.minimum(end, tl.cdiv(start + KERNEL_WIDTH - 1, BLOCK_T) * BLOCK_T)
                 if HAS_CACHE_INDICES:
                     line = tl.load(cache_idx_ptr + seq).to(tl.int64)
                 else:
@@ -563,42 +545,22 @@ _LAUNCH_DECODE = CachedLauncher(_causal_conv1d_decode_kernel)
 # --------------------------------------------------------------------------
 
 
-# A sequence's head (the piece that reads and writes its cache line) ends at the first
-# tile boundary at least this many tokens past its start: the W-1 of the widest
-# kernel, so that one step's tiles serve layers of any width.
-_HEAD_MIN = MAX_CONV_WIDTH - 1
-
-
 @dataclass
 class CausalConv1dMetadata:
     """Per-step data for ``causal_conv1d_fn``, built once and shared by every layer.
 
-    ``tiles`` is (2, number of tiles of ``block_t`` tokens) int32: ``tiles[0, p]`` the
-    sequence holding token ``p * block_t``, ``tiles[1, p]`` the end of the tile's work
-    (``p * block_t`` itself when its sequence's head covers the tile). The kernel reads
-    them instead of binary-searching ``query_start_loc`` in every program, and its row
-    loads wait on them alone.
+    ``tile_seq[p]`` is the sequence holding token ``p * block_t`` (p < number of
+    tiles of ``block_t`` tokens); the kernel reads it instead of binary-searching
+    ``query_start_loc`` in every program.
     """
 
     query_start_loc: torch.Tensor
     query_start_loc_cpu: torch.Tensor
-    tiles: torch.Tensor
+    tile_seq: torch.Tensor
     block_t: int
     num_tokens: int
     batch_size: int
     max_query_len: int
-
-
-def _tiles(qsl: torch.Tensor, num_tokens: int, block_t: int) -> torch.Tensor:
-    """The (2, n_tiles) tile table of a step (see CausalConv1dMetadata), on the host."""
-    n_tiles = -(-num_tokens // block_t)
-    t_tile = torch.arange(n_tiles, dtype=torch.int64) * block_t
-    qsl64 = qsl.to(torch.int64)
-    seq = torch.searchsorted(qsl64[:-1], t_tile, right=True) - 1
-    start, end = qsl64[seq], qsl64[seq + 1]
-    head_end = torch.minimum(end, (start + _HEAD_MIN + block_t - 1) // block_t * block_t)
-    t_end = torch.where(t_tile < head_end, t_tile, torch.minimum(end, t_tile + block_t))
-    return torch.stack((seq, t_end)).to(torch.int32)
 
 
 def compute_causal_conv1d_metadata(
@@ -619,17 +581,19 @@ def compute_causal_conv1d_metadata(
     num_tokens = int(qsl[-1])
     batch = qsl.numel() - 1
     block_t = _fwd_block_t(num_tokens)
-    tiles = _tiles(qsl, num_tokens, block_t)
+    n_tiles = -(-num_tokens // block_t)
+    tile_starts = torch.arange(n_tiles, dtype=torch.int32) * block_t
+    tile_seq = (torch.searchsorted(qsl[:-1], tile_starts, right=True) - 1).to(torch.int32)
     device = torch.device(device)
     if device.type == "cuda":
-        tiles = tiles.pin_memory()
+        tile_seq = tile_seq.pin_memory()
         qsl_host = qsl.pin_memory()
     else:
         qsl_host = qsl
     return CausalConv1dMetadata(
         query_start_loc=qsl_host.to(device, non_blocking=True),
         query_start_loc_cpu=qsl,
-        tiles=tiles.to(device, non_blocking=True),
+        tile_seq=tile_seq.to(device, non_blocking=True),
         block_t=block_t,
         num_tokens=num_tokens,
         batch_size=batch,
@@ -744,7 +708,7 @@ def _fwd_impl(
     has_initial_state: torch.Tensor | None,
     silu: bool,
     pad_slot_id: int,
-    tiles: torch.Tensor | None,
+    tile_seq: torch.Tensor | None,
     block_t: int,
 ) -> torch.Tensor:
     if not _use_kernel(x):
@@ -779,7 +743,7 @@ def _fwd_impl(
         query_start_loc,
         cache_indices,
         has_initial_state,
-        tiles,
+        tile_seq,
         out,
         num_tokens,
         n_tiles,
@@ -799,8 +763,7 @@ def _fwd_impl(
         SILU=silu,
         HAS_CACHE_INDICES=cache_indices is not None,
         HAS_INITIAL_STATE=has_initial_state is not None,
-        HAS_TILES=tiles is not None,
-        HEAD_MIN=_HEAD_MIN,
+        HAS_TILE_SEQ=tile_seq is not None,
         BLOCK_T=block_t,
         **cfg,
     )
@@ -855,7 +818,7 @@ def causal_conv1d_fn(
                 f"got {has_initial_state.shape[0]}"
             )
     silu = _is_silu(activation)
-    tiles, block_t = None, 0
+    tile_seq, block_t = None, 0
     if metadata is not None:
         if not isinstance(metadata, CausalConv1dMetadata):
             raise ValueError(
@@ -868,9 +831,9 @@ def causal_conv1d_fn(
                 f"{metadata.batch_size} sequences, but x has {num_tokens} tokens and "
                 f"query_start_loc {batch} sequences"
             )
-        if metadata.tiles.device != x.device:
-            raise ValueError(f"metadata is on {metadata.tiles.device}, x on {x.device}")
-        tiles, block_t = metadata.tiles, metadata.block_t
+        if metadata.tile_seq.device != x.device:
+            raise ValueError(f"metadata is on {metadata.tile_seq.device}, x on {x.device}")
+        tile_seq, block_t = metadata.tile_seq, metadata.block_t
     if validate_data:
         _check_qsl_data("query_start_loc", query_start_loc, num_tokens)
         _check_cache_indices_data(
@@ -891,7 +854,7 @@ def causal_conv1d_fn(
         has_initial_state,
         silu,
         pad_slot_id,
-        tiles,
+        tile_seq,
         block_t,
     )
     if torch.compiler.is_compiling():
@@ -1180,7 +1143,7 @@ def _causal_conv1d_fwd_op(
     has_initial_state: torch.Tensor | None,
     silu: bool,
     pad_slot_id: int,
-    tiles: torch.Tensor | None,
+    tile_seq: torch.Tensor | None,
     block_t: int,
 ) -> torch.Tensor:
     return _fwd_impl(
@@ -1193,14 +1156,14 @@ def _causal_conv1d_fwd_op(
         has_initial_state,
         silu,
         pad_slot_id,
-        tiles,
+        tile_seq,
         block_t,
     )
 
 
 @_causal_conv1d_fwd_op.register_fake
 def _(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state, silu,
-      pad_slot_id, tiles, block_t):  # fmt: skip
+      pad_slot_id, tile_seq, block_t):  # fmt: skip
     return x.new_empty(x.shape[1], x.shape[0]).t()
 
 
