@@ -29,7 +29,6 @@ caller's bug.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
