@@ -6,7 +6,10 @@ every configuration against the fp32 reference first. Used to pick the
 heuristics in ``_fwd_block_t`` / ``_fwd_config`` / ``_decode_config``; the numbers it prints are
 exploration, the benchmark of record is ``benchmark_causal_conv1d.py``.
 
-    python benchmarks/kernels/tune_causal_conv1d.py [--quick] [--json PATH]
+    python benchmarks/kernels/tune_causal_conv1d.py [--quick | --small-steps] [--json PATH]
+
+``--small-steps`` sweeps a wider grid of forward configurations on steps of 2048 to
+32768 tokens only (no decode, host or CUDA parts).
 """
 
 import argparse
@@ -62,6 +65,7 @@ def run_fn(c, meta=True):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--small-steps", action="store_true", help="wide forward sweep, small steps")
     p.add_argument("--json")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -85,6 +89,18 @@ def main():
         (64, 8, 8, 1, 4, None), (32, 8, 8, 1, 2, None), (32, 8, 4, 1, 4, None),
         (32, 8, 8, 1, 4, 128), (16, 8, 8, 1, 1, None), (32, 16, 8, 1, 1, None),
     ]  # fmt: skip
+    if args.small_steps:
+        fwd_cases = {
+            "T2048x1": ([2048], 0, False),
+            "T2048x16": ([128] * 16, 0, False),
+            "T8192x16": ([512] * 16, 0, False),
+            "T32768x16": ([2048] * 16, 0, False),
+        }
+        tiles = ((16, 8), (16, 16), (32, 4), (32, 8), (32, 16), (64, 8))
+        configs = [
+            (bt, bg, vec, nw, 1, maxr)
+            for (bt, bg), vec, nw, maxr in itertools.product(tiles, (4, 8, 16), (1, 2), (None, 80))
+        ]
     results["fwd"] = {}
     for name, (lens, nd, ip) in fwd_cases.items():
         c = make_fn_case(8448, lens, nd, ip)
@@ -121,6 +137,12 @@ def main():
         results["fwd"][name] = row
         del c
         torch.cuda.empty_cache()
+
+    if args.small_steps:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
 
     # Host cost of one eager call, and where it goes (a 16-token step: GPU time is small).
     c = make_fn_case(8448, [8], 8, True)
