@@ -45,6 +45,11 @@ class CachedLauncher:
         self.cache: dict = {}
         self.direct = hasattr(kernel, "device_caches")  # a JITFunction, not the interpreter
 
+    @property
+    def interpreted(self) -> bool:
+        """The kernel was built for the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+        return not self.direct
+
     def __call__(self, grid: tuple[int, ...], args: tuple, constexprs: dict) -> None:
         if not self.direct:
             self.kernel[grid](*args, **constexprs)

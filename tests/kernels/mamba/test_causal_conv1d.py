@@ -263,6 +263,31 @@ def test_cpu_runs_kernels_under_interpreter():
         assert type(kernel).__name__ == "InterpretedFunction", (name, type(kernel))
 
 
+def test_cpu_tensors_take_the_reference_when_kernels_are_compiled(monkeypatch):
+    """TRITON_INTERPRET=1 set after the kernels were compiled for a GPU (a CPU run inside
+    a process that imported them for CUDA, as the GPU box's test run does): CPU tensors
+    must go to the reference, not to a compiled kernel, which cannot read them."""
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm_triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(ops._LAUNCH_FWD, "direct", True)  # as if compiled for a GPU
+    monkeypatch.setattr(mamba_ssm_triton._LAUNCH, "direct", True)
+    x = torch.zeros(8, 3)
+    assert not ops._use_kernel(x)
+    assert not mamba_ssm_triton.use_ssm_kernel(x)
+    g = gen_for("compiled-kernels", 0)
+    seqlens = (3, 2)
+    qsl = qsl_from_lens(seqlens, "cpu")
+    x = make_x(8, 5, FP32, "cpu", g)
+    weight, bias = make_weight(8, 4, FP32, "cpu", g), make_bias(8, FP32, "cpu", g)
+    pool = make_pool(3, 8, 3, FP32, "cpu", g)
+    ref_pool = pool.clone()
+    ref = causal_conv1d_ref(x, weight, bias, ref_pool, qsl, None, None)
+    out = causal_conv1d_fn(x, weight, bias, pool, qsl, None, None)
+    assert torch.equal(out, ref)
+    assert torch.equal(pool, ref_pool)
+
+
 # --- metadata ---------------------------------------------------------------------------
 
 

@@ -659,12 +659,17 @@ def _check_qsl_data(name, qsl, num_tokens):
 
 
 def _use_kernel(x: torch.Tensor) -> bool:
-    """CUDA tensors run the kernels; CPU tensors run them only under the interpreter."""
+    """CUDA tensors run the kernels; CPU tensors run them only under the interpreter.
+
+    That is, TRITON_INTERPRET=1 now and when the kernels were built (at import): set
+    later, as by a CPU run inside a process that imported the kernels for the GPU, the
+    kernels are compiled ones, which cannot take CPU tensors, and the reference runs.
+    """
     if x.is_cuda:
         if not HAS_TRITON:
             raise RuntimeError("causal-conv1d on CUDA tensors needs Triton, which is not installed")
         return True
-    return HAS_TRITON and envs.TRITON_INTERPRET
+    return HAS_TRITON and envs.TRITON_INTERPRET and _LAUNCH_FWD.interpreted
 
 
 # --------------------------------------------------------------------------
@@ -694,12 +699,14 @@ def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int, batch: in
     # the heads of longer sequences are not walked one after another.
     n_tiles = -(-num_tokens // _fwd_block_t(num_tokens))
     head_s = 4 if batch >= max(32, n_tiles) else 1
-    if head_s == 1 and num_tokens <= _SMALL_STEP_TOKENS:
-        # Small steps: 16 rows in flight per program, capped at 80 registers so that
-        # 25 warps fit on an SM instead of 10 (at 187 registers uncapped; the cap
-        # makes the compiler spill, a 440-byte stack frame at sm_90, and still wins). H200, dim 8448, tune --small-steps: 16 x 512
-        # tokens 85.2 us vs 88.0, 16 x 2048 300.9 vs 308.5 (64-token tiles), 16 x 128
-        # 29.6 vs 30.9.
+    if num_tokens <= _SMALL_STEP_TOKENS and 4 * batch <= n_tiles:
+        # Small steps of prefills (sequences of 4 tiles on average, so no crowd of
+        # one-token heads): 16 rows in flight per program, capped at 80 registers so
+        # that 25 warps fit on an SM instead of 10 (at 187 registers uncapped; the cap
+        # makes the compiler spill, a 440-byte stack frame at sm_90, and still wins).
+        # H200, dim 8448, tune --small-steps: 16 x 512 tokens 85.2 us vs 88.0, 16 x
+        # 2048 300.9 vs 308.5 (64-token tiles), 16 x 128 29.6 vs 30.9. Taken by 63
+        # decodes next to a 2048-token prefill, it lost: 38.9 us vs 33.0.
         return dict(
             BLOCK_G=16,
             BLOCK_D=8 // elem_size * 32 * 2,

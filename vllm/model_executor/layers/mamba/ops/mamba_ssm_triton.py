@@ -166,8 +166,11 @@ _LAUNCH = CachedLauncher(_selective_state_update_kernel)
 
 
 def use_ssm_kernel(x: torch.Tensor) -> bool:
-    """CUDA tensors run the kernel; CPU tensors run it only under the interpreter."""
-    return x.is_cuda or (HAS_TRITON and x.device.type == "cpu" and envs.TRITON_INTERPRET)
+    """CUDA tensors run the kernel; CPU tensors run it only under the interpreter: with
+    TRITON_INTERPRET=1 now and when the kernel was built (at import)."""
+    return x.is_cuda or (
+        HAS_TRITON and x.device.type == "cpu" and envs.TRITON_INTERPRET and _LAUNCH.interpreted
+    )
 
 
 def _update_config(batch: int, nheads: int, headdim: int, dstate: int) -> dict:
@@ -197,8 +200,8 @@ def _check_kernel_args(state, x, dt, A, B, C, D, dt_bias, state_batch_indices, o
     if not use_ssm_kernel(x):
         raise RuntimeError(
             f"the selective-state-update kernel runs on CUDA tensors, or on CPU tensors under "
-            f"TRITON_INTERPRET=1; x is on {device} (selective_state_update runs the PyTorch "
-            "path there)"
+            f"TRITON_INTERPRET=1 (set before the kernel is imported); x is on {device} "
+            "(selective_state_update runs the PyTorch path there)"
         )
 
 
