@@ -136,8 +136,9 @@ class HFCache:
 
     Newer releases return ``out.cache`` (a ``Cache`` with ``get_conv_state`` /
     ``get_recurrent_state``) and take ``cache=``; older ones return ``out.cache_params`` (a
-    ``Mamba2Cache`` with ``conv_states`` / ``ssm_states``) and take ``cache_params=`` plus a
-    ``cache_position`` whose first entry > 0 marks a decode step.
+    ``Mamba2Cache`` with ``conv_states`` / ``ssm_states``, or in 5.17 a ``DynamicCache``
+    whose ``layers`` hold them) and take ``cache_params=`` plus a ``cache_position`` whose
+    first entry > 0 marks a decode step.
     """
 
     def __init__(self, hf_output):
@@ -147,12 +148,26 @@ class HFCache:
     def conv_state(self, layer: int) -> torch.Tensor:
         if hasattr(self.raw, "get_conv_state"):
             return self.raw.get_conv_state(layer)
+        if hasattr(self.raw, "layers"):
+            return self._layer_state(layer, "conv_states")
         return self.raw.conv_states[layer]
 
     def ssm_state(self, layer: int) -> torch.Tensor:
         if hasattr(self.raw, "get_recurrent_state"):
             return self.raw.get_recurrent_state(layer)
+        if hasattr(self.raw, "layers"):
+            return self._layer_state(layer, "recurrent_states")
         return self.raw.ssm_states[layer]
+
+    def _layer_state(self, layer: int, name: str) -> torch.Tensor:
+        # transformers 5.17: a DynamicCache whose layers (LinearAttentionLayer) keep their
+        # states in dicts; a Mamba2 layer has one state of each kind.
+        states = getattr(self.raw.layers[layer], name)
+        if not isinstance(states, dict):
+            return states
+        if len(states) != 1:
+            raise AssertionError(f"layer {layer} of the HF cache has {name} {list(states)}")
+        return next(iter(states.values()))
 
     @staticmethod
     def decode_kwargs(hf, cache: HFCache, position: int) -> dict:
