@@ -33,7 +33,12 @@ from pathlib import Path
 
 import torch
 
-from vllm.tensor_checks import FLOAT_DTYPES, check_conv_weight_bias, check_tensor
+from vllm.tensor_checks import (
+    FLOAT_DTYPES,
+    check_conv_weight_bias,
+    check_default_lines,
+    check_tensor,
+)
 
 __all__ = [
     "causal_conv1d_fwd_cuda",
@@ -241,11 +246,7 @@ def causal_conv1d_fwd_cuda(
     _check_index("query_start_loc", query_start_loc, x.device, batch + 1, torch.int32)
     _check_index("cache_indices", cache_indices, x.device, batch, torch.int32)
     _check_index("has_initial_state", has_initial_state, x.device, batch, torch.bool)
-    if cache_indices is None and batch > conv_states.shape[0]:
-        raise ValueError(
-            f"cache_indices is None, so sequence b uses line b, but batch={batch} > "
-            f"num_cache_lines={conv_states.shape[0]}"
-        )
+    check_default_lines("cache_indices", cache_indices, batch, conv_states.shape[0])
     _check_flag("silu", silu)
     if row_bytes not in (0, 4, 8, 16):
         raise ValueError(f"row_bytes must be 0 (choose), 4, 8 or 16, got {row_bytes!r}")
@@ -291,11 +292,7 @@ def causal_conv1d_update_cuda(
     batch, dim = x.shape
     _check_weights_and_states(x, dim, weight, bias, conv_state, "conv_state")
     _check_index("conv_state_indices", conv_state_indices, x.device, batch, torch.int32)
-    if conv_state_indices is None and batch > conv_state.shape[0]:
-        raise ValueError(
-            f"conv_state_indices is None, so sequence b uses line b, but batch={batch} > "
-            f"num_cache_lines={conv_state.shape[0]}"
-        )
+    check_default_lines("conv_state_indices", conv_state_indices, batch, conv_state.shape[0])
     _check_flag("silu", silu)
     if out is None:
         out = torch.empty(batch, dim, dtype=x.dtype, device=x.device)

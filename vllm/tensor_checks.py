@@ -43,6 +43,15 @@ def check_conv_weight_bias(weight, bias, dim, device, dtypes) -> int:
     return width
 
 
+def check_default_lines(name, indices, batch, num_lines) -> None:
+    """With ``indices`` None, sequence b uses cache line b: the pool needs ``batch`` lines."""
+    if indices is None and batch > num_lines:
+        raise ValueError(
+            f"{name} is None, so sequence b uses line b, but batch={batch} > "
+            f"num_cache_lines={num_lines}"
+        )
+
+
 def check_scan_shapes(x, dt, A, B, C, D, dt_bias) -> None:
     """Shapes of the selective scan's inputs (see ``ops/mamba_ssm_torch``): x (tokens, nheads,
     headdim), dt (tokens, nheads), B and C (tokens, ngroups, dstate), A, D, dt_bias (nheads,)."""

@@ -59,7 +59,12 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
-from vllm.tensor_checks import FLOAT_DTYPES, check_conv_weight_bias, check_tensor
+from vllm.tensor_checks import (
+    FLOAT_DTYPES,
+    check_conv_weight_bias,
+    check_default_lines,
+    check_tensor,
+)
 from vllm.triton_utils import HAS_TRITON, tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
@@ -636,11 +641,6 @@ def _check_index(name, t, device, batch):
 
 def _check_cache_indices_data(name, indices, num_lines, batch, pad_slot_id):
     if indices is None:
-        if batch > num_lines:
-            raise ValueError(
-                f"{name} is None, so sequence b uses line b, but batch={batch} > "
-                f"num_cache_lines={num_lines}"
-            )
         return
     idx = indices.cpu()
     real = idx[idx != pad_slot_id]
@@ -859,15 +859,11 @@ def causal_conv1d_fn(
         if metadata.tile_seq.device != x.device:
             raise ValueError(f"metadata is on {metadata.tile_seq.device}, x on {x.device}")
         tile_seq, block_t = metadata.tile_seq, metadata.block_t
+    check_default_lines("cache_indices", cache_indices, batch, conv_states.shape[0])
     if validate_data:
         _check_qsl_data("query_start_loc", query_start_loc, num_tokens)
         _check_cache_indices_data(
             "cache_indices", cache_indices, conv_states.shape[0], batch, pad_slot_id
-        )
-    elif cache_indices is None and batch > conv_states.shape[0]:
-        raise ValueError(
-            f"cache_indices is None, so sequence b uses line b, but batch={batch} > "
-            f"num_cache_lines={conv_states.shape[0]}"
         )
     args = (
         x,
@@ -1101,6 +1097,7 @@ def causal_conv1d_update(
                 f"{longest} tokens with width {width}: needs >= width-1+seqlen-1 = "
                 f"{width - 2 + longest}"
             )
+    check_default_lines("conv_state_indices", conv_state_indices, batch, conv_state.shape[0])
     if validate_data:
         _check_cache_indices_data(
             "conv_state_indices", conv_state_indices, conv_state.shape[0], batch, pad_slot_id
@@ -1130,11 +1127,6 @@ def causal_conv1d_update(
                     f"num_accepted_tokens out of range for state_len={state_len}, width={width}: "
                     f"needs 1 <= n and n-1+width-1 <= state_len"
                 )
-    elif conv_state_indices is None and batch > conv_state.shape[0]:
-        raise ValueError(
-            f"conv_state_indices is None, so sequence b uses line b, but batch={batch} > "
-            f"num_cache_lines={conv_state.shape[0]}"
-        )
     args = (
         x,
         conv_state,
@@ -1157,33 +1149,11 @@ def causal_conv1d_update(
 # --------------------------------------------------------------------------
 
 
-@torch.library.custom_op("vllm::causal_conv1d_fwd", mutates_args=("conv_states",))
-def _causal_conv1d_fwd_op(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    conv_states: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    cache_indices: torch.Tensor | None,
-    has_initial_state: torch.Tensor | None,
-    silu: bool,
-    pad_slot_id: int,
-    tile_seq: torch.Tensor | None,
-    block_t: int,
-) -> torch.Tensor:
-    return _fwd_impl(
-        x,
-        weight,
-        bias,
-        conv_states,
-        query_start_loc,
-        cache_indices,
-        has_initial_state,
-        silu,
-        pad_slot_id,
-        tile_seq,
-        block_t,
-    )
+# The ops are the implementations themselves (their annotations give the schemas); the
+# eager path calls the same functions directly.
+_causal_conv1d_fwd_op = torch.library.custom_op(
+    "vllm::causal_conv1d_fwd", _fwd_impl, mutates_args=("conv_states",)
+)
 
 
 @_causal_conv1d_fwd_op.register_fake
@@ -1192,31 +1162,9 @@ def _(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_
     return x.new_empty(x.shape[1], x.shape[0]).t()
 
 
-@torch.library.custom_op("vllm::causal_conv1d_update", mutates_args=("conv_state",))
-def _causal_conv1d_update_op(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    silu: bool,
-    conv_state_indices: torch.Tensor | None,
-    num_accepted_tokens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-    max_query_len: int,
-    pad_slot_id: int,
-) -> torch.Tensor:
-    return _update_impl(
-        x,
-        conv_state,
-        weight,
-        bias,
-        silu,
-        conv_state_indices,
-        num_accepted_tokens,
-        query_start_loc,
-        max_query_len,
-        pad_slot_id,
-    )
+_causal_conv1d_update_op = torch.library.custom_op(
+    "vllm::causal_conv1d_update", _update_impl, mutates_args=("conv_state",)
+)
 
 
 @_causal_conv1d_update_op.register_fake

@@ -205,8 +205,23 @@ def _check_kernel_args(state, x, dt, A, B, C, D, dt_bias, state_batch_indices, o
         )
 
 
-def _launch(state, x, dt, A, B, C, D, dt_bias, dt_softplus, dt_lo, dt_hi, indices, pad_slot_id,
-            out) -> None:  # fmt: skip
+def _launch(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    dt_lo: float,
+    dt_hi: float,
+    state_batch_indices: torch.Tensor | None,
+    pad_slot_id: int,
+    out: torch.Tensor,
+) -> None:
+    indices = state_batch_indices
     batch, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
     if x.numel() == 0:
@@ -289,25 +304,10 @@ def selective_state_update_triton(
 # --------------------------------------------------------------------------
 
 
-@torch.library.custom_op("vllm::selective_state_update", mutates_args=("state", "out"))
-def _selective_state_update_op(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    dt_softplus: bool,
-    dt_lo: float,
-    dt_hi: float,
-    state_batch_indices: torch.Tensor | None,
-    pad_slot_id: int,
-    out: torch.Tensor,
-) -> None:
-    _launch(state, x, dt, A, B, C, D, dt_bias, dt_softplus, dt_lo, dt_hi, state_batch_indices,
-            pad_slot_id, out)  # fmt: skip
+# The op is the launcher itself (its annotations give the schema).
+_selective_state_update_op = torch.library.custom_op(
+    "vllm::selective_state_update", _launch, mutates_args=("state", "out")
+)
 
 
 @_selective_state_update_op.register_fake
