@@ -28,9 +28,8 @@ def _interpreter_blocker() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(
-    _interpreter_blocker() is not None, reason=str(_interpreter_blocker())
-)
+_BLOCKER = _interpreter_blocker()
+pytestmark = pytest.mark.skipif(_BLOCKER is not None, reason=_BLOCKER or "")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from vllm import envs
+from vllm.triton_utils import HAS_TRITON
+
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 
 
@@ -45,10 +48,13 @@ class CachedLauncher:
         self.cache: dict = {}
         self.direct = hasattr(kernel, "device_caches")  # a JITFunction, not the interpreter
 
-    @property
-    def interpreted(self) -> bool:
-        """The kernel was built for the Triton interpreter (TRITON_INTERPRET=1 at import)."""
-        return not self.direct
+    def runs_cpu_tensors(self) -> bool:
+        """CPU tensors may go to the kernel: Triton is installed, its interpreter is on
+        (TRITON_INTERPRET=1) and the kernel was built for it, i.e. the variable was set
+        before the kernel's module was imported. Set later, as by a CPU run inside a
+        process that imported the kernels for the GPU, the kernel is a compiled one,
+        which cannot read CPU tensors."""
+        return HAS_TRITON and envs.TRITON_INTERPRET and not self.direct
 
     def __call__(self, grid: tuple[int, ...], args: tuple, constexprs: dict) -> None:
         if not self.direct:

@@ -52,7 +52,6 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm import envs
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
     PAD_SLOT_ID,
     _is_silu,
@@ -659,17 +658,13 @@ def _check_qsl_data(name, qsl, num_tokens):
 
 
 def _use_kernel(x: torch.Tensor) -> bool:
-    """CUDA tensors run the kernels; CPU tensors run them only under the interpreter.
-
-    That is, TRITON_INTERPRET=1 now and when the kernels were built (at import): set
-    later, as by a CPU run inside a process that imported the kernels for the GPU, the
-    kernels are compiled ones, which cannot take CPU tensors, and the reference runs.
-    """
+    """CUDA tensors run the kernels; CPU tensors run them only under the interpreter
+    (``CachedLauncher.runs_cpu_tensors``), else the reference."""
     if x.is_cuda:
         if not HAS_TRITON:
             raise RuntimeError("causal-conv1d on CUDA tensors needs Triton, which is not installed")
         return True
-    return HAS_TRITON and envs.TRITON_INTERPRET and _LAUNCH_FWD.interpreted
+    return _LAUNCH_FWD.runs_cpu_tensors()
 
 
 # --------------------------------------------------------------------------

@@ -38,7 +38,6 @@ import math
 
 import torch
 
-from vllm import envs
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.tensor_checks import FLOAT_DTYPES, check_state_update_shapes, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
@@ -166,11 +165,9 @@ _LAUNCH = CachedLauncher(_selective_state_update_kernel)
 
 
 def use_ssm_kernel(x: torch.Tensor) -> bool:
-    """CUDA tensors run the kernel; CPU tensors run it only under the interpreter: with
-    TRITON_INTERPRET=1 now and when the kernel was built (at import)."""
-    return x.is_cuda or (
-        HAS_TRITON and x.device.type == "cpu" and envs.TRITON_INTERPRET and _LAUNCH.interpreted
-    )
+    """CUDA tensors run the kernel; CPU tensors run it only under the interpreter
+    (``CachedLauncher.runs_cpu_tensors``)."""
+    return x.is_cuda or (x.device.type == "cpu" and _LAUNCH.runs_cpu_tensors())
 
 
 def _update_config(batch: int, nheads: int, headdim: int, dstate: int) -> dict:
