@@ -102,23 +102,8 @@ _LIBRARY = _Library(_find_library())
 _fakes_registered = False
 
 
-def _fwd_fake(
-    x,
-    weight,
-    bias,
-    conv_states,
-    query_start_loc,
-    cache_indices,
-    has_initial_state,
-    silu,
-    pad_slot_id,
-    row_bytes,
-    out,
-) -> None:
-    return None
-
-
-def _update_fake(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id, out) -> None:
+def _writes_only_fake(*args) -> None:
+    """The fake of both ops: they write into tensors they are given and return nothing."""
     return None
 
 
@@ -128,8 +113,8 @@ def _register_fakes() -> None:
     global _fakes_registered
     if _fakes_registered:
         return
-    torch.library.register_fake(f"{_LIBRARY_STEM}::causal_conv1d_fwd")(_fwd_fake)
-    torch.library.register_fake(f"{_LIBRARY_STEM}::causal_conv1d_update")(_update_fake)
+    for op in ("causal_conv1d_fwd", "causal_conv1d_update"):
+        torch.library.register_fake(f"{_LIBRARY_STEM}::{op}")(_writes_only_fake)
     _fakes_registered = True
 
 
