@@ -50,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
-from run_info import git_sha  # noqa: E402
+from run_info import cuda_skip_reason, git_sha  # noqa: E402
 from step_profile import MARKDOWN_HEADER, markdown_rows  # noqa: E402
 
 THROUGHPUT = Path(__file__).resolve().parent / "benchmark_throughput.py"
@@ -88,19 +88,6 @@ def parse_args(argv):
     if not args.output_lens or min(args.output_lens) < 1:
         p.error("--output-lens needs positive lengths")
     return args
-
-
-def cuda_skip_reason(on_cuda: bool) -> str | None:
-    if not on_cuda:
-        return "the CUDA conv ops run on CUDA tensors only (this run is on the CPU)"
-    from vllm import _custom_ops
-
-    if not _custom_ops.cuda_ops_available():
-        return (
-            "the CUDA conv ops are not built (vllm._custom_ops.cuda_ops_available() is False; "
-            "build with VLLM_BUILD_CUDA_OPS=1 pip install --no-deps --no-build-isolation -e .)"
-        )
-    return None
 
 
 def child_argv(args, output_len: int, out: Path, profile: bool) -> list[str]:

@@ -54,7 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
-from run_info import git_sha  # noqa: E402
+from run_info import cuda_skip_reason, git_sha  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
 STEP_PREFIX = "step:"
@@ -219,19 +219,6 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
     if args.profile:
         out["profile"] = profile_steps(steps, args.profile_steps, on_cuda, ("decode_graph",))
     return out  # the pool and the graphs die here, before the next backend's are made
-
-
-def cuda_skip_reason(on_cuda: bool) -> str | None:
-    if not on_cuda:
-        return "the CUDA conv ops run on CUDA tensors only (this run is on the CPU)"
-    from vllm import _custom_ops
-
-    if not _custom_ops.cuda_ops_available():
-        return (
-            "the CUDA conv ops are not built (vllm._custom_ops.cuda_ops_available() is False; "
-            "build with VLLM_BUILD_CUDA_OPS=1 pip install --no-deps --no-build-isolation -e .)"
-        )
-    return None
 
 
 def markdown(results: dict) -> str:

@@ -1,4 +1,5 @@
-"""The code version a benchmark ran: shared by the end-to-end and step benchmarks.
+"""What the end-to-end and step benchmarks share: the code version a run names, and why a
+run cannot use the CUDA conv backend.
 
 ``VLLM_RUN_SHA``, when set, is taken as it is: a machine that gets a copy of the working
 tree may carry a stale ``.git`` (the GPU box's did), so whoever launches the run there
@@ -28,3 +29,17 @@ def git_sha() -> str:
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def cuda_skip_reason(on_cuda: bool) -> str | None:
+    """Why a run cannot use the CUDA conv backend, or None when it can."""
+    if not on_cuda:
+        return "the CUDA conv ops run on CUDA tensors only (this run is on the CPU)"
+    from vllm import _custom_ops
+
+    if not _custom_ops.cuda_ops_available():
+        return (
+            "the CUDA conv ops are not built (vllm._custom_ops.cuda_ops_available() is False; "
+            "build with VLLM_BUILD_CUDA_OPS=1 pip install --no-deps --no-build-isolation -e .)"
+        )
+    return None
