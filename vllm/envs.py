@@ -16,6 +16,10 @@ VLLM_BUILD_CUDA_OPS (optional bool, default unset)
     otherwise install pure Python. "1": build them, and fail with the reason when that
     is impossible. "0": never build them.
 
+VLLM_LOGGING_LEVEL (str, default "INFO")
+    Level of the "vllm" logger, which prints start-up lines (the engine's start-up time
+    and its parts) to stderr: DEBUG, INFO, WARNING, ERROR or CRITICAL.
+
 TRITON_INTERPRET (bool, default False)
     Triton's own variable: run ``@triton.jit`` kernels in Triton's Python interpreter,
     on CPU tensors. Read here, with Triton's own reading of the value ("1", "true",
@@ -54,6 +58,19 @@ def _optional_flag(name: str) -> bool | None:
     return _flag(name, default=False)
 
 
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _level(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip().upper() or default
+    if value not in _LEVELS:
+        raise ValueError(
+            f"environment variable {name}={os.environ[name]!r}: expected one of "
+            f"{', '.join(_LEVELS)}"
+        )
+    return value
+
+
 def _triton_flag(name: str) -> bool:
     # Mirrors Triton's own parsing exactly, so that we never disagree with Triton about
     # whether the interpreter is on.
@@ -63,6 +80,7 @@ def _triton_flag(name: str) -> bool:
 environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_USE_TRITON_CONV1D": lambda: _flag("VLLM_USE_TRITON_CONV1D", default=True),
     "VLLM_BUILD_CUDA_OPS": lambda: _optional_flag("VLLM_BUILD_CUDA_OPS"),
+    "VLLM_LOGGING_LEVEL": lambda: _level("VLLM_LOGGING_LEVEL", "INFO"),
     "TRITON_INTERPRET": lambda: _triton_flag("TRITON_INTERPRET"),
 }
 

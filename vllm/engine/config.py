@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch
+
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+_SSM_CACHE_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 @dataclass
@@ -17,6 +25,9 @@ class EngineConfig:
     ``max_num_batched_tokens`` is the token budget of one step (decodes + prefill chunks); it
     must cover a decode token of every running sequence. ``enforce_eager`` turns the CUDA
     graphs of decode-only steps off (they are never used off CUDA).
+    ``mamba_ssm_cache_dtype`` (vLLM's name) is the dtype of the SSM state pool: "float32"
+    (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32
+    whatever it is, and read and write the pool in it.
     """
 
     model: str | os.PathLike | Mamba2ModelConfig
@@ -28,8 +39,16 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enforce_eager: bool = False
+    mamba_ssm_cache_dtype: str = "float32"
 
     def __post_init__(self):
+        if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):
+            self.mamba_ssm_cache_dtype = str(self.mamba_ssm_cache_dtype).removeprefix("torch.")
+        if self.mamba_ssm_cache_dtype not in _SSM_CACHE_DTYPES:
+            raise ValueError(
+                f"mamba_ssm_cache_dtype must be one of {', '.join(_SSM_CACHE_DTYPES)}, got "
+                f"{self.mamba_ssm_cache_dtype!r}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -38,8 +57,10 @@ class EngineConfig:
                 f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step"
             )
         if self.device == "auto":
-            import torch
-
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.tokenizer is None and not isinstance(self.model, Mamba2ModelConfig):
             self.tokenizer = self.model
+
+    @property
+    def ssm_state_dtype(self) -> torch.dtype:
+        return _SSM_CACHE_DTYPES[self.mamba_ssm_cache_dtype]

@@ -9,19 +9,24 @@ which frees its slot before the next step.
 from __future__ import annotations
 
 import itertools
+import time
 
 from vllm.engine.config import EngineConfig
 from vllm.engine.sampler import Sampler
 from vllm.engine.scheduler import Scheduler
 from vllm.engine.sequence import Sequence
 from vllm.engine.tokenizer import IncrementalDetokenizer, get_tokenizer
+from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.worker.model_runner import ModelRunner
 
+logger = init_logger(__name__)
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
+        t0 = time.perf_counter()
         self.config = config
         self.runner = ModelRunner(config)
         self.tokenizer = get_tokenizer(config.tokenizer, self.runner.model.config.vocab_size)
@@ -30,6 +35,8 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._counter = itertools.count()
         self.num_steps = 0
+        self.startup = {**self.runner.startup, "total_s": time.perf_counter() - t0}
+        logger.info(startup_line(self.startup))
 
     def add_request(
         self,
@@ -114,3 +121,14 @@ class LLMEngine:
             outputs=[completion],
             finished=seq.is_finished,
         )
+
+
+def startup_line(s: dict) -> str:
+    """The start-up log line: the total and its parts."""
+    return (
+        f"engine start-up {s['total_s']:.1f} s: weights {s['weights_s']:.1f} s, state pool "
+        f"{s['state_pool_s']:.1f} s ({s['state_pool_gib']:.2f} GiB), kernel compile "
+        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants) in a warm-up of "
+        f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
+        f"({s['num_graphs']} graphs)"
+    )

@@ -1,17 +1,36 @@
-"""Launch a Triton kernel with less host work than ``kernel[grid](...)``.
+"""Launch Triton kernels with little host work, and compile every variant ahead of time.
 
 ``JITFunction.run`` binds arguments, reads Triton's knobs, checks globals and builds
 launch metadata on every call: tens of microseconds on the host, more than a decode
 step's GPU time. ``CachedLauncher`` keeps each compiled kernel under a key that holds
 everything Triton specialises a compiled kernel on (argument dtypes, 16-byte alignment
 of pointers, ints equal to 1 or divisible by 16 and their width, the constexprs and
-launch options), so a hit is exactly the kernel Triton would pick, launched directly.
-A miss goes through ``kernel[grid](...)``, which compiles (or finds) and launches it.
+launch options; arguments the kernel marks ``do_not_specialize`` or
+``do_not_specialize_on_alignment`` contribute only what Triton still keys on), so a hit is
+exactly the kernel Triton would pick, launched directly. A miss goes through
+``kernel[grid](...)``, which compiles (or finds) and launches it, and is counted.
 
-Under ``TRITON_INTERPRET=1`` every call takes the ordinary path.
+Ahead-of-time compilation (the engine's start-up): inside ``precompile()`` a launch does
+not run. The launcher instead records the variants its launch site could select for
+these arguments: the caller's ``variants`` callable, which returns every constexpr set of
+the launch site's configuration table (the same table its rule picks from), or just the
+constexprs given. When the block ends, every variant not compiled yet is compiled, in
+parallel threads (Triton releases the GIL while compiling), and entered in the launcher's
+cache. A dummy step run through the model inside the block therefore compiles every
+kernel variant that any step can pick, without touching device data.
+
+Under ``TRITON_INTERPRET=1`` every call takes the ordinary path, but the launcher still
+keys each call, so misses are counted (and ``precompile`` registers variants) the same way.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,19 +39,25 @@ from vllm.triton_utils import HAS_TRITON
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 
+# Every launcher made, for statistics and the warm-up's bookkeeping.
+_LAUNCHERS: list[CachedLauncher] = []
 
-def _spec(arg) -> object:
-    if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() % 16 == 0)
-    if arg is None:
-        return None
-    if isinstance(arg, bool):
-        return ("b", arg)
-    if isinstance(arg, int):
-        return ("i", arg == 1, arg % 16 == 0, _I32_MIN <= arg <= _I32_MAX)
-    if isinstance(arg, float):
-        return ("f",)
-    raise TypeError(f"unsupported kernel argument type {type(arg).__name__}")
+
+def _flag_set(kernel, attr: str, names: list[str]) -> frozenset[int]:
+    given = getattr(kernel, attr, None)
+    if given is None:  # the interpreter keeps the decorator's arguments in ``kwargs``
+        given = getattr(kernel, "kwargs", {}).get(attr)
+    given = given or ()
+    return frozenset(i for i, n in enumerate(names) if i in given or n in given)
+
+
+def _arg_names(kernel) -> list[str]:
+    names = getattr(kernel, "arg_names", None)
+    if names is None:
+        import inspect
+
+        names = list(inspect.signature(kernel.fn).parameters)
+    return list(names)
 
 
 class CachedLauncher:
@@ -40,13 +65,22 @@ class CachedLauncher:
 
     ``args`` are the kernel's runtime parameters, in order, ahead of its constexpr
     parameters; ``constexprs`` holds the constexpr parameters and launch options
-    (``num_warps``, ``num_stages``).
+    (``num_warps``, ``num_stages``, ``maxnreg``). ``variants``, when given, returns every
+    constexpr dict the launch site's rule could choose for arguments like these (the
+    given one included); it is called only inside ``precompile()``.
     """
 
     def __init__(self, kernel):
         self.kernel = kernel
+        self.name = getattr(getattr(kernel, "fn", kernel), "__name__", repr(kernel))
         self.cache: dict = {}
+        self.seen: set = set()  # keys launched or precompiled (the interpreter has no cache)
+        self.misses = 0  # launches of a variant that was not compiled (or registered) yet
         self.direct = hasattr(kernel, "device_caches")  # a JITFunction, not the interpreter
+        names = _arg_names(kernel)
+        self._plain = _flag_set(kernel, "do_not_specialize", names)
+        self._unaligned = _flag_set(kernel, "do_not_specialize_on_alignment", names)
+        _LAUNCHERS.append(self)
 
     def runs_cpu_tensors(self) -> bool:
         """CPU tensors may go to the kernel: Triton is installed, its interpreter is on
@@ -56,26 +90,57 @@ class CachedLauncher:
         which cannot read CPU tensors."""
         return HAS_TRITON and envs.TRITON_INTERPRET and not self.direct
 
-    def __call__(self, grid: tuple[int, ...], args: tuple, constexprs: dict) -> None:
+    def _spec(self, i: int, arg) -> object:
+        if isinstance(arg, torch.Tensor):
+            aligned = i not in self._plain and i not in self._unaligned
+            return (arg.dtype, aligned and arg.data_ptr() % 16 == 0)
+        if arg is None:
+            return None
+        if isinstance(arg, bool):
+            return ("b", arg)
+        if isinstance(arg, int):
+            wide = not _I32_MIN <= arg <= _I32_MAX
+            if i in self._plain:
+                return ("i", wide)
+            return ("i", arg == 1, arg % 16 == 0, wide)
+        if isinstance(arg, float):
+            return ("f",)
+        raise TypeError(f"unsupported kernel argument type {type(arg).__name__}")
+
+    def key(self, args: tuple, constexprs: dict) -> tuple:
+        """What the compiled kernel for these arguments depends on."""
+        device = torch.cuda.current_device() if self.direct else None
+        specs = tuple(self._spec(i, a) for i, a in enumerate(args))
+        return (device, specs, tuple(constexprs.items()))
+
+    def __call__(
+        self,
+        grid: tuple[int, ...],
+        args: tuple,
+        constexprs: dict,
+        variants: Callable[[], list[dict]] | None = None,
+    ) -> None:
+        if _SESSION is not None:
+            _SESSION.add(self, grid, args, variants() if variants else [constexprs])
+            return
         if not self.direct:
+            key = self.key(args, constexprs)
+            if key not in self.seen:
+                self.seen.add(key)
+                self.misses += 1
             self.kernel[grid](*args, **constexprs)
             return
-        device = torch.cuda.current_device()
-        key = (device, tuple(map(_spec, args)), tuple(constexprs.items()))
+        key = self.key(args, constexprs)
         entry = self.cache.get(key)
         if entry is None:
+            self.misses += 1
             compiled = self.kernel[grid](*args, **constexprs)
-            if hasattr(compiled, "result"):  # an asynchronous compile
-                compiled = compiled.result()
-            names = self.kernel.arg_names[len(args) :]
-            tail = tuple(constexprs[n] for n in names)
-            compiled._init_handles()
-            self.cache[key] = (compiled, tail)
+            self._enter(key, args, constexprs, compiled)
             return
         compiled, tail = entry
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = torch.cuda.current_stream(key[0]).cuda_stream
         compiled.run(
             grid[0],
             g1,
@@ -89,3 +154,87 @@ class CachedLauncher:
             *args,
             *tail,
         )
+
+    def _enter(self, key, args, constexprs, compiled) -> None:
+        if hasattr(compiled, "result"):  # an asynchronous compile
+            compiled = compiled.result()
+        names = self.kernel.arg_names[len(args) :]
+        tail = tuple(constexprs[n] for n in names)
+        compiled._init_handles()
+        self.cache[key] = (compiled, tail)
+        self.seen.add(key)
+
+
+@dataclass
+class PrecompileReport:
+    """What one ``precompile()`` block compiled: variants per kernel and the time taken."""
+
+    variants: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def num_variants(self) -> int:
+        return sum(self.variants.values())
+
+
+class _Session:
+    def __init__(self):
+        self.pending: dict = {}  # (launcher id, key) -> (launcher, key, grid, args, constexprs)
+
+    def add(self, launcher: CachedLauncher, grid, args, variants: list[dict]) -> None:
+        for constexprs in variants:
+            key = launcher.key(args, constexprs)
+            if key in launcher.seen or (id(launcher), key) in self.pending:
+                continue
+            self.pending[id(launcher), key] = (launcher, key, grid, args, constexprs)
+
+    def compile_all(self, report: PrecompileReport, max_workers: int | None) -> None:
+        jobs = list(self.pending.values())
+        for launcher, *_ in jobs:
+            report.variants[launcher.name] = report.variants.get(launcher.name, 0) + 1
+        compiled = [j for j in jobs if j[0].direct]
+        for launcher, key, *_ in jobs:
+            if not launcher.direct:
+                launcher.seen.add(key)  # the interpreter runs the source: nothing to build
+        if not compiled:
+            return
+        from triton.runtime._async_compile import AsyncCompileMode
+
+        workers = max_workers or min(len(compiled), os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool):
+            futures = [
+                launcher.kernel.warmup(*args, grid=grid, **constexprs)
+                for launcher, key, grid, args, constexprs in compiled
+            ]
+        for (launcher, key, _, args, constexprs), fut in zip(compiled, futures, strict=True):
+            launcher._enter(key, args, constexprs, fut)
+
+
+_SESSION: _Session | None = None
+
+
+@contextlib.contextmanager
+def precompile(max_workers: int | None = None) -> Iterator[PrecompileReport]:
+    """Inside the block launches do not run; each records its launch site's variants.
+    On exit every variant not compiled yet is compiled (in parallel) and cached; the
+    yielded report then says how many per kernel and how long it took."""
+    global _SESSION
+    if _SESSION is not None:
+        raise RuntimeError("precompile() blocks do not nest")
+    report = PrecompileReport()
+    session = _SESSION = _Session()
+    try:
+        yield report
+    finally:
+        _SESSION = None
+    t0 = time.perf_counter()
+    session.compile_all(report, max_workers)
+    report.seconds = time.perf_counter() - t0
+
+
+def launch_misses() -> dict[str, int]:
+    """Launches so far, per kernel, of a variant that had not been compiled before."""
+    out: dict[str, int] = {}
+    for launcher in _LAUNCHERS:
+        out[launcher.name] = out.get(launcher.name, 0) + launcher.misses
+    return out

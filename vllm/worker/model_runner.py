@@ -4,9 +4,16 @@ Once per step it fills host buffers (pinned on CUDA) with the input ids, the row
 logits are needed, and the metadata's host data, copies them to the device without a
 sync, builds the Mamba2 metadata once, and runs the model. Decode-only steps on CUDA replay
 a captured graph instead (``cuda_graph.py``) unless ``enforce_eager``.
+
+Start-up (``__init__``) does all the one-time work before the first request: weights,
+the state pool, every Triton kernel variant a step within the limits can select
+(``warmup.py``), and the decode CUDA graphs of every batch-size bucket; ``startup`` records
+the seconds each part took.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -14,12 +21,14 @@ from vllm.engine.config import EngineConfig
 from vllm.engine.scheduler import ScheduledBatch
 from vllm.model_executor.model_loader import get_model
 from vllm.worker.cuda_graph import DecodeGraphs
+from vllm.worker.warmup import compile_kernels
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = torch.device(config.device)
+        t0 = time.perf_counter()
         self.model = get_model(
             config.model,
             load_format=config.load_format,
@@ -27,17 +36,45 @@ class ModelRunner:
             device=self.device,
             seed=config.seed,
         )
+        self._sync()
+        t1 = time.perf_counter()
         self.builder = self.model.metadata_builder(self.device)
-        self.pool = self.model.allocate_state_pool(config.max_num_seqs)
+        self.pool = self.model.allocate_state_pool(
+            config.max_num_seqs, ssm_dtype=config.ssm_state_dtype
+        )
         pin = self.device.type == "cuda"
         n_tok, n_seq = config.max_num_batched_tokens, config.max_num_seqs
         # One int64 host buffer: input ids, then the rows to sample; one copy per step.
         self._host = torch.zeros(n_tok + n_seq, dtype=torch.int64, pin_memory=pin)
         self._dev = torch.zeros(n_tok + n_seq, dtype=torch.int64, device=self.device)
         self._copied: torch.cuda.Event | None = None
+        self._sync()
+        t2 = time.perf_counter()
+        kernels = compile_kernels(
+            self.model, self.builder, self.pool, n_seq, config.max_num_batched_tokens
+        )
+        t3 = time.perf_counter()
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs(self.model, self.pool, config.max_num_seqs)
+            self.graphs.capture()
+            self._sync()
+        t4 = time.perf_counter()
+        self.startup = {
+            "weights_s": t1 - t0,
+            "state_pool_s": t2 - t1,
+            "compile_s": kernels.seconds,
+            "warmup_s": t3 - t2,
+            "graph_capture_s": t4 - t3,
+            "num_kernels": kernels.num_variants,
+            "kernel_variants": kernels.variants,
+            "num_graphs": 0 if self.graphs is None else len(self.graphs.buckets),
+            "state_pool_gib": self.pool.nbytes() / 2**30,
+        }
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:

@@ -36,7 +36,10 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     plan_chunked_scan,
 )
 
-_ALIGN = 8  # bytes: every field of the staging buffer starts int64-aligned
+# Bytes: every field of the staging buffer starts 16-byte aligned, as a fresh allocation
+# would, so a kernel taking it is specialised the same way (Triton keys its compiled
+# variants on 16-byte pointer alignment) whatever the sizes of the fields before it.
+_ALIGN = 16
 
 
 @dataclass

@@ -48,6 +48,7 @@ the interpreter. Without Triton the module still imports; CUDA calls then
 raise a RuntimeError.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -683,39 +684,57 @@ def _fwd_block_t(num_tokens: int) -> int:
 _SMALL_STEP_TOKENS = 32768
 
 
+@functools.cache
+def _fwd_configs(elem_size: int) -> dict[str, dict]:
+    """The forward's launch configurations, by name: ``_fwd_config`` picks one, and the
+    engine's start-up compiles them all (``_fwd_variants``). Shared: never mutate."""
+    return {
+        # Small steps of prefills (see _fwd_config): 16 rows in flight per program,
+        # capped at 80 registers so that 25 warps fit on an SM instead of 10 (at 187
+        # registers uncapped; the cap makes the compiler spill, a 440-byte stack frame
+        # at sm_90, and still wins).
+        "small_step": dict(
+            BLOCK_G=16, BLOCK_D=8 // elem_size * 32 * 2, HEAD_S=1, num_warps=2, maxnreg=80
+        ),
+        # One 8-byte vector per thread per token row (beat 16 bytes on an H200: fewer
+        # registers, more warps in flight); a program keeps BLOCK_G + W-1 rows in
+        # registers.
+        "tiles": dict(BLOCK_G=8, BLOCK_D=8 // elem_size * 32, HEAD_S=1, num_warps=1),
+        # Head programs take 4 sequences each (a step of mostly decodes).
+        "many_heads": dict(BLOCK_G=8, BLOCK_D=8 // elem_size * 32, HEAD_S=4, num_warps=1),
+    }
+
+
 def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int, batch: int) -> dict:
-    # One 8-byte vector per thread per token row (beat 16 bytes on an H200:
-    # fewer registers, more warps in flight); a program keeps BLOCK_G + W-1
-    # rows in registers. Head programs take 4 sequences when there are more
-    # sequences than tiles (a step of mostly decodes): fewer, fuller programs
-    # (2048 + 255 decodes: 41.9 us vs 50.7 us on an H200). Otherwise one each:
-    # that variant needs fewer registers (111 vs 168 at sm_90), which the tiles
-    # of long prefills run faster with (16 x 512 tokens: 89 us vs 124 us), and
-    # the heads of longer sequences are not walked one after another.
+    # Head programs take 4 sequences when there are more sequences than tiles (a step
+    # of mostly decodes): fewer, fuller programs (2048 + 255 decodes: 41.9 us vs 50.7 us
+    # on an H200). Otherwise one each: that variant needs fewer registers (111 vs 168 at
+    # sm_90), which the tiles of long prefills run faster with (16 x 512 tokens: 89 us vs
+    # 124 us), and the heads of longer sequences are not walked one after another.
+    # Small steps of prefills (sequences of 4 tiles on average, so no crowd of one-token
+    # heads) take the small-step configuration. H200, dim 8448, tune --small-steps: 16 x
+    # 512 tokens 85.2 us vs 88.0, 16 x 2048 300.9 vs 308.5 (64-token tiles), 16 x 128
+    # 29.6 vs 30.9. Taken by 63 decodes next to a 2048-token prefill, it lost: 38.9 us vs
+    # 33.0.
     n_tiles = -(-num_tokens // _fwd_block_t(num_tokens))
-    head_s = 4 if batch >= max(32, n_tiles) else 1
+    configs = _fwd_configs(elem_size)
     if num_tokens <= _SMALL_STEP_TOKENS and 4 * batch <= n_tiles:
-        # Small steps of prefills (sequences of 4 tiles on average, so no crowd of
-        # one-token heads): 16 rows in flight per program, capped at 80 registers so
-        # that 25 warps fit on an SM instead of 10 (at 187 registers uncapped; the cap
-        # makes the compiler spill, a 440-byte stack frame at sm_90, and still wins).
-        # H200, dim 8448, tune --small-steps: 16 x 512 tokens 85.2 us vs 88.0, 16 x
-        # 2048 300.9 vs 308.5 (64-token tiles), 16 x 128 29.6 vs 30.9. Taken by 63
-        # decodes next to a 2048-token prefill, it lost: 38.9 us vs 33.0.
-        return dict(
-            BLOCK_G=16,
-            BLOCK_D=8 // elem_size * 32 * 2,
-            HEAD_S=1,
-            num_warps=2,
-            maxnreg=80,
-        )
-    num_warps = 1
-    return dict(
-        BLOCK_G=8,
-        BLOCK_D=8 // elem_size * 32 * num_warps,
-        HEAD_S=head_s,
-        num_warps=num_warps,
-    )
+        return configs["small_step"]
+    return configs["many_heads" if batch >= max(32, n_tiles) else "tiles"]
+
+
+def _fwd_variants(base: dict, elem_size: int) -> list[dict]:
+    """Every constexpr set a forward launch like ``base`` can take: each configuration
+    with each tile length ``_fwd_block_t`` gives (the small-step one only with the tile
+    length of small steps)."""
+    block_ts = sorted({_fwd_block_t(1), _fwd_block_t(_SMALL_STEP_TOKENS + 1)})
+    out = []
+    for name, cfg in _fwd_configs(elem_size).items():
+        for block_t in block_ts:
+            if name == "small_step" and block_t != _fwd_block_t(_SMALL_STEP_TOKENS):
+                continue
+            out.append({**base, "BLOCK_T": block_t, **cfg})
+    return out
 
 
 def _fwd_impl(
@@ -787,7 +806,9 @@ def _fwd_impl(
         BLOCK_T=block_t,
         **cfg,
     )
-    _LAUNCH_FWD(grid, args, constexprs)
+    _LAUNCH_FWD(
+        grid, args, constexprs, variants=lambda: _fwd_variants(constexprs, x.element_size())
+    )
     return out
 
 
@@ -892,12 +913,20 @@ def _update_config(batch: int, dim: int, block_l: int, width: int) -> dict:
     return dict(BLOCK_L=block_l, BLOCK_C=block_c, BLOCK_D=block_d, num_warps=num_warps)
 
 
+@functools.cache
+def _decode_configs(elem_size: int) -> dict[str, dict]:
+    """The decode kernel's launch configurations, by name (``_decode_config`` picks one;
+    the engine's start-up compiles them all). Shared: never mutate."""
+    return {
+        "lone": dict(BLOCK_D=64, num_warps=1),
+        "batch": dict(BLOCK_D=4 // elem_size * 128, num_warps=4),
+    }
+
+
 def _decode_config(batch: int, dim: int, elem_size: int) -> dict:
     # 4 bytes per thread and 4 warps: the fastest on an H200 from 8 to 512
     # sequences (tune_causal_conv1d.py); a lone sequence is spread thinner.
-    if batch <= 2:
-        return dict(BLOCK_D=64, num_warps=1)
-    return dict(BLOCK_D=4 // elem_size * 128, num_warps=4)
+    return _decode_configs(elem_size)["lone" if batch <= 2 else "batch"]
 
 
 def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
@@ -929,7 +958,8 @@ def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
         HAS_INDICES=conv_state_indices is not None,
         **cfg,
     )
-    _LAUNCH_DECODE(grid, args, constexprs)
+    variants = _decode_configs(x.element_size()).values()
+    _LAUNCH_DECODE(grid, args, constexprs, variants=lambda: [{**constexprs, **c} for c in variants])
     return out
 
 
