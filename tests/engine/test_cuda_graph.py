@@ -39,10 +39,15 @@ def test_buckets_covering():
 
 @pytest.mark.gpu
 def test_capture_ahead_of_time():
+    """Start-up captures the graph of every bucket; capturing again captures nothing new."""
     llm = LLM(CONFIG, load_format="dummy", dtype="float32", device="cuda", max_num_seqs=20)
     graphs = llm.engine.runner.graphs
-    assert graphs.capture(5) == [1, 2, 4, 8] and sorted(graphs._graphs) == [1, 2, 4, 8]
-    assert graphs.capture() == graphs.buckets and sorted(graphs._graphs) == graphs.buckets
+    assert sorted(graphs._graphs) == graphs.buckets == [1, 2, 4, 8, 16, 20]
+    assert llm.engine.startup["num_graphs"] == 6
+    captured = dict(graphs._graphs)
+    assert graphs.capture(5) == [1, 2, 4, 8]
+    assert graphs.capture() == graphs.buckets
+    assert all(graphs._graphs[b] is captured[b] for b in graphs.buckets)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     outs = llm.generate([[1, 2, 3], [4, 5]], params)
     assert [len(o.outputs[0].token_ids) for o in outs] == [3, 3]

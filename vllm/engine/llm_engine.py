@@ -128,7 +128,8 @@ def startup_line(s: dict) -> str:
     return (
         f"engine start-up {s['total_s']:.1f} s: weights {s['weights_s']:.1f} s, state pool "
         f"{s['state_pool_s']:.1f} s ({s['state_pool_gib']:.2f} GiB), kernel compile "
-        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants) in a warm-up of "
+        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants, {s['num_kernels_compiled']} new) "
+        f"in a warm-up of "
         f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
         f"({s['num_graphs']} graphs)"
     )

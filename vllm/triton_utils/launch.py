@@ -167,9 +167,12 @@ class CachedLauncher:
 
 @dataclass
 class PrecompileReport:
-    """What one ``precompile()`` block compiled: variants per kernel and the time taken."""
+    """What one ``precompile()`` block asked for: the variants per kernel its launch sites
+    can select, how many of them were new (compiled now, the others were already in the
+    launchers' caches), and the seconds the compiling took."""
 
     variants: dict[str, int] = field(default_factory=dict)
+    num_new: int = 0
     seconds: float = 0.0
 
     @property
@@ -179,19 +182,22 @@ class PrecompileReport:
 
 class _Session:
     def __init__(self):
+        self.asked: set = set()  # (launcher id, key) of every variant asked for
         self.pending: dict = {}  # (launcher id, key) -> (launcher, key, grid, args, constexprs)
 
     def add(self, launcher: CachedLauncher, grid, args, variants: list[dict]) -> None:
         for constexprs in variants:
             key = launcher.key(args, constexprs)
+            self.asked.add((id(launcher), launcher.name, key))
             if key in launcher.seen or (id(launcher), key) in self.pending:
                 continue
             self.pending[id(launcher), key] = (launcher, key, grid, args, constexprs)
 
     def compile_all(self, report: PrecompileReport, max_workers: int | None) -> None:
+        for _, name, _ in self.asked:
+            report.variants[name] = report.variants.get(name, 0) + 1
         jobs = list(self.pending.values())
-        for launcher, *_ in jobs:
-            report.variants[launcher.name] = report.variants.get(launcher.name, 0) + 1
+        report.num_new = len(jobs)
         compiled = [j for j in jobs if j[0].direct]
         for launcher, key, *_ in jobs:
             if not launcher.direct:

@@ -67,6 +67,7 @@ class ModelRunner:
             "warmup_s": t3 - t2,
             "graph_capture_s": t4 - t3,
             "num_kernels": kernels.num_variants,
+            "num_kernels_compiled": kernels.num_new,
             "kernel_variants": kernels.variants,
             "num_graphs": 0 if self.graphs is None else len(self.graphs.buckets),
             "state_pool_gib": self.pool.nbytes() / 2**30,

@@ -27,16 +27,17 @@ def dummy_steps(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[tup
     every launch site of the model: a decode-only step, and a step with a decode, a
     chunked-prefill continuation and a fresh prompt (the rows that fit; with one slot, a
     fresh prompt alone)."""
-    steps = [[(1, True)]]
-    rows = [(1, True), (2, True), (2, False)][:max_num_seqs]
-    if max_num_seqs == 1:
-        rows = [(2, False)]
-    while sum(n for n, _ in rows) > max_num_batched_tokens:
-        rows = [(max(1, n - 1), init) for n, init in rows]
-        if sum(n for n, _ in rows) > max_num_batched_tokens:
-            rows = rows[:-1]
-    steps.append(rows)
-    return steps
+    rows: list[tuple[int, bool]] = []
+    budget, slots = max_num_batched_tokens, max_num_seqs
+    if slots >= 2:
+        rows.append((1, True))  # a decode
+        budget, slots = budget - 1, slots - 1
+    fresh = min(2, budget)  # budget >= 1 here: max_num_batched_tokens >= max_num_seqs
+    budget, slots = budget - fresh, slots - 1
+    if slots >= 1 and budget >= 2:
+        rows.append((2, True))  # a chunked-prefill continuation (one token would decode)
+    rows.append((fresh, False))
+    return [[(1, True)], rows]
 
 
 def run_dummy_step(model, builder, pool, rows: list[tuple[int, bool]]) -> torch.Tensor:

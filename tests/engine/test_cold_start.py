@@ -1,0 +1,198 @@
+"""No kernel compiles after start-up: the engine compiles every variant while it starts.
+
+On CPU the kernels run under the interpreter, which compiles nothing, so the test counts
+the launch cache's misses instead (``CachedLauncher.misses``: a launch of a variant not
+compiled or registered before). On the GPU box a fresh process with an empty Triton cache
+counts Triton's own compilations (its post-compile hook) after start-up.
+Each serves a mixed random workload: prompts of many lengths (chunked when longer than the
+step budget), arrivals in waves so decode steps run at many batch sizes, next to prefills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from vllm import LLM, SamplingParams
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.triton_utils.launch import launch_misses, precompile
+from vllm.worker.warmup import dummy_steps
+
+pytestmark = pytest.mark.timeout(600)
+
+TINY = Mamba2ModelConfig(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_heads=8,
+    head_dim=16,
+    state_size=16,
+    n_groups=2,
+    chunk_size=8,
+)
+
+
+def serve_random_workload(llm: LLM, seed: int, waves: int, max_len: int, vocab: int) -> int:
+    """Waves of requests with random prompt and output lengths; each wave's requests
+    finish at different steps, so the decode batch shrinks one by one. Returns the
+    number of output tokens."""
+    rng = random.Random(seed)
+    total = 0
+    for _ in range(waves):
+        n = rng.randint(1, 2 * llm.engine.config.max_num_seqs)
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
+        params = [
+            SamplingParams(temperature=rng.choice([0.0, 1.0]), max_tokens=rng.randint(1, 9))
+            for _ in range(n)
+        ]
+        for p in params:
+            p.ignore_eos = True
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        total += sum(len(o.outputs[0].token_ids) for o in outs)
+    return total
+
+
+@pytest.mark.parametrize(
+    "max_num_seqs,max_num_batched_tokens", [(1, 4), (3, 3), (4, 16), (6, 20)], ids=str
+)
+def test_no_launch_miss_after_startup(max_num_seqs, max_num_batched_tokens):
+    llm = LLM(
+        TINY,
+        load_format="dummy",
+        dtype="float32",
+        device="cpu",
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    startup = llm.engine.startup
+    assert startup["num_kernels"] > 0 and startup["total_s"] >= startup["warmup_s"] > 0
+    before = launch_misses()
+    served = serve_random_workload(llm, seed=max_num_seqs, waves=3, max_len=30, vocab=256)
+    assert served > 0
+    assert launch_misses() == before, "a kernel variant was first launched after start-up"
+
+
+def _decode_args(dim: int, batch: int, device):
+    x = torch.randn(batch, dim, device=device)
+    state = torch.randn(batch + 1, 3, dim, device=device).transpose(1, 2)
+    w, b = torch.randn(dim, 4, device=device), torch.randn(dim, device=device)
+    return x, state, w, b, "silu", torch.arange(batch, dtype=torch.int32, device=device)
+
+
+def test_misses_counted_and_precompiled(device):
+    """The counter the test above relies on counts a variant's first launch, and a
+    ``precompile`` block registers the launch site's whole table (no miss afterwards)."""
+    from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
+
+    launcher = cc._LAUNCH_DECODE
+    misses = launcher.misses
+    cc.causal_conv1d_update(*_decode_args(37, 3, device))  # a width no other test uses
+    assert launcher.misses == misses + 1
+    cc.causal_conv1d_update(*_decode_args(37, 5, device))  # same variant
+    assert launcher.misses == misses + 1
+
+    with precompile() as report:
+        cc.causal_conv1d_update(*_decode_args(41, 3, device))
+    assert report.variants == {"_causal_conv1d_decode_kernel": 2}  # its table: lone, batch
+    assert report.num_new <= 2  # what an earlier test compiled is not compiled again
+    for batch in (1, 2, 3, 9):
+        cc.causal_conv1d_update(*_decode_args(41, batch, device))
+    assert launcher.misses == misses + 1
+
+
+def test_dummy_steps_fit_the_limits():
+    for seqs, tokens in [(1, 1), (1, 4), (2, 2), (3, 3), (3, 5), (8, 8), (256, 8192)]:
+        steps = dummy_steps(seqs, tokens)
+        assert any(rows == [(1, True)] for rows in steps)
+        for rows in steps:
+            assert len(rows) <= seqs and sum(n for n, _ in rows) <= tokens
+        mixed = steps[-1]
+        assert any(n > 1 or not init for n, init in mixed), "no prefill row"
+        if seqs >= 2 and tokens >= 3:
+            assert any(n == 1 and init for n, init in mixed), "no decode beside the prefill"
+
+
+def test_launcher_key_ignores_unspecialised_ints():
+    """``do_not_specialize`` ints (the forward's token count) do not split the key; others
+    (its feature count) do, by Triton's classes (1, multiple of 16, other)."""
+    from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
+
+    launcher = cc._LAUNCH_FWD
+    names = cc._causal_conv1d_fwd_kernel.arg_names
+    i_tokens, i_dim = names.index("num_tokens"), names.index("dim")
+    assert i_tokens in launcher._plain and i_dim not in launcher._plain
+
+    def key(pos: int, value: int):
+        args = [0] * (i_dim + 1)
+        args[pos] = value
+        return launcher.key(tuple(args), {})
+
+    assert key(i_tokens, 1) == key(i_tokens, 16) == key(i_tokens, 17)
+    assert len({key(i_dim, 1), key(i_dim, 16), key(i_dim, 17)}) == 3
+    assert key(i_dim, 17) == key(i_dim, 19)
+
+
+def test_ssm_cache_dtype():
+    llm = LLM(
+        TINY,
+        load_format="dummy",
+        dtype="float32",
+        device="cpu",
+        max_num_seqs=2,
+        max_num_batched_tokens=8,
+        mamba_ssm_cache_dtype="bfloat16",
+    )
+    assert llm.engine.runner.pool.ssm_state.dtype == torch.bfloat16
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+    with pytest.raises(ValueError, match="mamba_ssm_cache_dtype"):
+        LLM(TINY, load_format="dummy", device="cpu", mamba_ssm_cache_dtype="int8")
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, random, sys, time
+    t_start = time.perf_counter()
+    import torch
+    from triton import knobs
+    compiles = []
+    def hook(*args, **kwargs):
+        compiles.append(kwargs.get("repr") or "?")
+        return False
+    knobs.runtime.jit_post_compile_hook = hook
+    from tests.engine.test_cold_start import serve_random_workload
+    from vllm import LLM
+    from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+    cfg = Mamba2ModelConfig(vocab_size=512, hidden_size=256, num_hidden_layers=3, num_heads=8,
+                            head_dim=64, state_size=128, n_groups=2, chunk_size=64)
+    llm = LLM(cfg, load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=24,
+              max_num_batched_tokens=256)
+    at_start = len(compiles)
+    served = serve_random_workload(llm, seed=1, waves=4, max_len=700, vocab=512)
+    print(json.dumps({"startup": len(compiles[:at_start]), "after": compiles[at_start:],
+                      "served": served, "startup_s": llm.engine.startup["total_s"]}))
+    """
+)
+
+
+@pytest.mark.gpu
+def test_no_compile_after_startup_gpu(tmp_path):
+    """A fresh process, an empty Triton cache: every compile happens during start-up."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton_cache"))
+    env.pop("TRITON_INTERPRET", None)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["served"] > 0
+    assert res["startup"] > 0, "start-up compiled nothing: was the cache really empty?"
+    assert res["after"] == [], f"compiled after start-up: {res['after']}"
