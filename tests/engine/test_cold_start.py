@@ -1,7 +1,7 @@
 """No kernel compiles after start-up: the engine compiles every variant while it starts.
 
 On CPU the kernels run under the interpreter, which compiles nothing, so the test counts
-the launch cache's misses instead (``CachedLauncher.misses``: a launch of a variant not
+the launch cache's misses instead (on the GPU box the same test runs on CUDA) (``CachedLauncher.misses``: a launch of a variant not
 compiled or registered before). On the GPU box a fresh process with an empty Triton cache
 counts Triton's own compilations (its post-compile hook) after start-up.
 Each serves a mixed random workload: prompts of many lengths (chunked when longer than the
@@ -62,12 +62,12 @@ def serve_random_workload(llm: LLM, seed: int, waves: int, max_len: int, vocab: 
 @pytest.mark.parametrize(
     "max_num_seqs,max_num_batched_tokens", [(1, 4), (3, 3), (4, 16), (6, 20)], ids=str
 )
-def test_no_launch_miss_after_startup(max_num_seqs, max_num_batched_tokens):
+def test_no_launch_miss_after_startup(max_num_seqs, max_num_batched_tokens, device):
     llm = LLM(
         TINY,
         load_format="dummy",
         dtype="float32",
-        device="cpu",
+        device=device.type,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
     )
