@@ -1,0 +1,151 @@
+"""The SSD benchmark's providers (benchmark_ssd.py says what each one is).
+
+``make_provider`` gives ``(run, plan)``: ``run(pool) -> y`` does one call on the case's
+data, reading initial states from and writing final states to the pool lines of the
+sequences; ``plan()`` rebuilds the host-side layout (None where there is none). Or it
+gives a string: why the provider cannot run here.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import torch
+
+
+def first_line(err: Exception) -> str:
+    """An exception as one line, with the source line that raised it (an assert's text)."""
+    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = type(err).__name__ + (f": {message}" if message else "")
+    frame = traceback.extract_tb(err.__traceback__)[-1]
+    return f"{text} (at {Path(frame.filename).name}:{frame.lineno}: {frame.line})"[:300]
+
+
+def load_ops(providers) -> dict:
+    """Each provider family's entry points, or the reason it cannot run."""
+    ops = {}
+    if "triton" in providers:
+        try:
+            from vllm.model_executor.layers.mamba.ops import ssd_combined
+
+            ops["triton"] = (
+                ssd_combined.plan_ssd_chunks,
+                ssd_combined.mamba_chunk_scan_combined_varlen,
+            )
+        except ImportError as err:
+            ops["triton"] = f"ssd_combined not importable ({err})"
+    if {"mamba_ssm", "mamba_ssm_batch"} & set(providers):
+        from mamba_ssm_import import import_mamba_ssm_triton, interpreter_shims
+
+        try:
+            ops["mamba_ssm"] = import_mamba_ssm_triton()
+        except ImportError as err:
+            ops["mamba_ssm"] = str(err)
+        else:
+            if not torch.cuda.is_available():
+                interpreter_shims()
+    return ops
+
+
+def _kw(inp) -> dict:
+    return dict(D=inp.D, dt_bias=inp.dt_bias, dt_softplus=True)
+
+
+def _initial(inp, pool):
+    """The sequences' initial states from the pool: their lines, or zeros without one."""
+    return torch.where(inp.init[:, None, None, None], pool.index_select(0, inp.idx.long()), 0.0)
+
+
+def _triton(case, inp, plan, scan):
+    def make_layout():
+        return plan(inp.qsl_cpu, case.shape.chunk).to(inp.x.device)
+
+    layout, out = make_layout(), torch.empty_like(inp.x)
+
+    def run(pool):
+        return scan(
+            inp.x, inp.dt, inp.A, inp.B, inp.C, layout, pool, inp.idx, inp.init,
+            out=out, **_kw(inp),
+        )  # fmt: skip
+
+    return run, make_layout
+
+
+def _torch(case, inp):
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm_torch as mt
+
+    lens = inp.qsl_cpu.diff()
+
+    def make_layout():
+        return mt.plan_chunked_scan(lens, case.shape.chunk).to(inp.x.device)
+
+    layout, out = make_layout(), torch.empty_like(inp.x)
+
+    def run(pool):  # as MambaMixer2 calls it
+        _, final = mt.chunk_scan_varlen(
+            inp.x, inp.dt, inp.A, inp.B, inp.C, layout, _initial(inp, pool), out=out, **_kw(inp)
+        )
+        pool.index_copy_(0, inp.idx.long(), final.to(pool.dtype))
+        return out
+
+    return run, make_layout
+
+
+def _mamba_ssm_packed(case, inp, scan):
+    """One packed row (batch 1) with ``seq_idx``; initial states are per batch row in
+    mamba_ssm's API, so with several sequences that have them the call is refused."""
+    dev = inp.x.device
+    cu = inp.qsl_cpu.to(dev)
+    seq_idx = torch.repeat_interleave(
+        torch.arange(case.seqs, dtype=torch.int32, device=dev), cu.diff()
+    ).view(1, case.tokens)
+    packed = (inp.x[None], inp.dt[None], inp.A, inp.B[None], inp.C[None], case.shape.chunk)
+
+    def run(pool):
+        if any(case.init):
+            y, final = scan(
+                *packed, initial_states=_initial(inp, pool), seq_idx=seq_idx,
+                return_final_states=True, **_kw(inp),
+            )  # fmt: skip
+        else:
+            y, final = scan(
+                *packed, seq_idx=seq_idx, cu_seqlens=cu, return_varlen_states=True, **_kw(inp)
+            )
+        pool.index_copy_(0, inp.idx.long(), final.to(pool.dtype))
+        return y[0]
+
+    return run, None
+
+
+def _mamba_ssm_batch(case, inp, scan):
+    """A (seqs, len) batch of equal-length sequences, as HF transformers calls it."""
+    if len(set(case.lens)) != 1:
+        return "sequences of unequal lengths do not make a batch"
+
+    def batch(t):
+        return t.view(case.seqs, case.lens[0], *t.shape[1:])
+
+    args = (batch(inp.x), batch(inp.dt), inp.A, batch(inp.B), batch(inp.C), case.shape.chunk)
+
+    def run(pool):
+        initial = _initial(inp, pool) if any(case.init) else None
+        y, final = scan(*args, initial_states=initial, return_final_states=True, **_kw(inp))
+        pool.index_copy_(0, inp.idx.long(), final.to(pool.dtype))
+        return y.reshape(inp.x.shape)
+
+    return run, None
+
+
+def make_provider(name, case, inp, ops):
+    if name == "torch":
+        return _torch(case, inp)
+    family = "triton" if name == "triton" else "mamba_ssm"
+    if isinstance(ops[family], str):
+        return ops[family]
+    if name == "triton":
+        return _triton(case, inp, *ops["triton"])
+    scan = ops["mamba_ssm"].mamba_chunk_scan_combined
+    if name == "mamba_ssm":
+        return _mamba_ssm_packed(case, inp, scan)
+    return _mamba_ssm_batch(case, inp, scan)
