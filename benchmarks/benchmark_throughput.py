@@ -1,49 +1,53 @@
-"""Offline throughput of the engine: requests/s, total tokens/s and output tokens/s.
-
-Prompts come from a ShareGPT-format JSON file (``--dataset``: a list of
-``{"conversations": [{"from": ..., "value": ...}, ...]}``; the first human turn is the
-prompt, the first model turn's token count the output length unless ``--output-len``), or
-from the synthetic generator below. Examples:
+"""Offline throughput: requests/s, total tokens/s and output tokens/s, from a cold start.
 
     python benchmarks/benchmark_throughput.py --model tiny --num-prompts 32
-    python benchmarks/benchmark_throughput.py --model codestral-7b --load-format dummy \
-        --dtype bfloat16 --num-prompts 200 --output-len 256 --out results.json
+    python benchmarks/benchmark_throughput.py --model codestral-7b --dtype bfloat16 \
+        --num-prompts 128 --input-len 512 --output-len 256 --prefill-run --out r.json
+    python benchmarks/benchmark_throughput.py --backend hf --model codestral-7b \
+        --dtype bfloat16 --num-prompts 128 --input-len 512 --output-len 256 --prefill-run
 
-Synthetic lengths (no data set at hand): prompt and output lengths are drawn from
-log-normal distributions, ``exp(N(log(median), sigma))``, clipped to
-[4, --max-prompt-len] and [4, --max-output-len], with medians 150 and 180 tokens and
-sigmas 1.0 and 0.9: a heavy right tail and a few-hundred-token bulk, the shape commonly
-reported for ShareGPT conversations. These parameters are chosen by hand, not fitted to
-ShareGPT; use ``--dataset`` for the real distribution. Prompt token ids are uniform over
-the vocabulary (the dummy models have no tokenizer).
+Backends: ``vllm`` (this project's ``vllm.LLM``) and ``hf`` (HF transformers'
+``Mamba2ForCausalLM.generate`` on the same requests and model shape: hf_generate.py).
+Requests (bench_setup.py): ``--input-len`` / ``--output-len`` fix every prompt's and
+output's length (random token ids), as vLLM's throughput benchmark does; else
+``--dataset`` (ShareGPT JSON) or synthetic ShareGPT-like lengths. Every request generates
+exactly its output length (``ignore_eos``); ``--temperature 0`` is greedy.
 
-Before the timed run, the decode CUDA graphs the run can use are captured (on CUDA, unless
-``--enforce-eager``; the capture time is printed) and two short generations warm up the
-kernels (Triton compiles each variant on first use, the CUDA ops do not): the two longest
-prompts (steps of few sequences and many tokens), then as many short prompts as the run
-batches beside the longest (steps of many sequences), so no compile falls inside the
-timed run. ``--profile`` then runs a short profiled generation (the first
+Cold by default: the process compiles into a fresh empty Triton cache (bench_setup.py;
+``--triton-cache-dir DIR`` for a given one), and the benchmark runs no warm-up of its own:
+the engine compiles its kernel variants and captures its decode CUDA graphs while
+``LLM(...)`` starts (``llm.engine.startup`` has the split, recorded as
+``engine_startup``). Recorded: ``startup_s`` (script start to a ready engine) and
+``first_token_s`` (script start to the end of a first 1-token generation of one prompt,
+done right after start-up; ``--no-first-token`` skips it), then the timed run.
+``--prefill-run`` adds, after the timed run, a second timed run of the same prompts with
+one output token each: prompt tokens / its time is the prefill throughput
+(``prefill_tokens_per_s``; a run with ``--output-len 1`` measures the same thing alone).
+
+``--profile`` (vllm) then runs a short profiled generation (the first
 ``--profile-prompts`` requests cut to ``--profile-prompt-len`` tokens, each generating
-``--profile-decode-steps`` + 1 tokens: a few mixed steps, then decode-only steps at the
-run's batch size) and splits each step kind's wall time into conv, scan, matmul, other and
-idle (host) time, as ``step_profile.py`` describes.
+``--profile-decode-steps`` + 1 tokens) and splits each step kind's wall time into conv,
+scan, matmul, other and idle (host) time, as ``step_profile.py`` describes.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import os
-import platform
-import random
-import sys
 import time
-from dataclasses import asdict
-from pathlib import Path
+
+_T0 = time.perf_counter()  # "script start" of startup_s and first_token_s
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# Neither imports torch or triton: the Triton cache is set before either is loaded.
+from bench_setup import make_requests, triton_cache  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
 PROFILE_PREFIX = "engine:"
@@ -65,50 +69,10 @@ NAMED_CONFIGS = {
 }
 
 
-def synthetic_requests(args, vocab_size: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(args.seed)
-
-    def draw(median: float, sigma: float, hi: int) -> int:
-        return max(4, min(hi, round(math.exp(rng.gauss(math.log(median), sigma)))))
-
-    out = []
-    for _ in range(args.num_prompts):
-        plen = draw(150, 1.0, args.max_prompt_len)
-        olen = args.output_len or draw(180, 0.9, args.max_output_len)
-        out.append(([rng.randrange(vocab_size) for _ in range(plen)], olen))
-    return out
-
-
-def sharegpt_requests(args, tokenizer) -> list[tuple[list[int], int]]:
-    data = json.loads(Path(args.dataset).read_text())
-    rng = random.Random(args.seed)
-    rng.shuffle(data)
-    out = []
-    for item in data:
-        turns = item.get("conversations") or []
-        human = next((t["value"] for t in turns if t.get("from") == "human"), None)
-        reply = next((t["value"] for t in turns if t.get("from") in ("gpt", "model")), None)
-        if human is None or (reply is None and not args.output_len):
-            continue
-        ids = tokenizer.encode(human)[: args.max_prompt_len]
-        olen = args.output_len or min(args.max_output_len, len(tokenizer.encode(reply)))
-        if len(ids) < 4 or olen < 4:
-            continue  # vLLM's benchmark drops such short pairs too
-        out.append((ids, olen))
-        if len(out) == args.num_prompts:
-            break
-    if len(out) < args.num_prompts:
-        raise SystemExit(f"{args.dataset} gave only {len(out)} usable prompts")
-    return out
-
-
-def main(argv=None) -> dict:
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--model",
-        default="tiny",
-        help=f"a model directory or a named config: {', '.join(NAMED_CONFIGS)}",
-    )
+    p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
+    p.add_argument("--model", default="tiny", help=f"a directory or {', '.join(NAMED_CONFIGS)}")
     p.add_argument(
         "--load-format",
         default=None,
@@ -117,20 +81,28 @@ def main(argv=None) -> dict:
     )
     p.add_argument("--dataset", default=None, help="ShareGPT-format JSON (default: synthetic)")
     p.add_argument("--num-prompts", type=int, default=32)
-    p.add_argument(
-        "--output-len",
-        type=int,
-        default=None,
-        help="output tokens per request (default: from the data / generator)",
-    )
+    p.add_argument("--input-len", type=int, default=None, help="fixed prompt length")
+    p.add_argument("--output-len", type=int, default=None, help="fixed output length")
     p.add_argument("--max-prompt-len", type=int, default=1024)
     p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     p.add_argument("--dtype", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument(
+        "--mamba-ssm-cache-dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="the SSM state pool's dtype (default: the engine's)",
+    )
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--no-warmup", action="store_true", help="time from a cold start")
+    p.add_argument("--triton-cache-dir", default=None, help="default: a fresh empty one")
+    p.add_argument("--no-first-token", action="store_true")
+    p.add_argument("--prefill-run", action="store_true", help="also time a 1-token run")
+    p.add_argument("--hf-batch-size", type=int, default=None, help="default: all prompts")
+    p.add_argument("--hf-kernels", choices=["auto", "mamba_ssm", "torch"], default="auto")
+    p.add_argument("--no-hf-warmup", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--profile", action="store_true", help="a short profiled run after timing")
@@ -143,73 +115,66 @@ def main(argv=None) -> dict:
     p.add_argument("--profile-prompt-len", type=int, default=64)
     p.add_argument("--profile-decode-steps", type=int, default=3)
     args = p.parse_args(argv)
+    if args.input_len is not None and (args.dataset or args.output_len is None):
+        p.error("--input-len needs --output-len and no --dataset")
+    if args.backend == "hf" and (args.input_len is None or args.profile):
+        p.error("--backend hf needs --input-len and --output-len, and has no --profile")
+    return args
 
+
+def main(argv=None) -> dict:
+    t_start = _T0 if argv is None else time.perf_counter()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    with triton_cache(args.triton_cache_dir) as cache:
+        results = run(args, t_start, cache)
+    results["setup"]["argv"] = ["benchmark_throughput.py", *argv]
+    results["triton_cache"] = cache
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+        print(f"results written to {args.out}")
+    return results
+
+
+def run(args, t_start: float, cache: dict) -> dict:
     import torch
 
-    from vllm import LLM, SamplingParams
     from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.model in NAMED_CONFIGS:
-        model = Mamba2ModelConfig(**NAMED_CONFIGS[args.model])
-        load_format = args.load_format or "dummy"
+        model = config = Mamba2ModelConfig(**NAMED_CONFIGS[args.model])
+        args.load_format = args.load_format or "dummy"
     else:
-        model, load_format = args.model, args.load_format or "auto"
-    phases = {}
-    t0 = time.perf_counter()
-    llm = LLM(
-        model,
-        load_format=load_format,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enforce_eager=args.enforce_eager,
-    )
-    phases["load_s"] = time.perf_counter() - t0
-    runner = llm.engine.runner
-    vocab = runner.model.config.vocab_size
-    if args.dataset:
-        requests = sharegpt_requests(args, llm.get_tokenizer())
+        model, args.load_format = args.model, args.load_format or "auto"
+        config = Mamba2ModelConfig.from_pretrained(args.model)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.backend == "hf":
+        from hf_generate import run_hf, versions
+
+        requests = make_requests(args, config.vocab_size)
+        res = run_hf(args, model, config, requests, t_start)
+        setup = {"model_config": asdict(config), **versions()}
     else:
-        requests = synthetic_requests(args, vocab)
+        res, requests, setup = run_vllm(args, model, t_start)
     prompts = [ids for ids, _ in requests]
-    params = [
-        SamplingParams(temperature=1.0, top_p=1.0, max_tokens=n, ignore_eos=True)
-        for _, n in requests
-    ]
-
-    device = runner.device
-    on_cuda = device.type == "cuda"
-    capture = None
-    if runner.graphs is not None:
-        capture = capture_graphs(runner.graphs, min(len(requests), args.max_num_seqs))
-        phases["capture_s"] = capture["seconds"]
-    if not args.no_warmup:
-        t0 = time.perf_counter()
-        warm = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
-        # Step shapes pick kernel variants (Triton compiles each on first use): a step of
-        # few sequences and many tokens (the two longest prompts), and one of many
-        # sequences (as many short prompts as the run batches, beside a long one).
-        longest = sorted(prompts, key=len)[-2:]
-        llm.generate(longest, warm, use_tqdm=False)
-        many = [ids[:16] for ids in prompts[: min(len(prompts), args.max_num_seqs) - 1]]
-        llm.generate(many + longest[-1:], warm, use_tqdm=False)
-        phases["warmup_s"] = time.perf_counter() - t0
-
-    steps_before = llm.engine.num_steps
-    if on_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    if on_cuda:
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    phases["elapsed_s"] = elapsed
-
     n_prompt = sum(len(x) for x in prompts)
-    n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
+    elapsed, n_out = res["elapsed_s"], res["output_tokens"]
+    phases = {
+        k: res[k]
+        for k in (
+            "startup_s",
+            "first_token_s",
+            "warmup_s",
+            "elapsed_s",
+            "prefill_run_s",
+            "profile_s",
+        )
+        if k in res
+    }
     results = {
+        "backend": args.backend,
         "requests_per_s": len(requests) / elapsed,
         "total_tokens_per_s": (n_prompt + n_out) / elapsed,
         "output_tokens_per_s": n_out / elapsed,
@@ -217,44 +182,124 @@ def main(argv=None) -> dict:
         "num_requests": len(requests),
         "prompt_tokens": n_prompt,
         "output_tokens": n_out,
+        "startup_s": res["startup_s"],
+        "first_token_s": res.get("first_token_s"),
+        "prefill_tokens_per_s": n_prompt / res["prefill_run_s"] if "prefill_run_s" in res else None,
         "setup": {
-            "argv": sys.argv if argv is None else ["benchmark_throughput.py", *argv],
             "args": vars(args),
-            "model_config": asdict(llm.engine.runner.model.config),
-            "dtype": str(llm.engine.runner.model.dtype),
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "conv_backend": llm.engine.runner.model.conv_backend.value,
-            "VLLM_USE_TRITON_CONV1D": os.environ.get("VLLM_USE_TRITON_CONV1D", "1"),
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "torch": torch.__version__,
             "triton": triton_version(),
             "python": platform.python_version(),
-            "engine_steps": llm.engine.num_steps - steps_before,
-            "cuda_graphs": runner.graphs is not None,
+            **setup,
         },
-        "graph_capture": capture,
         "phases": phases,
+        **{k: res[k] for k in ("engine_startup", "hf", "profile") if k in res},
     }
+    prefill = results["prefill_tokens_per_s"]
     print(
-        f"Throughput: {results['requests_per_s']:.2f} requests/s, "
+        f"Throughput ({args.backend}): {results['requests_per_s']:.2f} requests/s, "
         f"{results['total_tokens_per_s']:.1f} total tokens/s, "
         f"{results['output_tokens_per_s']:.1f} output tokens/s "
         f"({len(requests)} requests, {n_prompt} prompt + {n_out} output tokens, "
-        f"{elapsed:.2f} s, {args.model} on {results['setup']['device']}, "
-        f"conv {results['setup']['conv_backend']})"
+        f"{elapsed:.2f} s, {args.model} on {results['setup']['device']}; start-up "
+        f"{res['startup_s']:.1f} s"
+        + (f", first token {res['first_token_s']:.1f} s" if "first_token_s" in res else "")
+        + (f"; prefill {prefill:.0f} tok/s" if prefill else "")
+        + f"; Triton cache {cache_label(cache)})"
     )
+    if "profile" in res:
+        table = [*MARKDOWN_HEADER, *markdown_rows(setup["conv_backend"], res["profile"])]
+        print("\n".join(table))
+    return results
+
+
+def run_vllm(args, model, t_start: float):
+    import torch
+
+    from vllm import LLM, SamplingParams
+
+    extra = {}
+    if args.mamba_ssm_cache_dtype:
+        extra["mamba_ssm_cache_dtype"] = args.mamba_ssm_cache_dtype
+    llm = LLM(
+        model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=args.enforce_eager,
+        **extra,
+    )
+    on_cuda = args.device == "cuda"
+
+    def sync():
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    sync()
+    res = {"startup_s": time.perf_counter() - t_start}
+    startup = getattr(llm.engine, "startup", None)
+    if isinstance(startup, dict):
+        res["engine_startup"] = startup
+    runner = llm.engine.runner
+    requests = make_requests(args, runner.model.config.vocab_size, llm.get_tokenizer())
+    prompts = [ids for ids, _ in requests]
+    params = [
+        SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=n, ignore_eos=True)
+        for _, n in requests
+    ]
+    if not args.no_first_token:
+        one = SamplingParams(temperature=args.temperature, max_tokens=1, ignore_eos=True)
+        llm.generate(prompts[:1], one, use_tqdm=False)
+        sync()
+        res["first_token_s"] = time.perf_counter() - t_start
+    steps_before = llm.engine.num_steps
+    sync()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    sync()
+    res["elapsed_s"] = time.perf_counter() - start
+    res["output_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
+    steps = llm.engine.num_steps - steps_before
+    if args.prefill_run:
+        one = SamplingParams(temperature=args.temperature, max_tokens=1, ignore_eos=True)
+        start = time.perf_counter()
+        llm.generate(prompts, one, use_tqdm=False)
+        sync()
+        res["prefill_run_s"] = time.perf_counter() - start
+    config = runner.model.config
+    setup = {
+        "model_config": asdict(config),
+        "dtype": str(runner.model.dtype),
+        "mamba_ssm_cache_dtype": str(getattr(llm.engine.config, "mamba_ssm_cache_dtype", None)),
+        "ssm_state_dtype": state_dtype(runner),
+        "conv_backend": runner.model.conv_backend.value,
+        "VLLM_USE_TRITON_CONV1D": os.environ.get("VLLM_USE_TRITON_CONV1D", "1"),
+        "engine_steps": steps,
+        "cuda_graphs": runner.graphs is not None,
+    }
     if args.profile:
         t0 = time.perf_counter()
-        results["profile"] = profile_engine(llm, requests, args)
-        phases["profile_s"] = time.perf_counter() - t0
-        table = [
-            *MARKDOWN_HEADER,
-            *markdown_rows(results["setup"]["conv_backend"], results["profile"]),
-        ]
-        print("\n".join(table))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
-        print(f"results written to {args.out}")
-    return results
+        res["profile"] = profile_engine(llm, requests, args)
+        res["profile_s"] = time.perf_counter() - t0
+    return res, requests, setup
+
+
+def cache_label(cache: dict) -> str:
+    if cache["cold"]:
+        return "cold" + (" (given folder, empty)" if cache["given"] else "")
+    if cache["triton_imported_before"]:
+        return "not cold: triton was imported before in this process"
+    return f"warm: {cache['entries_at_start']} entries at start"
+
+
+def state_dtype(runner) -> str | None:
+    pool = getattr(runner, "pool", None)
+    state = getattr(pool, "ssm_state", None)
+    return str(state.dtype) if state is not None else None
 
 
 def triton_version() -> str | None:
@@ -263,29 +308,6 @@ def triton_version() -> str | None:
     except ImportError:
         return None
     return triton.__version__
-
-
-def capture_graphs(graphs, max_batch: int) -> dict:
-    """Capture the decode graphs a batch of up to ``max_batch`` can use; time and memory."""
-    import torch
-
-    torch.cuda.synchronize()
-    reserved = torch.cuda.memory_reserved()
-    t0 = time.perf_counter()
-    sizes = graphs.capture(max_batch)
-    torch.cuda.synchronize()
-    info = {
-        "graphs": len(sizes),
-        "batch_sizes": sizes,
-        "seconds": time.perf_counter() - t0,
-        "memory_gib": (torch.cuda.memory_reserved() - reserved) / 2**30,
-    }
-    print(
-        f"captured {len(sizes)} decode CUDA graphs (batch {sizes[0]}..{sizes[-1]}) in "
-        f"{info['seconds']:.1f} s, +{info['memory_gib']:.2f} GiB reserved",
-        flush=True,
-    )
-    return info
 
 
 def profile_engine(llm, requests, args) -> dict:
@@ -308,18 +330,21 @@ def profile_engine(llm, requests, args) -> dict:
     kinds: list[str] = []
     execute = runner.execute
 
-    def noting_execute(batch):
+    def noting_execute(batch, *rest):
         if batch.num_decodes < len(batch):
             kinds.append("mixed")
         elif runner.graphs is not None and runner.graphs.fits(len(batch)):
             kinds.append("decode_graph")
         else:
             kinds.append("decode")
-        return execute(batch)
+        return execute(batch, *rest)
 
     runner.execute = noting_execute
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     walls = {}
+    # One engine step per profiled step: without async scheduling a step reads its own
+    # tokens, so each step's time (and its host part) is its own.
+    async_scheduling, engine.config.async_scheduling = engine.config.async_scheduling, False
     try:
         with profile(activities=activities) as prof:
             while engine.has_unfinished_requests():
@@ -332,6 +357,7 @@ def profile_engine(llm, requests, args) -> dict:
                 walls[name] = (time.perf_counter() - t0) * 1e3
     finally:
         del runner.execute
+        engine.config.async_scheduling = async_scheduling
     steps = {name: (kind, wall) for (name, wall), kind in zip(walls.items(), kinds, strict=True)}
     records = kernel_records(prof.events(), PROFILE_PREFIX, on_cuda)
     summary = summarize(records, steps, PROFILE_PREFIX, graphed_kinds=("decode_graph",))

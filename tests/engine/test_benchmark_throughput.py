@@ -1,9 +1,13 @@
-"""benchmarks/benchmark_throughput.py runs on the CPU with the tiny config, both prompt sources."""
+"""benchmarks/benchmark_throughput.py on the CPU with the tiny config: every prompt source,
+fixed lengths, the cold Triton cache, the prefill run, the profile and the HF backend."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,7 +78,7 @@ def test_sharegpt_file(bench, tmp_path):
         bench.main([*COMMON, "--dataset", str(path), "--num-prompts", "2"])
 
 
-def test_warmup_and_profile(bench, capsys):
+def test_profile_and_phases(bench, capsys):
     res = bench.main(
         [
             *COMMON,
@@ -90,10 +94,12 @@ def test_warmup_and_profile(bench, capsys):
         ]
     )
     assert res["output_tokens"] == 9
-    assert set(res["phases"]) == {"load_s", "warmup_s", "elapsed_s", "profile_s"}
-    assert res["graph_capture"] is None and res["setup"]["cuda_graphs"] is False
-    # 3 prompts of <= 5 tokens fit one 16-token step, then two decode steps: the warm-up's
-    # steps are not counted
+    # no warm-up of the benchmark's own: start-up, the first token, the run, the profile
+    assert set(res["phases"]) == {"startup_s", "first_token_s", "elapsed_s", "profile_s"}
+    assert 0 < res["startup_s"] < res["first_token_s"]
+    assert res["setup"]["cuda_graphs"] is False
+    # 3 prompts of <= 5 tokens fit one 16-token step, then two decode steps: the first-token
+    # generation's steps are not counted
     assert res["setup"]["engine_steps"] == 3
     prof = res["profile"]
     assert prof["_requests"]["prompts"] == 3
@@ -103,3 +109,57 @@ def test_warmup_and_profile(bench, capsys):
         assert shares["conv"] > 0 and shares["scan"] > 0
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-6)
     assert "| triton | decode | 2 |" in capsys.readouterr().out
+
+
+def test_fixed_lengths_prefill_run_and_state_dtype(bench, tmp_path):
+    cache = tmp_path / "cache"
+    argv = [*COMMON, "--num-prompts", "3", "--input-len", "5", "--output-len", "2"]
+    argv += ["--prefill-run", "--no-first-token", "--mamba-ssm-cache-dtype", "bfloat16"]
+    res = bench.main([*argv, "--triton-cache-dir", str(cache)])
+    assert (res["prompt_tokens"], res["output_tokens"]) == (15, 6)
+    assert res["prefill_tokens_per_s"] > 0 and "prefill_run_s" in res["phases"]
+    assert res["first_token_s"] is None and "first_token_s" not in res["phases"]
+    assert res["setup"]["ssm_state_dtype"] == "torch.bfloat16"
+    # a given cache folder is used as it is and kept; the variable is restored afterwards
+    info = res["triton_cache"]
+    assert info["given"] and info["dir"] == str(cache) and cache.is_dir()
+    assert os.environ.get("TRITON_CACHE_DIR") != str(cache)
+
+
+def test_fresh_process_compiles_into_a_fresh_cache(tmp_path):
+    """Run as a script (a fresh process): an empty Triton cache of its own, set before
+    triton is imported, recorded as cold and removed at the end."""
+    out = tmp_path / "r.json"
+    argv = [sys.executable, str(SCRIPT), *COMMON, "--num-prompts", "2", "--input-len", "4"]
+    argv += ["--output-len", "2", "--out", str(out)]
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "not_this_one"))
+    subprocess.run(argv, env=env, check=True, capture_output=True)
+    info = json.loads(out.read_text())["triton_cache"]
+    assert info["cold"] and not info["given"] and not info["triton_imported_before"]
+    assert info["entries_at_start"] == 0 and info["dir"] != env["TRITON_CACHE_DIR"]
+    assert not Path(info["dir"]).exists()
+
+
+def test_hf_backend_on_cpu(bench):
+    pytest.importorskip("transformers")
+    argv = ["--backend", "hf", "--model", "tiny", "--device", "cpu", "--num-prompts", "3"]
+    argv += ["--input-len", "6", "--output-len", "3", "--hf-batch-size", "2"]
+    res = bench.main([*argv, "--temperature", "0", "--prefill-run", "--hf-kernels", "torch"])
+    assert res["backend"] == "hf" and res["output_tokens"] == 9
+    assert res["prefill_tokens_per_s"] > 0 and res["first_token_s"] > res["startup_s"] > 0
+    hf = res["hf"]
+    assert (hf["batches"], hf["batch_size"], hf["decode_steps"]) == (2, 2, 4)
+    assert hf["kernels"]["fast_scan"] is False and hf["kernels"]["mamba2_chunk_scan"] == "torch"
+    assert hf["mamba_ssm_not_used_because"] == "--hf-kernels torch"
+    assert hf["parameters"] > 0 and "warmup_s" in res["phases"]
+    assert res["setup"]["model_config"]["hidden_size"] == 64 and res["setup"]["transformers"]
+
+
+def test_bad_arguments(bench):
+    for bad in (
+        ["--backend", "hf", "--output-len", "2"],  # hf needs fixed lengths
+        ["--input-len", "4"],  # and so does --input-len
+        ["--input-len", "4", "--output-len", "2", "--dataset", "x.json"],
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
