@@ -1,6 +1,7 @@
 """benchmarks/benchmark_e2e.py on the CPU: each run a fresh process with its backend's
-environment, token counts checked, the CUDA backend skipped with its reason, the time
-guard, and the markdown / JSON results."""
+environment and its own fresh Triton cache (cold), token counts checked, the CUDA backend
+skipped with its reason, the time guard, cold-then-warm runs, and the markdown / JSON
+results."""
 
 from __future__ import annotations
 
@@ -62,13 +63,30 @@ def test_tiny_runs_profile_and_budget(e2e, tmp_path):
     assert x["setup"]["conv_backend"] == "triton" and x["setup"]["VLLM_USE_TRITON_CONV1D"] == "1"
     assert {"mixed", "decode"} <= set(x["profile"])
     assert first["wall_s"] > x["elapsed_s"]
+    # cold by default: the child compiled into a fresh empty cache of its own
+    assert first["cache"] == "cold" and x["startup_s"] > 0
+    assert x["triton_cache"]["cold"] and not x["triton_cache"]["given"]
     assert second["output_len"] == 3 and "predicted" in second["skipped"]
     assert "CPU" in saved["skipped_backends"]["cuda"]
     assert saved["triton_over_cuda"] == {}
     text = md.read_text()
-    assert "| 2 | triton | " in text and "Backend cuda skipped" in text
+    assert "| 2 | triton | cold | " in text and "Backend cuda skipped" in text
+    assert "fresh empty Triton cache per run" in text
     assert "| triton | decode |" in text  # the profile table
     assert text == saved["markdown"]
+
+
+def test_cold_then_warm(e2e, tmp_path):
+    res = e2e.main([*TINY, "--output-lens", "2", "--cold-warm"])
+    cold, warm = res["runs"]
+    assert (cold["cache"], warm["cache"]) == ("cold", "warm")
+    c, w = cold["result"]["triton_cache"], warm["result"]["triton_cache"]
+    assert c["given"] and w["given"] and c["dir"] == w["dir"]  # one folder for both
+    assert c["entries_at_start"] == 0
+    (ratio,) = res["warm_over_cold"]
+    assert ratio["backend"] == "triton" and ratio["warm_over_cold"] > 0
+    assert res["triton_over_cuda"] == {}
+    assert "| 2 | triton | warm | " in res["markdown"] and "warm / cold" in res["markdown"]
 
 
 def test_cuda_run_gets_its_environment(e2e, tmp_path):
@@ -94,6 +112,11 @@ def test_speedups_and_prediction(e2e):
 
 
 def test_bad_arguments(e2e):
-    for bad in (["--backends", "rocm"], ["--output-lens", "256,x"], ["--output-lens", "0"]):
+    for bad in (
+        ["--backends", "rocm"],
+        ["--output-lens", "256,x"],
+        ["--output-lens", "0"],
+        ["--cold-warm", "--triton-cache-dir", "/tmp/x"],
+    ):
         with pytest.raises(SystemExit):
             e2e.parse_args(bad)
