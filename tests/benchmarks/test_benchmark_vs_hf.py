@@ -1,0 +1,50 @@
+"""benchmarks/benchmark_vs_hf.py on the CPU: ours and HF on the same tiny workload, each a
+fresh process with --prefill-run, the ratios and the notes in the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_vs_hf.py"
+
+
+@pytest.fixture(scope="module")
+def vs_hf():
+    spec = importlib.util.spec_from_file_location("benchmark_vs_hf", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_ours_and_hf(vs_hf, tmp_path):
+    pytest.importorskip("transformers")
+    import numpy
+
+    if tuple(int(p) for p in numpy.__version__.split(".")[:2]) >= (2, 4):
+        pytest.skip(f"Triton's interpreter fails with numpy {numpy.__version__} (>= 2.4)")
+    out, md = tmp_path / "vs.json", tmp_path / "vs.md"
+    argv = ["--model", "tiny", "--device", "cpu", "--num-prompts", "2", "--input-len", "6"]
+    argv += ["--output-len", "3", "--systems", "ours-2048-bf16,hf", "--out", str(out)]
+    res = vs_hf.main([*argv, "--md", str(md)])
+    ours, hf = res["runs"]
+    assert "error" not in ours and "error" not in hf
+    for run in (ours, hf):
+        x = run["result"]
+        assert x["output_tokens"] == 6 and x["prefill_tokens_per_s"] > 0
+        assert x["setup"]["args"]["temperature"] == 0
+    assert ours["result"]["setup"]["ssm_state_dtype"] == "torch.bfloat16"
+    assert ours["result"]["setup"]["args"]["max_num_seqs"] == 2
+    assert hf["result"]["hf"]["batch_size"] == 2
+    text = md.read_text()
+    assert text == json.loads(out.read_text())["markdown"]
+    assert "| ours-2048-bf16 |" in text and "x | state bfloat16, cold |" in text
+    assert "PyTorch scan (not on CUDA (auto)), PyTorch conv; warm" in text
+
+
+def test_bad_systems(vs_hf):
+    with pytest.raises(SystemExit):
+        vs_hf.parse_args(["--systems", "ours-4096-fp32"])
