@@ -6,6 +6,8 @@
 # suite (on CUDA tensors where a test's device fixture picks CUDA), the demo and the
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
+# Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
+# e2e_cold_warm (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -82,13 +84,60 @@ e2e() {
     python3 benchmarks/benchmark_e2e.py --num-prompts 200 --profile --out "$out/e2e.json" \
         --md "$out/e2e_h200.md" 2>&1 | tee "$out/e2e.log"
 }
+# Cold against warm Triton cache, Triton conv, 100 synthetic prompts x 256 output tokens
+# (~3 minutes): each run twice on one cache folder, empty then filled by the first run.
+e2e_cold_warm() {
+    python3 benchmarks/benchmark_e2e.py --backends triton --output-lens 256 --cold-warm \
+        --budget-s 0 --out "$out/e2e_cold_warm.json" --md "$out/e2e_cold_warm.md" 2>&1 |
+        tee "$out/e2e_cold_warm.log"
+}
+# The pure-Python mamba_ssm wheel (and einops) built on the development machine and
+# carried in as .whl/ (the device tool's carry): installed into /tmp/site, put on
+# PYTHONPATH for the steps after it (mamba_ssm's Triton ops; benchmarks/mamba_ssm_import.py
+# imports them without the package __init__, which wants CUDA extensions). Not in a pipe:
+# the export must reach this shell. ssd_bench and vs_hf run it themselves when needed.
+wheels_done=0
+wheels() {
+    [ "$wheels_done" = 1 ] && return 0
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "no .whl/*.whl in the tree: mamba_ssm not installed" >"$out/wheels.log"
+        cat "$out/wheels.log"
+        return 1
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+        .whl/*.whl >"$out/wheels.log" 2>&1 || { cat "$out/wheels.log"; return 1; }
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    wheels_done=1
+    python3 benchmarks/mamba_ssm_import.py >>"$out/wheels.log" 2>&1
+    local rc=$?
+    tail -n 1 "$out/wheels.log"
+    return $rc
+}
+# The SSD op benchmark (ours Triton and PyTorch, mamba_ssm): ~2 minutes.
+ssd_bench() {
+    wheels || echo "(mamba_ssm providers will say why they did not run)"
+    python3 benchmarks/kernels/benchmark_ssd.py --out "$out/ssd" 2>&1 | tee "$out/ssd.log"
+}
+# Ours (max_num_batched_tokens 2048 and 8192, fp32 state; 8192 with bf16 state) and HF
+# generate with mamba_ssm's Triton kernels: 128 prompts x 512 tokens, 256 output tokens,
+# and a 1-token run of the same prompts for prefill tok/s; ~5-6 minutes.
+vs_hf() {
+    wheels || echo "(HF runs without mamba_ssm: its PyTorch scan)"
+    python3 benchmarks/benchmark_vs_hf.py --out "$out/vs_hf.json" --md "$out/vs_hf.md" 2>&1 |
+        tee "$out/vs_hf.log"
+}
+cold_start() {
+    python3 -m pytest tests/engine/test_cold_start.py -q -p no:cacheprovider 2>&1 |
+        tee "$out/cold_start.log"
+}
 
 # GPU_CHECK_STEPS picks a subset (the device's calls are capped at 10 minutes each).
 steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench step_bench}
 for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
-    install | gpu_tests | other_tests | demo | bench | step_bench | e2e) step "$s" "$s" ;;
+    install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
+        wheels | ssd_bench | vs_hf | cold_start) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -105,6 +154,12 @@ fi
     "$out/tests.log"
 [ -f "$out/demo.log" ] && sed -n '/^case /,$p' "$out/demo.log"
 [ -f "$out/bench.log" ] && sed -n '/^# Causal-conv1d benchmark/,$p' "$out/bench.log"
+[ -f "$out/wheels.log" ] && tail -n 1 "$out/wheels.log"
+[ -f "$out/ssd/ssd_bench.md" ] && cat "$out/ssd/ssd_bench.md"
+[ -f "$out/vs_hf.md" ] && cat "$out/vs_hf.md"
+[ -f "$out/cold_start.log" ] && grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|no tests ran' \
+    "$out/cold_start.log"
+[ -f "$out/e2e_cold_warm.md" ] && cat "$out/e2e_cold_warm.md"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed step: %s\n' "${failed[@]}"
     exit 1
