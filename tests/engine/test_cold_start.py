@@ -1,9 +1,10 @@
 """No kernel compiles after start-up: the engine compiles every variant while it starts.
 
 On CPU the kernels run under the interpreter, which compiles nothing, so the test counts
-the launch cache's misses instead (on the GPU box the same test runs on CUDA) (``CachedLauncher.misses``: a launch of a variant not
-compiled or registered before). On the GPU box a fresh process with an empty Triton cache
-counts Triton's own compilations (its post-compile hook) after start-up.
+the launch cache's misses instead (``CachedLauncher.misses``: a launch of a variant not
+compiled or registered before; on the GPU box the same test runs on CUDA). On the GPU box
+a fresh process with an empty Triton cache also counts Triton's own compilations (its
+post-compile hook) after start-up.
 Each serves a mixed random workload: prompts of many lengths (chunked when longer than the
 step budget), arrivals in waves so decode steps run at many batch sizes, next to prefills.
 """

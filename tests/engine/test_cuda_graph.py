@@ -58,14 +58,14 @@ def test_graph_decode_equals_eager(monkeypatch):
     """fp32: a graph pads the batch to its bucket, so matmuls may differ in the last bits;
     greedy tokens must still agree on this model, and logits within fp32 noise."""
     rows: dict[bool, list[torch.Tensor]] = {True: [], False: []}
-    original = Sampler.__call__
+    original = Sampler.sample
     mode = {"eager": True}
 
     def spy(self, logits, seqs):
         rows[mode["eager"]].append(logits.clone())
         return original(self, logits, seqs)
 
-    monkeypatch.setattr(Sampler, "__call__", spy)
+    monkeypatch.setattr(Sampler, "sample", spy)
     prompts = [[(7 * i + j) % 256 for j in range(3 + 5 * i)] for i in range(5)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     outs = {}

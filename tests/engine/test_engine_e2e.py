@@ -52,14 +52,14 @@ def prompt(n: int, key) -> list[int]:
 def record_logits(monkeypatch) -> dict[str, list[torch.Tensor]]:
     """Every logits row the sampler gets, per request id."""
     seen: dict[str, list[torch.Tensor]] = {}
-    original = Sampler.__call__
+    original = Sampler.sample
 
     def spy(self, logits, seqs):
         for row, seq in zip(logits, seqs, strict=True):
             seen.setdefault(seq.request_id, []).append(row.clone())
         return original(self, logits, seqs)
 
-    monkeypatch.setattr(Sampler, "__call__", spy)
+    monkeypatch.setattr(Sampler, "sample", spy)
     return seen
 
 

@@ -27,7 +27,8 @@ class EngineConfig:
     graphs of decode-only steps off (they are never used off CUDA).
     ``mamba_ssm_cache_dtype`` (vLLM's name) is the dtype of the SSM state pool: "float32"
     (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32
-    whatever it is, and read and write the pool in it.
+    whatever it is, and read and write the pool in it. ``async_scheduling`` dispatches
+    each step before the host reads the previous step's tokens (``llm_engine.py``).
     """
 
     model: str | os.PathLike | Mamba2ModelConfig
@@ -40,6 +41,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enforce_eager: bool = False
     mamba_ssm_cache_dtype: str = "float32"
+    async_scheduling: bool = True
 
     def __post_init__(self):
         if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):

@@ -3,18 +3,31 @@
 A step: the scheduler picks the batch, the runner computes the logits of the rows that end
 a sequence's known tokens, the sampler draws one token for each, and each of those
 sequences takes its token, its new text, and may finish (EOS, a stop string, max_tokens),
-which frees its slot before the next step.
+which frees its slot.
+
+Async scheduling (``EngineConfig.async_scheduling``, on by default, as vLLM's
+``--async-scheduling``): a step is dispatched before the host has read the previous
+step's tokens. Its decode rows take their input tokens on the device from the previous
+step's sampled tokens (``PENDING_TOKEN`` stands for them on the host), and only then does
+the host read the previous step's tokens, detokenize and check stops, while the GPU runs
+the new step: the host's per-step work hides behind the GPU's. A sequence that a stop
+string or EOS ends has been dispatched in one more step by then; that step's token for it
+is dropped, so outputs are the same as without async scheduling. ``max_tokens`` is known
+ahead, so no step is wasted on it. ``step`` returns what finished in the step it read.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
+
+import torch
 
 from vllm.engine.config import EngineConfig
 from vllm.engine.sampler import Sampler
 from vllm.engine.scheduler import Scheduler
-from vllm.engine.sequence import Sequence
+from vllm.engine.sequence import PENDING_TOKEN, Sequence
 from vllm.engine.tokenizer import IncrementalDetokenizer, get_tokenizer
 from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -22,6 +35,16 @@ from vllm.sampling_params import SamplingParams
 from vllm.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
+
+
+@dataclass
+class _Dispatched:
+    """A step whose sampled tokens are still on the device: ``tokens[i]`` is the token of
+    ``seqs[i]``, to go at ``positions[i]`` of its token list."""
+
+    seqs: list[Sequence]
+    positions: list[int]
+    tokens: torch.Tensor
 
 
 class LLMEngine:
@@ -35,6 +58,7 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._counter = itertools.count()
         self.num_steps = 0
+        self._in_flight: _Dispatched | None = None
         self.startup = {**self.runner.startup, "total_s": time.perf_counter() - t0}
         logger.info(startup_line(self.startup))
 
@@ -58,35 +82,61 @@ class LLMEngine:
         return seq
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; the outputs of the requests that finished in it."""
+        """Run one step; the outputs of the requests that finished (in the step whose
+        tokens this call read: the one before, under async scheduling)."""
         batch = self.scheduler.schedule()
-        if not batch.seqs:
-            if self.scheduler.running:
-                raise RuntimeError(f"running sequences with nothing to compute: {batch}")
-            return []
-        logits, sampled_idx = self.runner.execute(batch)
+        dispatched = self._dispatch(batch) if batch.seqs else None
+        if dispatched is None and self._in_flight is None and self.scheduler.running:
+            raise RuntimeError(f"running sequences with nothing to compute: {batch}")
+        finished = []
+        if self._in_flight is not None:
+            finished = self._read(self._in_flight)
+        self._in_flight = dispatched
+        if dispatched is not None and not self.config.async_scheduling:
+            finished += self._read(dispatched)
+            self._in_flight = None
+        return finished
+
+    def _dispatch(self, batch) -> _Dispatched:
+        """Queue the step on the device: model, sampler; the tokens stay there."""
+        prev = self._in_flight.tokens if self._in_flight is not None else None
+        logits, sampled_idx = self.runner.execute(batch, prev)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed_tokens += n
-        sampled = [batch.seqs[i] for i in sampled_idx]
-        tokens = self.sampler(logits, sampled) if sampled else []
+        seqs = [batch.seqs[i] for i in sampled_idx]
+        tokens = self.sampler.sample(logits, seqs) if seqs else logits.new_empty(0).long()
+        positions = []
+        for row, seq in enumerate(seqs):
+            positions.append(len(seq.token_ids))
+            seq.token_ids.append(PENDING_TOKEN)
+            seq.pending_row = row
+        self.num_steps += 1
+        return _Dispatched(seqs, positions, tokens)
+
+    def _read(self, step: _Dispatched) -> list[RequestOutput]:
+        """Read a dispatched step's tokens (waits for that step only) and apply them."""
         finished = []
-        for seq, token in zip(sampled, tokens, strict=True):
-            seq.token_ids.append(token)
-            reason = self._check_stop(seq, token)
+        for seq, pos, token in zip(step.seqs, step.positions, step.tokens.tolist(), strict=True):
+            if seq.is_finished:
+                continue  # ended by an earlier step's token: this one is dropped
+            seq.token_ids[pos] = token
+            reason = self._check_stop(seq, pos)
             if reason is not None:
+                del seq.token_ids[pos + 1 :]  # a later step's pending token
                 self.scheduler.finish(seq, reason)
                 self.sampler.forget(seq)
                 del self._detok[seq.request_id]
                 finished.append(self.output_of(seq))
-        self.num_steps += 1
         return finished
 
-    def _check_stop(self, seq: Sequence, token: int) -> str | None:
+    def _check_stop(self, seq: Sequence, pos: int) -> str | None:
+        """Whether the token at ``pos`` (the last one read) ends the sequence, and why."""
         params = seq.params
-        delta = self._detok[seq.request_id].step(seq.token_ids)
+        token = seq.token_ids[pos]
+        delta = self._detok[seq.request_id].step(seq.token_ids, pos + 1)
         if delta:
             seq.output_text += delta
             if params.stop_strings:
@@ -102,7 +152,7 @@ class LLMEngine:
         eos = self.tokenizer.eos_token_id
         if not params.ignore_eos and eos is not None and token == eos:
             return "stop"
-        if len(seq.output_token_ids) >= params.max_tokens:
+        if pos + 1 - seq.num_prompt_tokens >= params.max_tokens:
             return "length"
         return None
 

@@ -13,6 +13,15 @@ import torch
 from vllm.engine.sequence import Sequence
 
 
+def _small(values: list, device: torch.device, dtype=None) -> torch.Tensor:
+    """A small host list on ``device`` without a host sync (``torch.tensor(..., device=cuda)``
+    waits for the stream's queued work, which would stall async scheduling)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int):
         self.device = torch.device(device)
@@ -31,15 +40,19 @@ class Sampler:
     def forget(self, seq: Sequence) -> None:
         self._seq_generators.pop(seq.request_id, None)
 
-    @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """``logits`` (len(seqs), vocab) fp32 -> one token id per row."""
+        return self.sample(logits, seqs).tolist()
+
+    @torch.no_grad()
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The token ids as an int64 tensor on the logits' device, without a host sync."""
         params = [s.params for s in seqs]
         greedy = logits.argmax(-1)
         if all(p.greedy for p in params):
-            return greedy.tolist()
+            return greedy
         dev = logits.device
-        temp = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
+        temp = _small([p.temperature or 1.0 for p in params], dev)
         scaled = logits / temp[:, None]
         if any(0 < p.top_k < logits.shape[1] or p.top_p < 1.0 for p in params):
             scaled = self._top_k_top_p(scaled, params)
@@ -50,15 +63,15 @@ class Sampler:
             if gen is not None and not seq.params.greedy:
                 race[i].exponential_(generator=gen)
         sampled = (probs / race).argmax(-1)
-        is_greedy = torch.tensor([p.greedy for p in params], device=dev)
-        return torch.where(is_greedy, greedy, sampled).tolist()
+        is_greedy = _small([p.greedy for p in params], dev)
+        return torch.where(is_greedy, greedy, sampled)
 
     @staticmethod
     def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
         vocab = logits.shape[1]
         dev = logits.device
-        k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=dev)
-        top_p = torch.tensor([p.top_p for p in params], device=dev)
+        k = _small([p.top_k if 0 < p.top_k < vocab else vocab for p in params], dev)
+        top_p = _small([p.top_p for p in params], dev)
         sorted_logits, order = logits.sort(-1, descending=True)
         rank = torch.arange(vocab, device=dev)
         drop = rank[None, :] >= k[:, None]

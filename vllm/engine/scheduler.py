@@ -3,7 +3,8 @@
 Each step takes, in this order and under ``max_num_batched_tokens`` and ``max_num_seqs``:
 
 1. every running sequence that decodes (one token each; they come first so the model
-   needs no reordering gather, see ``Mamba2Metadata``);
+   needs no reordering gather, see ``Mamba2Metadata``), unless it has all its tokens
+   (the last of them still pending on the device: it finishes when the host reads it);
 2. running sequences whose prompt is still being prefilled, the next chunk of each;
 3. waiting requests in arrival order, each given a slot and a first chunk, while a slot
    is free and budget is left. The head of the queue is never skipped (FCFS).
@@ -60,7 +61,7 @@ class Scheduler:
         seqs: list[Sequence] = []
         counts: list[int] = []
         for seq in self.running:
-            if seq.is_decode:
+            if seq.is_decode and seq.wants_tokens:
                 seqs.append(seq)
                 counts.append(1)
                 budget -= 1

@@ -6,6 +6,10 @@ import enum
 
 from vllm.sampling_params import SamplingParams
 
+# A token the model sampled on the device that the host has not read yet (async
+# scheduling: the next step is dispatched before the previous step's tokens come back).
+PENDING_TOKEN = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -18,7 +22,9 @@ class Sequence:
     ``num_computed_tokens`` of them into the state of slot ``slot``.
 
     A sequence with exactly one token left to compute and some state already is decoding;
-    any other with work left is (still) prefilling, possibly in chunks.
+    any other with work left is (still) prefilling, possibly in chunks. Sampled tokens the
+    host has not read yet stand in ``token_ids`` as ``PENDING_TOKEN`` (at most the last
+    two); they count towards ``max_tokens`` already, so no step is scheduled past it.
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.slot: int | None = None
         self.num_computed_tokens = 0
+        self.pending_row = 0  # row of the newest pending token in its step's tokens
         self.output_text = ""
         self.finish_reason: str | None = None
 
@@ -56,8 +63,18 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
+    def num_output_tokens(self) -> int:
+        """Generated tokens, the pending ones included."""
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
     def is_decode(self) -> bool:
         return self.num_computed_tokens > 0 and self.num_uncomputed == 1
+
+    @property
+    def wants_tokens(self) -> bool:
+        """A step may compute for it: its prompt is not done, or it may still grow."""
+        return self.num_uncomputed > 1 or self.num_output_tokens < self.params.max_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -66,12 +66,14 @@ class IncrementalDetokenizer:
         self.prefix = max(0, len(prompt_token_ids) - 4)
         self.read = len(prompt_token_ids)
 
-    def step(self, token_ids: list[int]) -> str:
-        """New text after ``token_ids`` grew (the full prompt + output list)."""
+    def step(self, token_ids: list[int], end: int | None = None) -> str:
+        """New text after ``token_ids[:end]`` grew (the full prompt + output list; ``end``
+        None: all of it)."""
+        end = len(token_ids) if end is None else end
         decode = self.tokenizer.decode
         before = decode(token_ids[self.prefix : self.read])
-        after = decode(token_ids[self.prefix :])
+        after = decode(token_ids[self.prefix : end])
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
-        self.prefix, self.read = self.read, len(token_ids)
+        self.prefix, self.read = self.read, end
         return after[len(before) :]

@@ -58,8 +58,9 @@ class DecodeGraphs:
         self._graphs: dict[int, _Graph] = {}
         self._mempool = torch.cuda.graph_pool_handle()
         top = self.buckets[-1]
-        self._host = torch.zeros(2 * top, dtype=torch.int64, pin_memory=True)
-        self._dev = torch.zeros(2 * top, dtype=torch.int64, device="cuda")
+        # Input ids, slots, then the rows of pending input tokens and their source rows.
+        self._host = torch.zeros(4 * top, dtype=torch.int64, pin_memory=True)
+        self._dev = torch.zeros(4 * top, dtype=torch.int64, device="cuda")
         self._copied: torch.cuda.Event | None = None
 
     def fits(self, batch_size: int) -> bool:
@@ -82,22 +83,35 @@ class DecodeGraphs:
         return graph
 
     @torch.no_grad()
-    def run(self, input_ids: list[int], slots: list[int]) -> torch.Tensor:
-        """Logits (len(input_ids), vocab) of a decode-only step; rows in input order."""
+    def run(
+        self,
+        input_ids: list[int],
+        slots: list[int],
+        pending: tuple[list[int], list[int], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Logits (len(input_ids), vocab) of a decode-only step; rows in input order.
+        ``pending`` = (rows, source rows, tokens): input ``rows`` take ``tokens[source
+        rows]`` (tokens the previous step sampled, still on the device)."""
         b = len(input_ids)
         g = self._graph(b)
         if self._copied is not None:
             self._copied.synchronize()
-        host = self._host[: 2 * g.size]
+        n_fill = len(pending[0]) if pending else 0
+        host = self._host[: 2 * g.size + 2 * n_fill]
         host[: g.size] = 0
-        host[g.size :] = PAD_SLOT_ID
+        host[g.size : 2 * g.size] = PAD_SLOT_ID
         host[:b] = torch.tensor(input_ids)
         host[g.size : g.size + b] = torch.tensor(slots)
-        dev = self._dev[: 2 * g.size]
+        if n_fill:
+            host[2 * g.size :] = torch.tensor(pending[0] + pending[1])
+        dev = self._dev[: host.numel()]
         dev.copy_(host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
         g.input_ids.copy_(dev[: g.size])
-        g.md.state_indices.copy_(dev[g.size :])
+        if n_fill:
+            fill = dev[2 * g.size :]
+            g.input_ids.index_copy_(0, fill[:n_fill], pending[2].index_select(0, fill[n_fill:]))
+        g.md.state_indices.copy_(dev[g.size : 2 * g.size])
         g.graph.replay()
         return g.logits[:b]

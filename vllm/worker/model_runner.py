@@ -19,6 +19,7 @@ import torch
 
 from vllm.engine.config import EngineConfig
 from vllm.engine.scheduler import ScheduledBatch
+from vllm.engine.sequence import PENDING_TOKEN
 from vllm.model_executor.model_loader import get_model
 from vllm.worker.cuda_graph import DecodeGraphs
 from vllm.worker.warmup import compile_kernels
@@ -44,9 +45,10 @@ class ModelRunner:
         )
         pin = self.device.type == "cuda"
         n_tok, n_seq = config.max_num_batched_tokens, config.max_num_seqs
-        # One int64 host buffer: input ids, then the rows to sample; one copy per step.
-        self._host = torch.zeros(n_tok + n_seq, dtype=torch.int64, pin_memory=pin)
-        self._dev = torch.zeros(n_tok + n_seq, dtype=torch.int64, device=self.device)
+        # One int64 host buffer: input ids, the rows to sample, then the positions of
+        # pending input tokens and their rows in the previous step's tokens; one copy.
+        self._host = torch.zeros(n_tok + 3 * n_seq, dtype=torch.int64, pin_memory=pin)
+        self._dev = torch.zeros(n_tok + 3 * n_seq, dtype=torch.int64, device=self.device)
         self._copied: torch.cuda.Event | None = None
         self._sync()
         t2 = time.perf_counter()
@@ -78,17 +80,32 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
+    def execute(
+        self, batch: ScheduledBatch, prev_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
         """fp32 logits of the rows that end a sequence's known tokens, and those rows'
         indices into ``batch.seqs`` (a prefill chunk short of the prompt's end samples
-        nothing)."""
+        nothing).
+
+        An input token still on the device (``PENDING_TOKEN``: sampled by the step before,
+        whose tokens the host has not read) is taken from ``prev_tokens``, that step's
+        sampled tokens, at row ``seq.pending_row``; a device gather, no sync.
+        """
         lens = batch.num_tokens
         ids: list[int] = []
         sample_seqs: list[int] = []
         sample_rows: list[int] = []
+        fill_dst: list[int] = []
+        fill_src: list[int] = []
         for i, (seq, n) in enumerate(zip(batch.seqs, lens, strict=True)):
             start = seq.num_computed_tokens
-            ids.extend(seq.token_ids[start : start + n])
+            chunk = seq.token_ids[start : start + n]
+            if chunk[-1] == PENDING_TOKEN:
+                if prev_tokens is None or PENDING_TOKEN in chunk[:-1]:
+                    raise RuntimeError(f"{seq}: a pending input token the runner cannot fill")
+                fill_dst.append(len(ids) + n - 1)
+                fill_src.append(seq.pending_row)
+            ids.extend(chunk)
             if start + n == len(seq.token_ids):
                 sample_seqs.append(i)
                 sample_rows.append(len(ids) - 1)
@@ -99,18 +116,25 @@ class ModelRunner:
             and batch.num_decodes == len(batch)
             and self.graphs.fits(len(batch))
         ):
-            logits = self.graphs.run(ids, slots)
-            return logits[sample_rows], sample_seqs
+            pending = (fill_dst, fill_src, prev_tokens) if fill_dst else None
+            logits = self.graphs.run(ids, slots, pending)
+            if sample_rows == list(range(num_rows)):
+                return logits[:num_rows], sample_seqs
+            return logits.index_select(0, self._rows(sample_rows)), sample_seqs
 
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy out of the host buffer
-        self._host[:num_tokens] = torch.tensor(ids, dtype=torch.int64)
-        self._host[num_tokens : num_tokens + num_rows] = torch.tensor(sample_rows)
-        used = num_tokens + num_rows
+        n_fill = len(fill_dst)
+        used = num_tokens + num_rows + 2 * n_fill
+        self._host[:used] = torch.tensor(ids + sample_rows + fill_dst + fill_src)
         self._dev[:used].copy_(self._host[:used], non_blocking=True)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
+        input_ids = self._dev[:num_tokens]
+        if n_fill:
+            fill = self._dev[num_tokens + num_rows : used]
+            input_ids.index_copy_(0, fill[:n_fill], prev_tokens.index_select(0, fill[n_fill:]))
         qsl = torch.zeros(len(batch) + 1, dtype=torch.int32)
         torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
         md = self.builder.build(
@@ -118,6 +142,12 @@ class ModelRunner:
             torch.tensor(slots, dtype=torch.int32),
             torch.tensor([seq.num_computed_tokens > 0 for seq in batch.seqs]),
         )
-        hidden = self.model(self._dev[:num_tokens], md, self.pool)
-        rows = self._dev[num_tokens:used]
+        hidden = self.model(input_ids, md, self.pool)
+        rows = self._dev[num_tokens : num_tokens + num_rows]
         return self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs
+
+    def _rows(self, rows: list[int]) -> torch.Tensor:
+        t = torch.tensor(rows)
+        if self.device.type == "cuda":
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)

@@ -1,0 +1,96 @@
+"""Async scheduling (a step dispatched before the previous step's tokens are read) gives
+the same outputs as reading every step's tokens at once, whatever ends the requests."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm import LLM, SamplingParams
+from vllm.engine.sequence import PENDING_TOKEN
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+pytestmark = pytest.mark.timeout(600)
+
+TINY = Mamba2ModelConfig(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_heads=8,
+    head_dim=16,
+    state_size=16,
+    n_groups=2,
+    chunk_size=8,
+)
+
+
+def make_llm(device, async_scheduling: bool) -> LLM:
+    return LLM(
+        TINY,
+        load_format="dummy",
+        dtype="float32",
+        device=device.type,
+        max_num_seqs=4,
+        max_num_batched_tokens=12,
+        async_scheduling=async_scheduling,
+    )
+
+
+def workload(seed: int):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(96) for _ in range(rng.randint(1, 30))] for _ in range(9)]
+    params = []
+    for i in range(9):
+        seeded = i % 3 == 0
+        params.append(
+            SamplingParams(
+                temperature=0.9 if seeded else 0.0,
+                seed=100 + i if seeded else None,
+                max_tokens=rng.randint(1, 12),
+            )
+        )
+    return prompts, params
+
+
+def run(llm: LLM, prompts, params, eos=None, stops=None):
+    llm.engine.tokenizer.eos_token_id = eos
+    params = [
+        SamplingParams(temperature=p.temperature, seed=p.seed, max_tokens=p.max_tokens, stop=stops)
+        for p in params
+    ]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
+
+
+def test_async_equals_sync(device):
+    prompts, params = workload(3)
+    sync, asyn = make_llm(device, False), make_llm(device, True)
+    base = run(sync, prompts, params)
+    assert all(PENDING_TOKEN not in toks for toks, _, _ in base)
+    # An end-of-sequence token and a stop string that the plain run meets mid-way.
+    longest = max(base, key=lambda r: len(r[0]))
+    eos = longest[0][len(longest[0]) // 2]
+    text = next(r[1] for r in base if len(r[1]) >= 4)
+    for kwargs in ({}, {"eos": eos}, {"stops": [text[1:3]]}):
+        want = run(sync, prompts, params, **kwargs)
+        got = run(asyn, prompts, params, **kwargs)
+        assert got == want, kwargs
+        if kwargs:
+            assert any(reason == "stop" for _, _, reason in want), "nothing stopped early"
+    assert asyn.engine.scheduler.slots.num_used == 0 and not asyn.engine.has_unfinished_requests()
+
+
+def test_one_step_in_flight_at_most(device):
+    llm = make_llm(device, True)
+    engine = llm.engine
+    for p in ([1, 2, 3], [4] * 20):
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=5))
+    done = []
+    while engine.has_unfinished_requests():
+        done += engine.step()
+        for seq in engine.scheduler.running:
+            assert seq.token_ids.count(PENDING_TOKEN) <= 1  # the step in flight only
+            assert seq.num_output_tokens <= 5
+    assert sorted(len(o.outputs[0].token_ids) for o in done) == [5, 5]
+    assert engine._in_flight is None
