@@ -58,10 +58,15 @@ class Mamba2DecoderLayer(nn.Module):
             layer_idx=layer_idx,
         )
 
-    def forward(self, hidden_states, conv_state, ssm_state, metadata) -> torch.Tensor:
-        residual = hidden_states.float() if self.residual_in_fp32 else hidden_states
-        mixed = self.mixer(self.norm(hidden_states), conv_state, ssm_state, metadata)
-        return residual + mixed
+    def forward(self, hidden_states, residual, conv_state, ssm_state, metadata):
+        """(mixer output, residual stream): the residual add of a layer is fused into the
+        next layer's norm (and the final one's), so ``residual`` is None at layer 0 only."""
+        if residual is None:
+            residual = hidden_states.float() if self.residual_in_fp32 else hidden_states
+            normed = self.norm(hidden_states)
+        else:
+            normed, residual = self.norm(hidden_states, residual)
+        return self.mixer(normed, conv_state, ssm_state, metadata), residual
 
 
 class Mamba2Model(nn.Module):
@@ -80,10 +85,11 @@ class Mamba2Model(nn.Module):
         if perm is not None:
             input_ids = input_ids.index_select(0, perm)
         hidden = self.embeddings(input_ids)
+        residual = None
         for i, layer in enumerate(self.layers):
             conv_state, ssm_state = state.layer(i)
-            hidden = layer(hidden, conv_state, ssm_state, metadata)
-        hidden = self.norm_f(hidden)
+            hidden, residual = layer(hidden, residual, conv_state, ssm_state, metadata)
+        hidden = self.norm_f(hidden) if residual is None else self.norm_f(hidden, residual)[0]
         if perm is not None:
             hidden = torch.empty_like(hidden).index_copy_(0, perm, hidden)
         return hidden
