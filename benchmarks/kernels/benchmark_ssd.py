@@ -167,6 +167,9 @@ def run_case(case, args, ops, timer, rates, seed) -> list[Result]:
     for r in results:
         if base is not None and r.status == "ok":
             r.vs_mamba_ssm = r.us / base.us
+    del inp
+    if args.device == "cuda":
+        torch.cuda.empty_cache()  # the next case's inputs and pools start from a clean pool
     return results
 
 
