@@ -1,0 +1,194 @@
+"""The Triton SSD on the GPU: real model shapes in bf16, random varlen batches, the
+invariants at the Codestral shape, int64 addressing, and the precision of the split dots.
+
+The oracle is the PyTorch scan in fp32 on fp32 copies of the inputs (``torch_reference``):
+the per-token reference is too slow at these sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.kernels.mamba.ssd_utils import (
+    Case,
+    build,
+    check_against_torch,
+    run_ssd,
+    torch_reference,
+)
+from tests.models.mamba2_utils import BF16, FP16, FP32, assert_close, gen_for
+from vllm.model_executor.layers.mamba.ops.ssd_combined import (
+    mamba_chunk_scan_combined_varlen,
+    plan_ssd_chunks,
+)
+
+pytestmark = pytest.mark.gpu
+
+CODESTRAL = dict(heads=128, headdim=64, dstate=128, groups=8, chunk=256)
+BAMBA = dict(heads=128, headdim=64, dstate=128, groups=1, chunk=256)
+NEMOTRON_H = dict(heads=128, headdim=64, dstate=128, groups=8, chunk=128)
+FALCON_H1 = dict(heads=32, headdim=128, dstate=256, groups=1, chunk=256)
+ZAMBA2 = dict(heads=64, headdim=64, dstate=64, groups=1, chunk=256)
+
+GPU_CASES = [
+    Case((2048,), **CODESTRAL, dtype=BF16, init="off", offset=255),
+    Case((1000, 37, 1, 512, 0, 499), **CODESTRAL, dtype=BF16, pads=1, strided=True),
+    Case((512,) * 16, **CODESTRAL, dtype=BF16, init="all", offset=64),
+    Case((700, 300), **CODESTRAL, dtype=BF16, state_dtype=BF16),
+    Case((777, 64), **CODESTRAL, dtype=FP16, state_dtype=FP16, limit=(0.0, 0.1)),
+    Case((600, 256), **CODESTRAL, dtype=FP32, idx64=True),
+    Case((1300, 20), **BAMBA, dtype=BF16),
+    Case((1000, 129), **NEMOTRON_H, dtype=BF16, init="none"),
+    Case((900, 33), **FALCON_H1, dtype=BF16),
+    Case((500, 1, 300), **ZAMBA2, dtype=BF16, D=False),
+    Case((333, 90), heads=24, headdim=80, dstate=200, groups=3, chunk=100, dtype=BF16),
+]
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_ssd_matches_torch(case: Case, nan_poison):
+    device = torch.device("cuda")
+    check_against_torch(case, build(case, device), device)
+
+
+@pytest.mark.parametrize("seed", range(12), ids=lambda s: f"seed{s}")
+def test_gpu_random_batches(seed, nan_poison):
+    g = gen_for("ssd-gpu-random", seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    n = pick([1, 2, 5, 17])
+    lens = tuple(int(v) for v in torch.randint(0, pick([8, 300, 1500]), (n,), generator=g))
+    groups = pick([1, 2, 8])
+    case = Case(
+        lens,
+        heads=groups * pick([1, 4, 16]),
+        headdim=pick([32, 50, 64, 128]),
+        dstate=pick([16, 64, 128, 256]),
+        groups=groups,
+        chunk=pick([64, 128, 256]),
+        dtype=pick([BF16, BF16, FP16, FP32]),
+        state_dtype=pick([FP32, FP32, BF16]),
+        init=pick(["mixed", "all", "off", "none"]),
+        pads=pick([0, n // 2]),
+        D=pick([True, False]),
+        dt_bias=pick([True, False]),
+        limit=pick([(0.0, math.inf), (0.01, 0.3)]),
+        strided=pick([True, False]),
+        offset=pick([0, 3, 255]),
+    )
+    device = torch.device("cuda")
+    check_against_torch(case, build(case, device), device)
+
+
+def test_gpu_split_dots_keep_fp32_accuracy():
+    """Codestral shape, bf16 activations, fp32 output: within 1e-4 (relative to the largest
+    output) of the fp32 PyTorch scan, where one bf16 cast of the fp32 operands (as
+    mamba_ssm's kernels do) gives about 2e-3. The final states likewise."""
+    case = Case((1500, 548), **CODESTRAL, dtype=BF16, init="all")
+    device = torch.device("cuda")
+    inp = build(case, device)
+    y_ref, final = torch_reference(case, inp)
+    out = torch.empty(inp.kwargs["x"].shape, dtype=FP32, device=device)
+    y = run_ssd(case, inp, device, out=out)[3:2051]
+
+    def rel(a, b):
+        return float((a - b).abs().max() / b.abs().max())
+
+    assert rel(y, y_ref) < 1e-4
+    assert rel(inp.pool[inp.lines], final) < 1e-4
+
+
+def test_gpu_chunked_prefill_equals_one_prefill():
+    case = Case((2048,), **CODESTRAL, dtype=BF16, init="all", offset=0)
+    device = torch.device("cuda")
+    whole, parts = build(case, device), build(case, device)
+    y_whole = run_ssd(case, whole, device)
+    for lo, hi in ((0, 1000), (1000, 1001), (1001, 2048)):
+        run_ssd(case, parts, device, qsl=torch.tensor([lo, hi], dtype=torch.int32))
+    line = whole.lines[0]
+    assert_close(parts.kwargs["out"][:2048], y_whole[:2048], "batching", BF16)
+    scale = whole.pool[line].abs().max()  # errors relative to the state's magnitude
+    assert_close(parts.pool[line] / scale, whole.pool[line] / scale, "batching", FP32)
+
+
+def test_gpu_varlen_equals_each_sequence_alone():
+    case = Case((700, 0, 1, 256, 300), **CODESTRAL, dtype=BF16)
+    device = torch.device("cuda")
+    batch, alone = build(case, device), build(case, device)
+    y = run_ssd(case, batch, device)
+    kw = alone.kwargs
+    for i in range(len(case.lens)):
+        run_ssd(
+            case, alone, device, qsl=alone.qsl[i : i + 2].clone(),
+            state_indices=kw["state_indices"][i : i + 1],
+            has_initial_state=kw["has_initial_state"][i : i + 1],
+        )  # fmt: skip
+    rows = slice(3, 3 + sum(case.lens))
+    assert torch.equal(kw["out"][rows], y[rows]), "a chunk's result depends on its batch"
+    assert torch.equal(alone.pool, batch.pool)
+
+
+def test_gpu_int64_offsets():
+    """Rows past 2**31 elements of x, out, B and C, and pool lines past 2**31 elements."""
+    device = torch.device("cuda")
+    H, P, N, G, L = 8, 64, 128, 1, 256
+    gen = gen_for("ssd-int64")
+    rows = 2**31 // (H * P) + 300  # x and out: 4 GiB each in bf16
+    start = rows - 290
+    x = torch.zeros(rows, H, P, dtype=BF16, device=device)
+    out = torch.full((rows, H, P), math.nan, dtype=BF16, device=device)
+    bc = torch.zeros(rows, 2, G, N, dtype=BF16, device=device)  # B | C: 2 GiB
+    dt = torch.zeros(rows, H, dtype=BF16, device=device)
+    num_lines = 2**31 // (H * P * N) + 4  # 4 GiB in bf16
+    pool = torch.zeros(num_lines, H, P, N, dtype=BF16, device=device)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(BF16).to(device)
+
+    x[start : start + 280] = rnd(280, H, P)
+    bc[start : start + 280] = rnd(280, 2, G, N)
+    dt[start : start + 280] = rnd(280, H) * 0.5 - 1.5
+    lines = [num_lines - 1, num_lines - 3]
+    pool[lines] = rnd(2, H, P, N)
+    A = -torch.linspace(0.2, 2.0, H, device=device)
+    init = torch.tensor([True, True], device=device)
+    idx = torch.tensor(lines, dtype=torch.int32, device=device)
+    qsl = torch.tensor([start, start + 200, start + 280], dtype=torch.int32)
+    seq = slice(start, start + 280)
+    small = dict(x=x[seq].clone(), dt=dt[seq].clone(), B=bc[seq, 0].clone(), C=bc[seq, 1].clone())
+    ref_pool = pool[lines].clone()
+    y_small = mamba_chunk_scan_combined_varlen(
+        **small, A=A, layout=plan_ssd_chunks(qsl - start, L).to(device), ssm_states=ref_pool,
+        state_indices=torch.arange(2, dtype=torch.int32, device=device),
+        has_initial_state=init, dt_softplus=True,
+    )  # fmt: skip
+    mamba_chunk_scan_combined_varlen(
+        x, dt, A, bc[:, 0], bc[:, 1], plan_ssd_chunks(qsl, L).to(device), pool, idx, init,
+        dt_softplus=True, out=out,
+    )  # fmt: skip
+    assert_close(out[start : start + 280], y_small, "batching", BF16)
+    assert torch.isnan(out[start - 1]).all() and torch.isnan(out[start + 280]).all()
+    assert_close(pool[lines], ref_pool, "batching", BF16)
+    assert not pool[num_lines - 2].any() and not pool[num_lines - 4].any()
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+def test_gpu_no_compile_for_a_new_step_shape(dtype):
+    """Steps of other token, sequence and chunk counts reuse the compiled kernels."""
+    from vllm.triton_utils.launch import launch_misses
+
+    device = torch.device("cuda")
+    first = Case((300,), **CODESTRAL, dtype=dtype)
+    run_ssd(first, build(first, device), device)
+    before = dict(launch_misses())
+    for lens in ((1,), (17, 2), (256, 512, 1), (1000,) * 3):
+        case = Case(lens, **CODESTRAL, dtype=dtype, offset=len(lens) * 7)
+        run_ssd(case, build(case, device), device)
+    after = launch_misses()
+    ssd = [k for k in after if "ssd" in k]
+    assert len(ssd) == 3 and all(after[k] == before.get(k, 0) for k in ssd), (before, after)
