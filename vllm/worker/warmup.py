@@ -68,11 +68,15 @@ def compile_kernels(
     """Compile every kernel variant a step within the limits can select, then run one
     dummy step for real; leaves the state pool as it found it (zeros)."""
     steps = dummy_steps(max_num_seqs, max_num_batched_tokens)
+    used = max(len(rows) for rows in steps)
     with precompile() as report:
         for rows in steps:
             run_dummy_step(model, builder, pool, rows)
+    # No kernel ran in there, but PyTorch code (the CPU scan) may have written its
+    # garbage into the slots: the real step starts from zeros.
+    _zero_slots(pool, used)
     run_dummy_step(model, builder, pool, steps[-1])
     if builder.device.type == "cuda":
         torch.cuda.synchronize()
-    _zero_slots(pool, max(len(rows) for rows in steps))
+    _zero_slots(pool, used)
     return report
