@@ -150,8 +150,10 @@ def _ssd_chunk_scan_kernel(
             b_cs_s = tl.load(p_cs + o_s, mask=m_s, other=0.0)
             b_dt_s = tl.load(p_dt + o_s, mask=m_s, other=0.0)
             causal = (o_l[:, None] >= o_s[None, :]) & m_s[None, :]
+            # -inf above the diagonal, so no exp overflows; the select keeps CB blocks the
+            # CB job did not write (past the diagonal block) out of the sum.
             b_seg = tl.where(causal, b_cs_l[:, None] - b_cs_s[None, :], float("-inf"))
-            b_w = b_cb * tl.exp(b_seg) * b_dt_s[None, :]
+            b_w = tl.where(causal, b_cb * tl.exp(b_seg) * b_dt_s[None, :], 0.0)
             b_xs = tl.load(
                 p_x + (row0 + o_s[:, None]) * stride_x_t,
                 mask=m_s[:, None] & m_p[None, :],
