@@ -99,3 +99,26 @@ def test_builder_rejects_bad_host_data():
         )
     with pytest.raises(ValueError, match="CPU tensor"):
         b.build(qsl.tolist(), torch.tensor([0, 1], dtype=torch.int32), init)
+
+
+def test_ssd_layout_has_absolute_rows_in_the_staged_upload():
+    # Rows 0-2: two decodes and a padded decode row; prefills of 5, 1 and 9 tokens at rows
+    # 3-7, 8 and 9-17; a padded row of 3 tokens last.
+    b = Mamba2MetadataBuilder(chunk_size=4, device="cpu", triton_ssd=True)
+    init = [True, True, False, False, False, False, False]
+    md = build(b, [1, 1, 1, 5, 1, 9, 3], [2, 0, PAD, 1, 3, 4, PAD], init)
+    assert md.scan is None and md.ssd is not None
+    assert (md.num_decode_tokens, md.num_prefills) == (3, 3)
+    lay = md.ssd
+    assert (lay.num_seqs, lay.num_chunks, lay.first_row, lay.end_row) == (3, 6, 3, 18)
+    assert lay.chunk_starts.tolist() == [3, 7, 8, 9, 13, 17, 18]
+    assert lay.chunk_seqs.tolist() == [0, 0, 1, 2, 2, 2]
+    assert lay.seq_chunk_starts.tolist() == [0, 2, 3, 6]
+    ptr = b.staging.device_buffer.untyped_storage().data_ptr()
+    for name in lay.TENSOR_FIELDS:
+        t = getattr(lay, name)
+        assert t.untyped_storage().data_ptr() == ptr, f"{name} is not in the staged upload"
+        assert t.data_ptr() % 16 == 0
+    # A decode-only step carries an empty layout.
+    md = build(b, [1, 1], [0, 1], [True, True])
+    assert md.ssd.num_seqs == 0 and md.ssd.num_chunks == 0

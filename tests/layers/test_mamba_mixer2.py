@@ -16,6 +16,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStatePool,
     mamba2_state_spec,
 )
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 
 MIXER = dict(
     hidden_size=32,
@@ -126,3 +127,59 @@ def test_rms_norm_casts_once_to_the_weight_dtype():
     assert out.dtype == torch.float16
     expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(out, expected.half(), atol=0, rtol=0)
+
+
+def _mixed_step_through_both_scans(device):
+    """One mixed step (decodes, a padded decode row, prefills with and without initial
+    states, a chunked-prefill continuation, a trailing pad) through the mixer twice: with
+    the Triton SSD's layout and with the PyTorch scan's. Returns both (y, pool) pairs."""
+    mixer = MambaMixer2(**MIXER).to(device)
+    gen = gen_for("mixer-ssd")
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+        mixer.A_log.copy_(torch.empty(4).uniform_(-1.0, 1.0, generator=gen))
+    lens = [1, 1, 1, 9, 5, 13, 2]
+    slots = [3, 0, PAD_SLOT_ID, 1, 4, 2, PAD_SLOT_ID]
+    init = [True, True, False, False, True, True, False]
+    qsl = torch.tensor([0, *lens], dtype=torch.int32).cumsum(0).to(torch.int32)
+    hidden = torch.randn(int(qsl[-1]), 32, generator=gen).to(device)
+    base = MambaStatePool(mixer.spec, 1, 6, ConvBackend.TRITON, torch.float32, device=device)
+    with torch.no_grad():
+        base.conv_state.copy_(torch.randn(base.conv_state.shape, generator=gen))
+        base.ssm_state.copy_(torch.randn(base.ssm_state.shape, generator=gen))
+    results = []
+    for triton_ssd in (True, False):
+        builder = Mamba2MetadataBuilder(chunk_size=4, device=device, triton_ssd=triton_ssd)
+        md = builder.build(
+            qsl, torch.tensor(slots, dtype=torch.int32), torch.tensor(init, dtype=torch.bool)
+        )
+        assert (md.ssd is not None) == triton_ssd and (md.scan is None) == triton_ssd
+        pool = MambaStatePool(mixer.spec, 1, 6, ConvBackend.TRITON, torch.float32, device=device)
+        pool.conv_state.copy_(base.conv_state)
+        pool.ssm_state.copy_(base.ssm_state)
+        with torch.no_grad():
+            y = mixer(hidden, *pool.layer(0), md)
+        results.append((y, pool.ssm_state))
+    return results
+
+
+def test_mixer_triton_ssd_equals_pytorch_scan():
+    """On CPU the mixer takes the PyTorch scan by default; forced (interpreter), the Triton
+    SSD gives the same outputs and states."""
+    (y_ssd, ssm_ssd), (y_torch, ssm_torch) = _mixed_step_through_both_scans(torch.device("cpu"))
+    torch.testing.assert_close(y_ssd, y_torch, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(ssm_ssd[:, :6], ssm_torch[:, :6], atol=2e-5, rtol=2e-5)
+
+
+def test_builder_picks_the_scan_by_device():
+    assert not Mamba2MetadataBuilder(chunk_size=4, device="cpu").triton_ssd
+    assert Mamba2MetadataBuilder(chunk_size=4, device="cpu", triton_ssd=True).triton_ssd
+
+
+@pytest.mark.gpu
+def test_gpu_mixer_uses_the_triton_ssd_by_default():
+    assert Mamba2MetadataBuilder(chunk_size=4, device="cuda").triton_ssd
+    (y_ssd, ssm_ssd), (y_torch, ssm_torch) = _mixed_step_through_both_scans(torch.device("cuda"))
+    torch.testing.assert_close(y_ssd, y_torch, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ssm_ssd[:, :6], ssm_torch[:, :6], atol=1e-4, rtol=1e-4)

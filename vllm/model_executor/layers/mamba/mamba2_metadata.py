@@ -35,6 +35,7 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     ChunkedScanLayout,
     plan_chunked_scan,
 )
+from vllm.model_executor.layers.mamba.ops.ssd_combined import SSDChunkLayout, plan_ssd_chunks
 
 # Bytes: every field of the staging buffer starts 16-byte aligned, as a fresh allocation
 # would, so a kernel taking it is specialised the same way (Triton keys its compiled
@@ -55,7 +56,9 @@ class Mamba2Metadata:
     (``PAD_SLOT_ID`` for padded rows), ``has_initial_state`` (batch,) bool,
     ``prefill_query_start_loc`` (num_prefills+1,) int32 relative to the first prefill token,
     ``token_perm`` (num_tokens,) int64 or None. ``conv`` is the conv kernels' metadata for
-    the whole canonical batch; ``scan`` the chunk layout of the prefill rows.
+    the whole canonical batch. The prefills' chunk layout is ONE of ``ssd`` (for the Triton
+    SSD, rows absolute in the step: the prefills start at ``num_decode_tokens``) and ``scan``
+    (for the PyTorch scan, rows relative to the first prefill token); the other is None.
     """
 
     num_tokens: int
@@ -69,7 +72,8 @@ class Mamba2Metadata:
     has_initial_state: torch.Tensor
     prefill_query_start_loc: torch.Tensor
     conv: CausalConv1dMetadata
-    scan: ChunkedScanLayout
+    ssd: SSDChunkLayout | None
+    scan: ChunkedScanLayout | None
     token_perm: torch.Tensor | None
 
     @property
@@ -165,13 +169,17 @@ class Mamba2MetadataBuilder:
     """Builds ``Mamba2Metadata`` once per step; owns the device buffers reused across steps.
 
     ``chunk_size`` is the model's scan chunk (``config.chunk_size``), shared by all layers.
+    ``triton_ssd`` picks the prefills' scan, and so which layout the metadata carries: the
+    Triton SSD (``ops/ssd_combined``) or the PyTorch ``chunk_scan_varlen``. None: the Triton
+    SSD on CUDA, the PyTorch scan on CPU (the CPU path; True there needs the interpreter).
     """
 
-    def __init__(self, chunk_size: int, device: torch.device | str):
+    def __init__(self, chunk_size: int, device: torch.device | str, triton_ssd: bool | None = None):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = chunk_size
         self.device = torch.device(device)
+        self.triton_ssd = self.device.type == "cuda" if triton_ssd is None else bool(triton_ssd)
         self._staging = _StagedUpload(self.device)
         self.num_builds = 0
 
@@ -223,15 +231,19 @@ class Mamba2MetadataBuilder:
         num_decode = int(in_decode_stream.sum())
         num_prefills = int((group == 1).sum())
         prefill_lens = lens_c[num_decode : num_decode + num_prefills]
-        prefill_qsl = qsl_c[num_decode : num_decode + num_prefills + 1] - qsl_c[num_decode]
-        scan = plan_chunked_scan(prefill_lens, self.chunk_size)
+        prefill_rows = qsl_c[num_decode : num_decode + num_prefills + 1]
+        prefill_qsl = prefill_rows - qsl_c[num_decode]
+        if self.triton_ssd:
+            layout = plan_ssd_chunks(prefill_rows, self.chunk_size)
+        else:
+            layout = plan_chunked_scan(prefill_lens, self.chunk_size)
 
         host = {
             "state_indices": slots_c,
             "has_initial_state": init_c,
             "prefill_query_start_loc": prefill_qsl,
         }
-        host.update({f"scan.{name}": getattr(scan, name) for name in scan.TENSOR_FIELDS})
+        host.update({f"layout.{name}": getattr(layout, name) for name in layout.TENSOR_FIELDS})
         if not canonical:
             # A canonical row keeps its tokens in order: each moves by the row's start shift.
             shift = (qsl[:-1][order] - qsl_c[:-1]).long()
@@ -239,6 +251,7 @@ class Mamba2MetadataBuilder:
                 shift, lens_c.long()
             )
         dev = self._staging.upload(host)
+        layout = replace(layout, **{n: dev[f"layout.{n}"] for n in layout.TENSOR_FIELDS})
         conv = compute_causal_conv1d_metadata(qsl_c, self.device)
         self.num_builds += 1
         return Mamba2Metadata(
@@ -253,6 +266,7 @@ class Mamba2MetadataBuilder:
             has_initial_state=dev["has_initial_state"],
             prefill_query_start_loc=dev["prefill_query_start_loc"],
             conv=conv,
-            scan=replace(scan, **{name: dev[f"scan.{name}"] for name in scan.TENSOR_FIELDS}),
+            ssd=layout if self.triton_ssd else None,
+            scan=None if self.triton_ssd else layout,
             token_perm=dev.get("token_perm"),
         )

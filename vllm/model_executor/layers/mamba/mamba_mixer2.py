@@ -15,12 +15,18 @@ switches it; the state pool must then be allocated in the new backend's layout):
   feature-contiguous (dim, tokens) transpose of the in_proj output's xBC columns (a view,
   no copy); a decode-only step goes through ``causal_conv1d_update`` instead.
 - CUDA (0): split, as the classic design does: the decode stream through the CUDA update
-  op, the prefill rows through the CUDA forward op; the scan consumes the two results
-  where they lie, so nothing is stitched back.
+  op, the prefill rows through the CUDA forward op, both writing into one step-wide buffer
+  (``out=``) when the Triton SSD reads it; otherwise the scan consumes the two results
+  where they lie. Nothing is stitched back.
 
-The SSM scan goes through the two calls of ``ops.mamba_ssm_torch``: the prefills' chunked
-scan in PyTorch, and the decode update, which on CUDA runs the fused Triton kernel of
-``ops.mamba_ssm_triton``.
+The SSM scan: the decode stream through ``selective_state_update`` (on CUDA the fused
+Triton kernel of ``ops.mamba_ssm_triton``), the prefills through the chunked scan the
+metadata carries a layout for. With ``metadata.ssd`` (CUDA by default) that is the Triton
+SSD of ``ops.ssd_combined``: it takes the step-wide x, B, C, dt and y (the layout's rows are
+absolute), reads each sequence's initial state from its pool line and writes the final
+state back, and writes y of the prefill rows in place. With ``metadata.scan`` (CPU) it is
+``mamba_ssm_torch.chunk_scan_varlen`` on the prefill rows, initial states gathered from the
+pool and final states scattered back.
 
 While the torch profiler records, the conv and the scan run inside the ranges
 ``mamba2::conv`` and ``mamba2::ssm_scan``, so a profile can tell the scan's kernels (generic
@@ -30,6 +36,7 @@ elementwise, gather and batched-matmul kernels) from the rest of the layer's.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -52,6 +59,7 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     chunk_scan_varlen,
     selective_state_update,
 )
+from vllm.model_executor.layers.mamba.ops.ssd_combined import mamba_chunk_scan_combined_varlen
 
 
 def _profiled(name: str):
@@ -60,6 +68,15 @@ def _profiled(name: str):
     if torch.autograd._profiler_enabled():
         return torch.profiler.record_function(name)
     return contextlib.nullcontext()
+
+
+class _ConvOut(NamedTuple):
+    """The conv's output rows (num_rows, conv_dim): the decode stream's, the prefills', and
+    the whole step's (None where the two halves live apart)."""
+
+    decode: torch.Tensor
+    prefill: torch.Tensor
+    step: torch.Tensor | None
 
 
 class DepthwiseConvWeights(nn.Module):
@@ -157,9 +174,9 @@ class MambaMixer2(nn.Module):
         )
         with _profiled("mamba2::conv"):
             if self.backend is ConvBackend.TRITON:
-                xbc_dec, xbc_pre = self._conv_triton(xbc, conv_state, metadata)
+                conv = self._conv_triton(xbc, conv_state, metadata)
             else:
-                xbc_dec, xbc_pre = self._conv_cuda(xbc, conv_state, metadata)
+                conv = self._conv_cuda(xbc, conv_state, metadata)
 
         # Rows past the decode stream and the prefills are padding: y = 0 there.
         alloc = torch.zeros if num_dec + num_pre < num_tokens else torch.empty
@@ -171,12 +188,12 @@ class MambaMixer2(nn.Module):
             device=hidden_states.device,
         )
         with _profiled("mamba2::ssm_scan"):
-            self._ssm_scan(y, xbc_dec, xbc_pre, dt, ssm_state, metadata)
+            self._ssm_scan(y, conv, dt, ssm_state, metadata)
 
         y = self.norm(y.view(num_tokens, self.intermediate_size), gate)
         return self.out_proj(y)
 
-    def _ssm_scan(self, y, xbc_dec, xbc_pre, dt, ssm_state, md: Mamba2Metadata) -> None:
+    def _ssm_scan(self, y, conv: _ConvOut, dt, ssm_state, md: Mamba2Metadata) -> None:
         """The scan of the decode stream and of the prefills, into ``y``; updates ``ssm_state``."""
         num_dec = md.num_decode_tokens
         prefill_rows = slice(num_dec, num_dec + md.num_prefill_tokens)
@@ -185,7 +202,7 @@ class MambaMixer2(nn.Module):
             D=self.D, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.time_step_limit
         )
         if num_dec:
-            x, B, C = self._split_xbc(xbc_dec)
+            x, B, C = self._split_xbc(conv.decode)
             selective_state_update(
                 ssm_state,
                 x,
@@ -198,8 +215,23 @@ class MambaMixer2(nn.Module):
                 out=y[:num_dec],
                 **scan_args,
             )
-        if md.num_prefills:
-            x, B, C = self._split_xbc(xbc_pre)
+        if md.num_prefills and md.ssd is not None:
+            x, B, C = self._split_xbc(conv.step)
+            mamba_chunk_scan_combined_varlen(
+                x,
+                dt,
+                A,
+                B,
+                C,
+                md.ssd,
+                ssm_state,
+                md.prefill_state_indices,
+                md.prefill_has_initial_state,
+                out=y,
+                **scan_args,
+            )
+        elif md.num_prefills:
+            x, B, C = self._split_xbc(conv.prefill)
             slots = md.prefill_state_indices.long()
             initial = torch.where(
                 md.prefill_has_initial_state[:, None, None, None],
@@ -228,8 +260,8 @@ class MambaMixer2(nn.Module):
             C.unflatten(-1, (self.n_groups, self.state_size)),
         )
 
-    def _conv_triton(self, xbc, conv_state, md: Mamba2Metadata):
-        """The whole batch in one launch; returns the decode-stream and prefill rows."""
+    def _conv_triton(self, xbc, conv_state, md: Mamba2Metadata) -> _ConvOut:
+        """The whole batch in one launch."""
         w, b = self.conv1d.weight, self.conv1d.bias
         if md.decode_only:
             out = causal_conv1d_update(
@@ -255,23 +287,28 @@ class MambaMixer2(nn.Module):
                 metadata=md.conv,
             ).t()
         num_dec = md.num_decode_tokens
-        return out[:num_dec], out[num_dec : num_dec + md.num_prefill_tokens]
+        return _ConvOut(out[:num_dec], out[num_dec : num_dec + md.num_prefill_tokens], out)
 
-    def _conv_cuda(self, xbc, conv_state, md: Mamba2Metadata):
+    def _conv_cuda(self, xbc, conv_state, md: Mamba2Metadata) -> _ConvOut:
         """Split: decode stream through the CUDA update op, prefill rows through the forward op.
 
         ``vllm._custom_ops.causal_conv1d_update_cuda`` takes x (batch, dim) rows and
         ``causal_conv1d_fwd_cuda`` x (dim, tokens) with stride(0) == 1: both get views of
-        the in_proj output, and their results are consumed where they lie.
+        the in_proj output. For the Triton SSD (step-wide rows) both write into one buffer
+        of the step's rows; otherwise their results are consumed where they lie.
         """
         ops = self._cuda_ops
         w, b = self.conv1d.weight, self.conv1d.bias
         num_dec, num_pre = md.num_decode_tokens, md.num_prefill_tokens
+        step = None
+        if md.ssd is not None:
+            step = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
         dec = xbc[:0]
         if num_dec:
             dec = ops.causal_conv1d_update_cuda(
-                xbc[:num_dec], conv_state, w, b, True, md.decode_state_indices, PAD_SLOT_ID
-            )
+                xbc[:num_dec], conv_state, w, b, True, md.decode_state_indices, PAD_SLOT_ID,
+                **({} if step is None else {"out": step[:num_dec]}),
+            )  # fmt: skip
         pre = xbc[:0]
         if md.num_prefills:
             pre = ops.causal_conv1d_fwd_cuda(
@@ -284,8 +321,9 @@ class MambaMixer2(nn.Module):
                 md.prefill_has_initial_state,
                 True,
                 PAD_SLOT_ID,
+                **({} if step is None else {"out": step[num_dec : num_dec + num_pre].t()}),
             ).t()
-        return dec, pre
+        return _ConvOut(dec, pre, step)
 
     def _check_inputs(self, hidden_states, conv_state, ssm_state, md) -> None:
         where = f"MambaMixer2 (layer {self.layer_idx})"

@@ -16,8 +16,9 @@ Tensors (logical shapes, token-major; views with any strides are fine):
   sink of padded rows in ``selective_state_update_torch`` (the state pool reserves it).
 
 ``chunk_scan_varlen`` runs the prefill sequences of a step, each from its own initial state,
-and returns their final states; the caller moves states between the pool and the sequences
-(so a Triton kernel with the same interface can replace it). Its layout, built on the host
+and returns their final states; the caller moves states between the pool and the sequences.
+It is the CPU path of the prefills and the reference of the Triton SSD (``ssd_combined``),
+which takes the pool and the step-wide tensors directly on CUDA. Its layout, built on the host
 once per step by ``plan_chunked_scan``, cuts every sequence into chunks of ``chunk_size``
 tokens (the last one partial), so no chunk mixes sequences: within a chunk the scan is a
 masked matrix product (the SSD "diagonal block"), and one loop over chunk positions carries
