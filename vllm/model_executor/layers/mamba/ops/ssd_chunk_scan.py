@@ -82,8 +82,13 @@ def _ssd_chunk_scan_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
 ):
+    # ROW_BLOCKS > 1: that many programs share a (chunk, head, headdim block), each doing
+    # every ROW_BLOCKS-th row block (more, shorter programs); 1: one walks them all.
     i_pid = tl.program_id(0).to(tl.int64)
+    i_rb = i_pid % ROW_BLOCKS
+    i_pid = i_pid // ROW_BLOCKS
     n_pb = tl.cdiv(headdim, BLOCK_P)
     i_pb = i_pid % n_pb
     i_hg = (i_pid // n_pb) % heads_per_group
@@ -117,7 +122,7 @@ def _ssd_chunk_scan_kernel(
     p_cb = cb_ptr + i_c * stride_cb_c + i_g * stride_cb_g
     p_out = out_ptr + i_h * stride_out_h + o_p[None, :] * stride_out_p
 
-    for i_l in range(0, tl.cdiv(clen, BLOCK_T)):
+    for i_l in range(i_rb, tl.cdiv(clen, BLOCK_T), ROW_BLOCKS):
         o_l = tl.cast(i_l, tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
         m_l = o_l < clen
         b_cs_l = tl.load(p_cs + o_l, mask=m_l, other=0.0)
@@ -179,7 +184,7 @@ def launch_chunk_scan(
     """Launch 3 over ``ws`` (the call's ``SSDWorkspace``): y of every chunk into ``out``."""
     _, nheads, headdim = x.shape
     ngroups, dstate = C.shape[1:]
-    grid = (layout.num_chunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]),)
+    grid = (layout.num_chunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * cfg["ROW_BLOCKS"],)
     init = has_initial_state
     args = (
         x,

@@ -188,6 +188,7 @@ def ssd_configs(
             BLOCK_S=dot_block(chunk_size, 32),
             BLOCK_P=block_p,
             BLOCK_N=dot_block(dstate, 32 if f32 else 64),
+            ROW_BLOCKS=1,
             num_warps=4,
             num_stages=1 if f32 else 2,
         ),
