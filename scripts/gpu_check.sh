@@ -84,10 +84,11 @@ e2e() {
     python3 benchmarks/benchmark_e2e.py --num-prompts 200 --profile --out "$out/e2e.json" \
         --md "$out/e2e_h200.md" 2>&1 | tee "$out/e2e.log"
 }
-# Cold against warm Triton cache, Triton conv, 100 synthetic prompts x 256 output tokens
-# (~3 minutes): each run twice on one cache folder, empty then filled by the first run.
+# Cold against warm Triton cache, each conv backend (the CUDA one when its ops are built),
+# 100 synthetic prompts x 256 output tokens: each run twice on one cache folder, empty then
+# filled by the first run (~3 minutes).
 e2e_cold_warm() {
-    python3 benchmarks/benchmark_e2e.py --backends triton --output-lens 256 --cold-warm \
+    python3 benchmarks/benchmark_e2e.py --backends triton,cuda --output-lens 256 --cold-warm \
         --budget-s 0 --out "$out/e2e_cold_warm.json" --md "$out/e2e_cold_warm.md" 2>&1 |
         tee "$out/e2e_cold_warm.log"
 }
