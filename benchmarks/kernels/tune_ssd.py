@@ -33,21 +33,14 @@ VARIANTS = [("default", {})]
 VARIANTS += [
     ("chunk_scan", c)
     for c in (
-        dict(SPLIT=False),
-        dict(SPLIT=False, ROW_BLOCKS=2),
-        dict(SPLIT=False, ROW_BLOCKS=4),
-        dict(SPLIT=True, ROW_BLOCKS=4),
-        dict(SPLIT=False, BLOCK_S=64),
-        dict(SPLIT=False, BLOCK_S=64, ROW_BLOCKS=4),
-        dict(SPLIT=False, BLOCK_N=128),
-        dict(SPLIT=False, num_stages=1),
-        dict(SPLIT=False, num_stages=3),
-        dict(SPLIT=False, num_warps=8),
-        dict(SPLIT=False, ROW_BLOCKS=4, num_warps=8),
-        dict(SPLIT=False, BLOCK_T=128, num_warps=8),
-        dict(SPLIT=False, BLOCK_T=128, num_warps=8, ROW_BLOCKS=2),
-        dict(SPLIT=False, BLOCK_P=32, ROW_BLOCKS=4),
-        dict(SPLIT=False, ROW_BLOCKS=4, num_stages=1),
+        dict(SPLIT_STATE=False),
+        dict(SPLIT=True, SPLIT_STATE=True, num_stages=2),
+        dict(SPLIT=True, SPLIT_STATE=True),
+        dict(num_stages=2),
+        dict(num_stages=3),
+        dict(ROW_BLOCKS=2),
+        dict(BLOCK_N=128),
+        dict(BLOCK_S=64),
     )
 ]
 VARIANTS += [

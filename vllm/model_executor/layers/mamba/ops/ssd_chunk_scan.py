@@ -80,6 +80,7 @@ def _ssd_chunk_scan_kernel(
     HAS_D: tl.constexpr,
     HAS_INIT: tl.constexpr,
     SPLIT: tl.constexpr,
+    SPLIT_STATE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -141,7 +142,7 @@ def _ssd_chunk_scan_kernel(
                     mask=m_n[:, None] & m_p[None, :],
                     other=0.0,
                 )
-                acc = _dot_rhs_f32(b_C, b_S, acc, SPLIT)
+                acc = _dot_rhs_f32(b_C, b_S, acc, SPLIT_STATE)
             acc = acc * tl.exp(b_cs_l)[:, None]
 
         # Source blocks up to the row block's diagonal.
@@ -220,5 +221,5 @@ def launch_chunk_scan(
     constexprs = dict(HAS_D=D is not None, HAS_INIT=init is not None, **cfg)
     if out.dtype == torch.float32:
         # An fp32 y keeps what the split dots add (a 16-bit y would round it away).
-        constexprs["SPLIT"] = True
+        constexprs["SPLIT"] = constexprs["SPLIT_STATE"] = True
     _LAUNCH(grid, args, constexprs)

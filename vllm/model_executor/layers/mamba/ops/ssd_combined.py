@@ -190,6 +190,7 @@ def ssd_configs(
         # H200 sweep: 1.29x over split + two stages at 1 x 2048, 1 x 8192 and 16 x 512.
         "chunk_scan": dict(
             SPLIT=False,
+            SPLIT_STATE=not f32,
             BLOCK_T=block_t,
             BLOCK_S=dot_block(chunk_size, 32),
             BLOCK_P=block_p,
