@@ -58,7 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
-from run_info import cuda_skip_reason, git_sha  # noqa: E402
+from run_info import cuda_skip_reason, git_sha, write_results  # noqa: E402
 from step_profile import MARKDOWN_HEADER, markdown_rows  # noqa: E402
 
 THROUGHPUT = Path(__file__).resolve().parent / "benchmark_throughput.py"
@@ -375,10 +375,7 @@ def write(results: dict, args) -> None:
     results["triton_over_cuda"] = speedups(results["runs"])
     results["warm_over_cold"] = warm_over_cold(results["runs"])
     results["markdown"] = markdown(results)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
-    if args.md:
-        Path(args.md).write_text(results["markdown"])
+    write_results(results, args.out, args.md)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run_info import git_sha  # noqa: E402
+from run_info import git_sha, write_results  # noqa: E402
 
 THROUGHPUT = Path(__file__).resolve().parent / "benchmark_throughput.py"
 SYSTEMS = {
@@ -197,10 +197,7 @@ def main(argv=None) -> dict:
 
 def write(results: dict, args) -> None:
     results["markdown"] = markdown(results)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
-    if args.md:
-        Path(args.md).write_text(results["markdown"])
+    write_results(results, args.out, args.md)
 
 
 if __name__ == "__main__":

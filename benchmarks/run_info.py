@@ -1,5 +1,5 @@
-"""What the end-to-end and step benchmarks share: the code version a run names, and why a
-run cannot use the CUDA conv backend.
+"""What the end-to-end and step benchmarks share: the code version a run names, why a run
+cannot use the CUDA conv backend, and writing the results files.
 
 ``VLLM_RUN_SHA``, when set, is taken as it is: a machine that gets a copy of the working
 tree may carry a stale ``.git`` (the GPU box's did), so whoever launches the run there
@@ -9,6 +9,7 @@ the command line built on the development machine.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -43,3 +44,11 @@ def cuda_skip_reason(on_cuda: bool) -> str | None:
             "build with VLLM_BUILD_CUDA_OPS=1 pip install --no-deps --no-build-isolation -e .)"
         )
     return None
+
+
+def write_results(results: dict, out: str | None, md: str | None) -> None:
+    """The results as JSON at ``out`` and their ``"markdown"`` at ``md`` (each if given)."""
+    if out:
+        Path(out).write_text(json.dumps(results, indent=2, default=str))
+    if md:
+        Path(md).write_text(results["markdown"])

@@ -7,27 +7,29 @@ import random
 
 import pytest
 
+from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
 from vllm.engine.sequence import PENDING_TOKEN
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
 
-TINY = Mamba2ModelConfig(
-    vocab_size=128,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_heads=8,
-    head_dim=16,
-    state_size=16,
-    n_groups=2,
-    chunk_size=8,
+# The shared tiny shape, wider: two groups of four heads.
+CONFIG = Mamba2ModelConfig(
+    **{
+        **TINY,
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "num_heads": 8,
+        "state_size": 16,
+        "n_groups": 2,
+    }
 )
 
 
 def make_llm(device, async_scheduling: bool) -> LLM:
     return LLM(
-        TINY,
+        CONFIG,
         load_format="dummy",
         dtype="float32",
         device=device.type,

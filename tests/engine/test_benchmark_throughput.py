@@ -141,7 +141,6 @@ def test_fresh_process_compiles_into_a_fresh_cache(tmp_path):
 
 
 def test_hf_backend_on_cpu(bench):
-    pytest.importorskip("transformers")
     argv = ["--backend", "hf", "--model", "tiny", "--device", "cpu", "--num-prompts", "3"]
     argv += ["--input-len", "6", "--output-len", "3", "--hf-batch-size", "2"]
     res = bench.main([*argv, "--temperature", "0", "--prefill-run", "--hf-kernels", "torch"])

@@ -21,6 +21,7 @@ import textwrap
 import pytest
 import torch
 
+from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.triton_utils.launch import launch_misses, precompile
@@ -28,15 +29,16 @@ from vllm.worker.warmup import dummy_steps
 
 pytestmark = pytest.mark.timeout(600)
 
-TINY = Mamba2ModelConfig(
-    vocab_size=256,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_heads=8,
-    head_dim=16,
-    state_size=16,
-    n_groups=2,
-    chunk_size=8,
+# The shared tiny shape, wider: two groups of four heads.
+CONFIG = Mamba2ModelConfig(
+    **{
+        **TINY,
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_heads": 8,
+        "state_size": 16,
+        "n_groups": 2,
+    }
 )
 
 
@@ -65,7 +67,7 @@ def serve_random_workload(llm: LLM, seed: int, waves: int, max_len: int, vocab: 
 )
 def test_no_launch_miss_after_startup(max_num_seqs, max_num_batched_tokens, device):
     llm = LLM(
-        TINY,
+        CONFIG,
         load_format="dummy",
         dtype="float32",
         device=device.type,
@@ -142,7 +144,7 @@ def test_launcher_key_ignores_unspecialised_ints():
 
 def test_ssm_cache_dtype():
     llm = LLM(
-        TINY,
+        CONFIG,
         load_format="dummy",
         dtype="float32",
         device="cpu",
@@ -154,7 +156,7 @@ def test_ssm_cache_dtype():
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
     with pytest.raises(ValueError, match="mamba_ssm_cache_dtype"):
-        LLM(TINY, load_format="dummy", device="cpu", mamba_ssm_cache_dtype="int8")
+        LLM(CONFIG, load_format="dummy", device="cpu", mamba_ssm_cache_dtype="int8")
 
 
 _CHILD = textwrap.dedent(

@@ -26,7 +26,7 @@ def test_greedy_top_k_top_p_keep_to_their_support():
     sampler = Sampler(torch.device("cpu"), seed=0)
     seen = [set() for _ in params]
     for _ in range(300):
-        for i, tok in enumerate(sampler(logits, seqs_with(*params))):
+        for i, tok in enumerate(sampler.sample(logits, seqs_with(*params)).tolist()):
             seen[i].add(tok)
     assert seen[0] == {1}
     assert seen[1] == {1, 3}
@@ -37,10 +37,13 @@ def test_greedy_top_k_top_p_keep_to_their_support():
 def test_seeded_rows_do_not_depend_on_the_batch():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     p = SamplingParams(temperature=1.0, seed=42)
-    alone = [Sampler(torch.device("cpu"), 1)(logits[1:2], seqs_with(p))[0] for _ in range(2)]
+    alone = [
+        Sampler(torch.device("cpu"), 1).sample(logits[1:2], seqs_with(p)).tolist()[0]
+        for _ in range(2)
+    ]
     s = Sampler(torch.device("cpu"), 7)
     batch = seqs_with(SamplingParams(), SamplingParams(temperature=1.0, seed=42), SamplingParams())
-    got = s(logits, batch)[1]
+    got = s.sample(logits, batch).tolist()[1]
     assert got == alone[0] == alone[1]
 
 

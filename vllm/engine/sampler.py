@@ -40,13 +40,10 @@ class Sampler:
     def forget(self, seq: Sequence) -> None:
         self._seq_generators.pop(seq.request_id, None)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """``logits`` (len(seqs), vocab) fp32 -> one token id per row."""
-        return self.sample(logits, seqs).tolist()
-
     @torch.no_grad()
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """The token ids as an int64 tensor on the logits' device, without a host sync."""
+        """``logits`` (len(seqs), vocab) fp32 -> one token id per row, as an int64 tensor on
+        the logits' device, without a host sync."""
         params = [s.params for s in seqs]
         greedy = logits.argmax(-1)
         if all(p.greedy for p in params):

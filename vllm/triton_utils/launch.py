@@ -110,7 +110,7 @@ class CachedLauncher:
     def key(self, args: tuple, constexprs: dict) -> tuple:
         """What the compiled kernel for these arguments depends on."""
         device = torch.cuda.current_device() if self.direct else None
-        specs = tuple(self._spec(i, a) for i, a in enumerate(args))
+        specs = tuple(map(self._spec, range(len(args)), args))
         return (device, specs, tuple(constexprs.items()))
 
     def __call__(
@@ -123,14 +123,13 @@ class CachedLauncher:
         if _SESSION is not None:
             _SESSION.add(self, grid, args, variants() if variants else [constexprs])
             return
+        key = self.key(args, constexprs)
         if not self.direct:
-            key = self.key(args, constexprs)
             if key not in self.seen:
                 self.seen.add(key)
                 self.misses += 1
             self.kernel[grid](*args, **constexprs)
             return
-        key = self.key(args, constexprs)
         entry = self.cache.get(key)
         if entry is None:
             self.misses += 1

@@ -117,10 +117,8 @@ class ModelRunner:
             and self.graphs.fits(len(batch))
         ):
             pending = (fill_dst, fill_src, prev_tokens) if fill_dst else None
-            logits = self.graphs.run(ids, slots, pending)
-            if sample_rows == list(range(num_rows)):
-                return logits[:num_rows], sample_seqs
-            return logits.index_select(0, self._rows(sample_rows)), sample_seqs
+            # Every row of a decode-only step ends its sequence's known tokens: all sample.
+            return self.graphs.run(ids, slots, pending), sample_seqs
 
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy out of the host buffer
@@ -145,9 +143,3 @@ class ModelRunner:
         hidden = self.model(input_ids, md, self.pool)
         rows = self._dev[num_tokens : num_tokens + num_rows]
         return self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs
-
-    def _rows(self, rows: list[int]) -> torch.Tensor:
-        t = torch.tensor(rows)
-        if self.device.type == "cuda":
-            t = t.pin_memory()
-        return t.to(self.device, non_blocking=True)

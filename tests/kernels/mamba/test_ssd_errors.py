@@ -69,9 +69,9 @@ def test_bad_arguments_raise_value_error(changes, match, device):
         _call(device, **change)
 
 
-def test_layout_on_another_device_is_an_error(device):
-    if device.type == "cpu":
-        pytest.skip("needs a second device kind")
+@pytest.mark.gpu
+def test_layout_on_another_device_is_an_error():
+    device = torch.device("cuda")  # CUDA data, a layout left on the CPU
     inp = build(CASE, device)
     with pytest.raises(ValueError, match=r"layout.chunk_starts is on cpu.*layout.to\(device\)"):
         _call(device, layout=plan_ssd_chunks(inp.qsl, CASE.chunk))

@@ -19,8 +19,6 @@ program walks its chunk's block rows.
 
 from __future__ import annotations
 
-import torch
-
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.ssd_bmm import _dot_lhs_f32, _dot_rhs_f32
 from vllm.triton_utils import tl, triton
@@ -219,7 +217,4 @@ def launch_chunk_scan(
         0 if init is None else init.stride(0),
     )
     constexprs = dict(HAS_D=D is not None, HAS_INIT=init is not None, **cfg)
-    if out.dtype == torch.float32:
-        # An fp32 y keeps what the split dots add (a 16-bit y would round it away).
-        constexprs["SPLIT"] = constexprs["SPLIT_STATE"] = True
     _LAUNCH(grid, args, constexprs)

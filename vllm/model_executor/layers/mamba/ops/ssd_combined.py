@@ -146,9 +146,16 @@ def plan_ssd_chunks(query_start_loc_cpu: torch.Tensor, chunk_size: int) -> SSDCh
 
 @functools.cache
 def ssd_configs(
-    nheads: int, headdim: int, dstate: int, ngroups: int, chunk_size: int, dtype: torch.dtype
+    nheads: int,
+    headdim: int,
+    dstate: int,
+    ngroups: int,
+    chunk_size: int,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
 ) -> dict[str, dict]:
-    """The three launches' constexprs by kernel, from the model's shapes and dtype only.
+    """The three launches' constexprs by kernel, from the model's shapes and dtypes only
+    (``dtype`` of x, B, C; ``out_dtype`` of y).
     Shared: never mutate. Chosen by sm_90 register counts without spills (docs/ssd.md lists
     them), then by the H200 sweep noted at each entry."""
 
@@ -185,11 +192,12 @@ def ssd_configs(
             num_warps=4,
             num_stages=1,
         ),
-        # y is stored in the 16-bit dtype, whose rounding dwarfs a single-cast dot's error
-        # (y rel-L2 2.0e-3 either way, states untouched): no split here; one stage.
-        # H200 sweep: 1.29x over split + two stages at 1 x 2048, 1 x 8192 and 16 x 512.
+        # A 16-bit y's rounding dwarfs a single-cast local dot's error (y rel-L2 2.0e-3
+        # either way): that split only for an fp32 y. The carried-state dot keeps its split:
+        # without it a chunked prefill and one prefill differ where a large carried term
+        # cancels a large local one. One stage. H200 sweeps (ssd_tune_h200.md).
         "chunk_scan": dict(
-            SPLIT=False,
+            SPLIT=out_dtype == torch.float32,
             SPLIT_STATE=not f32,
             BLOCK_T=block_t,
             BLOCK_S=dot_block(chunk_size, 32),
@@ -343,7 +351,7 @@ def _launch(
         return
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
-    cfg = ssd_configs(nheads, headdim, dstate, ngroups, chunk_size, x.dtype)
+    cfg = ssd_configs(nheads, headdim, dstate, ngroups, chunk_size, x.dtype, out.dtype)
     ws = _workspace(chunks.num_chunks, nheads, headdim, dstate, ngroups, chunk_size, x.device)
     # Triton takes a bool tensor as i1 pointers; bytes are plainer.
     init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
