@@ -184,6 +184,7 @@ setup(
     packages=find_packages(include=["vllm", "vllm.*"]),
     python_requires=">=3.10",
     install_requires=read_requirements("common.txt"),
+    entry_points={"console_scripts": ["vllm=vllm.entrypoints.cli.main:main"]},
     **(
         dict(ext_modules=[CMakeExtension("vllm._C_conv")], cmdclass={"build_ext": CMakeBuild})
         if should_build_cuda_ops()
