@@ -322,8 +322,8 @@ def profile_engine(llm, requests, args) -> dict:
     on_cuda = runner.device.type == "cuda"
     n = min(args.profile_prompts or len(requests), args.max_num_seqs, len(requests))
     params = SamplingParams(max_tokens=args.profile_decode_steps + 1, ignore_eos=True)
-    for ids, _ in requests[:n]:
-        engine.add_request(ids[: args.profile_prompt_len], params)
+    for i, (ids, _) in enumerate(requests[:n]):
+        engine.add_request(f"profile-{i}", ids[: args.profile_prompt_len], params)
 
     # The kind of a step is known once the scheduler has made its batch: the runner's
     # execute is wrapped, for this run only, to note it.

@@ -1,42 +1,138 @@
-"""SamplingParams: how one request's tokens are drawn and when its generation stops."""
+"""SamplingParams: how one request's tokens are drawn and when its generation stops.
+
+Every field is checked when the object is made, and the error names the field: a request
+the engine accepts can never fail later because of its parameters.
+"""
 
 from __future__ import annotations
 
+import enum
+import math
 from dataclasses import dataclass, field
+
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # torch.Generator.manual_seed's range
+
+
+class RequestOutputKind(enum.Enum):
+    """What each output of a request holds (vLLM's names)."""
+
+    CUMULATIVE = 0  # everything so far
+    DELTA = 1  # only what is new since the previous output
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite(name: str, value) -> float:
+    if not _is_number(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
 
 
 @dataclass
 class SamplingParams:
-    """vLLM's meaning: ``temperature`` 0 is greedy; ``top_k`` -1 (or 0) and ``top_p`` 1.0
-    keep every token; ``max_tokens`` new tokens at most; ``ignore_eos`` keeps generating past
-    the end-of-sequence token; ``stop`` strings end generation (the output text is cut before
-    the stop string); ``seed`` gives the request its own random stream, so its tokens do not
-    depend on what else is in the batch.
+    """vLLM's meaning: ``n`` samples of the prompt; ``temperature`` 0 is greedy;
+    ``top_k`` -1 (or 0) and ``top_p`` 1.0 keep every token; ``max_tokens`` new tokens at
+    most (None: up to ``max_model_len``); ``ignore_eos`` keeps generating past the
+    end-of-sequence token; ``stop`` strings end generation (the output text is cut before
+    the stop string); ``stop_token_ids`` end it on those tokens (kept in the output);
+    ``seed`` gives the request its own random stream, so its tokens do not depend on what
+    else is in the batch (sample ``i`` of ``n`` uses ``seed + i``); ``logprobs`` k returns
+    the log-probability of each sampled token and of the k most likely ones;
+    ``prompt_logprobs`` k does the same for each prompt token after the first.
     """
 
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_tokens: int = 16
-    ignore_eos: bool = False
-    stop: str | list[str] | None = None
     seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self):
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        self.temperature = _finite("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        self.top_p = _finite("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or positive, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an integer, -1 (off) or positive, got {self.top_k!r}")
+        seed = self.seed
+        if seed is not None and (not _is_int(seed) or not _SEED_MIN <= seed <= _SEED_MAX):
+            raise ValueError(
+                f"seed must be an integer in [-2**63, 2**64 - 1] or None, got {self.seed!r}"
+            )
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name} must be an integer >= 0 or None, got {value!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        self.stop_strings = self._stop_strings(self.stop)
+        ids = self.stop_token_ids
+        if ids is None:
+            ids = []
+        if not isinstance(ids, list | tuple) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError(
+                "stop_token_ids must be a list of non-negative integers, got "
+                f"{self.stop_token_ids!r}"
+            )
+        self.stop_token_ids = list(ids)
+
+    @staticmethod
+    def _stop_strings(stop) -> list[str]:
+        if stop is None:
+            return []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
         if any(not s for s in stop):
             raise ValueError("stop strings must be non-empty")
-        self.stop_strings = stop
+        return list(stop)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def child(self, index: int) -> SamplingParams:
+        """The params of sample ``index`` of ``n``: one sample, its own seed."""
+        seed = None if self.seed is None else self.seed + index
+        if seed is not None and seed > _SEED_MAX:
+            seed -= 2**64
+        return SamplingParams(
+            n=1,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=seed,
+            stop=self.stop_strings or None,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            max_tokens=self.max_tokens,
+            logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            output_kind=self.output_kind,
+        )

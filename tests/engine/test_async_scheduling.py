@@ -86,11 +86,11 @@ def test_async_equals_sync(device):
 def test_one_step_in_flight_at_most(device):
     llm = make_llm(device, True)
     engine = llm.engine
-    for p in ([1, 2, 3], [4] * 20):
-        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=5))
+    for i, p in enumerate(([1, 2, 3], [4] * 20)):
+        engine.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=5))
     done = []
     while engine.has_unfinished_requests():
-        done += engine.step()
+        done += [out for out in engine.step() if out.finished]
         for seq in engine.scheduler.running:
             assert seq.token_ids.count(PENDING_TOKEN) <= 1  # the step in flight only
             assert seq.num_output_tokens <= 5

@@ -92,11 +92,12 @@ def test_staggered_requests_equal_each_alone(llm):
         llm.generate([p], sp, use_tqdm=False)[0] for p, sp in zip(prompts, params, strict=True)
     ]
     done = {}
-    ids = [engine.add_request(prompts[0], params[0]).request_id]
+    ids = [f"staggered-{k}" for k in range(3)]
+    engine.add_request(ids[0], prompts[0], params[0])
     for k in (1, 2):
         for out in engine.step():
             done[out.request_id] = out
-        ids.append(engine.add_request(prompts[k], params[k]).request_id)
+        engine.add_request(ids[k], prompts[k], params[k])
     while engine.has_unfinished_requests():
         for out in engine.step():
             done[out.request_id] = out

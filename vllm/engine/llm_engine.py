@@ -1,176 +1,137 @@
-"""LLMEngine: requests in, one scheduled mixed batch per ``step``, finished outputs out.
+"""LLMEngine: the synchronous face of the engine core (``LLM`` drives it).
 
-A step: the scheduler picks the batch, the runner computes the logits of the rows that end
-a sequence's known tokens, the sampler draws one token for each, and each of those
-sequences takes its token, its new text, and may finish (EOS, a stop string, max_tokens),
-which frees its slot.
-
-Async scheduling (``EngineConfig.async_scheduling``, on by default, as vLLM's
-``--async-scheduling``): a step is dispatched before the host has read the previous
-step's tokens. Its decode rows take their input tokens on the device from the previous
-step's sampled tokens (``PENDING_TOKEN`` stands for them on the host), and only then does
-the host read the previous step's tokens, detokenize and check stops, while the GPU runs
-the new step: the host's per-step work hides behind the GPU's. A sequence that a stop
-string or EOS ends has been dispatched in one more step by then; that step's token for it
-is dropped, so outputs are the same as without async scheduling. ``max_tokens`` is known
-ahead, so no step is wasted on it. ``step`` returns what finished in the step it read.
+``add_request`` checks and tokenizes a request (``processor.py``) and hands it, one core
+request per sample, to the ``EngineCore``; ``step`` runs one core step and returns the
+``RequestOutput`` of every request that has something new (``output_processor.py``: text,
+stop strings, logprobs, the merge of ``n`` samples, the output kind); ``abort_request``
+ends requests and frees their slots at once. A request that fails while running (sampling,
+detokenizing) comes back finished with reason "error" and its message in ``errors``; the
+other requests and the engine go on.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass
-
-import torch
 
 from vllm.engine.config import EngineConfig
-from vllm.engine.sampler import Sampler
-from vllm.engine.scheduler import Scheduler
-from vllm.engine.sequence import PENDING_TOKEN, Sequence
-from vllm.engine.tokenizer import IncrementalDetokenizer, get_tokenizer
+from vllm.engine.core import EngineCore, EngineCoreRequest
+from vllm.engine.output_processor import OutputProcessor
+from vllm.engine.processor import InputProcessor, ProcessedPrompt
+from vllm.engine.stats import IterationStats
+from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingParams
-from vllm.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
-
-
-@dataclass
-class _Dispatched:
-    """A step whose sampled tokens are still on the device: ``tokens[i]`` is the token of
-    ``seqs[i]``, to go at ``positions[i]`` of its token list."""
-
-    seqs: list[Sequence]
-    positions: list[int]
-    tokens: torch.Tensor
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         t0 = time.perf_counter()
         self.config = config
-        self.runner = ModelRunner(config)
-        self.tokenizer = get_tokenizer(config.tokenizer, self.runner.model.config.vocab_size)
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
-        self.sampler = Sampler(self.runner.device, config.seed)
-        self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._counter = itertools.count()
-        self.num_steps = 0
-        self._in_flight: _Dispatched | None = None
-        self.startup = {**self.runner.startup, "total_s": time.perf_counter() - t0}
+        self.core = EngineCore(config)
+        vocab = self.core.vocab_size
+        self.tokenizer = get_tokenizer(config.tokenizer, vocab)
+        self.processor = InputProcessor(config, self.tokenizer, vocab)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        # Requests that failed while running: {request id: message}, until read.
+        self.errors: dict[str, str] = {}
+        self.startup = {**self.core.runner.startup, "total_s": time.perf_counter() - t0}
         logger.info(startup_line(self.startup))
+
+    @classmethod
+    def from_engine_args(cls, args) -> LLMEngine:
+        return cls(args.create_engine_config())
+
+    # The core's parts, where benchmarks and tests look for them.
+    @property
+    def runner(self):
+        return self.core.runner
+
+    @property
+    def scheduler(self):
+        return self.core.scheduler
+
+    @property
+    def sampler(self):
+        return self.core.sampler
+
+    @property
+    def num_steps(self) -> int:
+        return self.core.num_steps
+
+    @property
+    def _in_flight(self):
+        return self.core._in_flight
+
+    def process(self, prompt, params: SamplingParams) -> ProcessedPrompt:
+        """Check and tokenize one request (ValueError naming the problem); queues nothing."""
+        return self.processor.process(prompt, params)
 
     def add_request(
         self,
-        prompt: str | list[int],
+        request_id: str,
+        prompt,
         params: SamplingParams,
-        request_id: str | None = None,
-    ) -> Sequence:
-        arrival = next(self._counter)
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, ids = None, [int(t) for t in prompt]
-        vocab = self.runner.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        seq = Sequence(request_id or str(arrival), ids, params, prompt=text, arrival=arrival)
-        self._detok[seq.request_id] = IncrementalDetokenizer(self.tokenizer, ids)
-        self.scheduler.add(seq)
-        return seq
+        arrival_time: float | None = None,
+    ) -> None:
+        """Check, then queue, one request; nothing is queued when it raises."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string, got {type(request_id).__name__}")
+        if request_id in self.output_processor.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.add_processed(request_id, self.process(prompt, params), params, arrival_time)
+
+    def add_processed(
+        self,
+        request_id: str,
+        processed: ProcessedPrompt,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        children = self.output_processor.add_request(
+            request_id, processed.prompt, processed.prompt_token_ids, params, arrival_time
+        )
+        eos = self.tokenizer.eos_token_id
+        for core_id, child_params in children:
+            self.core.add_request(
+                EngineCoreRequest(core_id, processed.prompt_token_ids, child_params, eos)
+            )
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """End these requests now and free their slots (unknown ids are ignored)."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for rid in request_ids:
+            self.core.abort_requests(self.output_processor.abort(rid))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        return bool(self.output_processor.requests) or self.core.has_unfinished_requests()
 
-    def step(self) -> list[RequestOutput]:
-        """Run one step; the outputs of the requests that finished (in the step whose
-        tokens this call read: the one before, under async scheduling)."""
-        batch = self.scheduler.schedule()
-        dispatched = self._dispatch(batch) if batch.seqs else None
-        if dispatched is None and self._in_flight is None and self.scheduler.running:
-            raise RuntimeError(f"running sequences with nothing to compute: {batch}")
-        finished = []
-        if self._in_flight is not None:
-            finished = self._read(self._in_flight)
-        self._in_flight = dispatched
-        if dispatched is not None and not self.config.async_scheduling:
-            finished += self._read(dispatched)
-            self._in_flight = None
-        return finished
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.output_processor.requests)
 
-    def _dispatch(self, batch) -> _Dispatched:
-        """Queue the step on the device: model, sampler; the tokens stay there."""
-        prev = self._in_flight.tokens if self._in_flight is not None else None
-        logits, sampled_idx = self.runner.execute(batch, prev)
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            seq.num_computed_tokens += n
-        seqs = [batch.seqs[i] for i in sampled_idx]
-        tokens = self.sampler.sample(logits, seqs) if seqs else logits.new_empty(0).long()
-        positions = []
-        for row, seq in enumerate(seqs):
-            positions.append(len(seq.token_ids))
-            seq.token_ids.append(PENDING_TOKEN)
-            seq.pending_row = row
-        self.num_steps += 1
-        return _Dispatched(seqs, positions, tokens)
-
-    def _read(self, step: _Dispatched) -> list[RequestOutput]:
-        """Read a dispatched step's tokens (waits for that step only) and apply them."""
-        finished = []
-        for seq, pos, token in zip(step.seqs, step.positions, step.tokens.tolist(), strict=True):
-            if seq.is_finished:
-                continue  # ended by an earlier step's token: this one is dropped
-            seq.token_ids[pos] = token
-            reason = self._check_stop(seq, pos)
-            if reason is not None:
-                del seq.token_ids[pos + 1 :]  # a later step's pending token
-                self.scheduler.finish(seq, reason)
-                self.sampler.forget(seq)
-                del self._detok[seq.request_id]
-                finished.append(self.output_of(seq))
-        return finished
-
-    def _check_stop(self, seq: Sequence, pos: int) -> str | None:
-        """Whether the token at ``pos`` (the last one read) ends the sequence, and why."""
-        params = seq.params
-        token = seq.token_ids[pos]
-        delta = self._detok[seq.request_id].step(seq.token_ids, pos + 1)
-        if delta:
-            seq.output_text += delta
-            if params.stop_strings:
-                # Only the tail can hold a stop string that this token completed.
-                longest = max(map(len, params.stop_strings))
-                tail_from = max(0, len(seq.output_text) - len(delta) - longest + 1)
-                hits = [
-                    i for s in params.stop_strings if (i := seq.output_text.find(s, tail_from)) >= 0
-                ]
-                if hits:
-                    seq.output_text = seq.output_text[: min(hits)]
-                    return "stop"
-        eos = self.tokenizer.eos_token_id
-        if not params.ignore_eos and eos is not None and token == eos:
-            return "stop"
-        if pos + 1 - seq.num_prompt_tokens >= params.max_tokens:
-            return "length"
-        return None
+    def step(self, stats: IterationStats | None = None) -> list[RequestOutput]:
+        """One core step; the outputs of the requests with something new (and of those
+        that failed: finished, reason "error", the message in ``self.errors``)."""
+        core_outputs = self.core.step()
+        outputs, to_abort, errors = self.output_processor.process_outputs(core_outputs, stats)
+        if to_abort:
+            self.core.abort_requests(to_abort)
+        for rid, message in errors.items():
+            logger.warning("request %s failed: %s", rid, message)
+            self.errors[rid] = message
+            outputs.append(self._error_output(rid, message))
+        if stats is not None:
+            stats.num_running = self.core.num_running
+            stats.num_waiting = self.core.num_waiting
+        return outputs
 
     @staticmethod
-    def output_of(seq: Sequence) -> RequestOutput:
-        completion = CompletionOutput(
-            index=0,
-            text=seq.output_text,
-            token_ids=list(seq.output_token_ids),
-            finish_reason=seq.finish_reason,
-        )
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            outputs=[completion],
-            finished=seq.is_finished,
-        )
+    def _error_output(request_id: str, message: str) -> RequestOutput:
+        completion = CompletionOutput(0, "", [], finish_reason="error")
+        return RequestOutput(request_id, None, [], [completion], finished=True, error=message)
 
 
 def startup_line(s: dict) -> str:

@@ -4,9 +4,13 @@ Greedy rows (temperature 0) take the argmax. The others are scaled by 1/temperat
 filtered by top-k then top-p, and drawn with the exponential race (argmax of p / E with
 E ~ Exp(1), which picks token i with probability p_i): no host sync, and a request with a
 ``seed`` draws its E from its own generator, so its tokens do not depend on the batch.
+``compute_logprobs`` gives the log-probabilities that ``logprobs`` and ``prompt_logprobs``
+ask for, on the device too.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -79,3 +83,59 @@ class Sampler:
         mass_before = probs.cumsum(-1) - probs
         sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
         return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)
+
+
+@dataclass
+class LogprobLists:
+    """``SampledLogprobs`` read to the host."""
+
+    token_ids: list[int]
+    token_logprobs: list[float]
+    ranks: list[int]
+    topk_ids: list[list[int]]
+    topk_logprobs: list[list[float]]
+
+    def position(self, row: int, k: int) -> dict[int, tuple[float, int]]:
+        """{token id: (logprob, rank)}: the row's token first, then the ``k`` most likely."""
+        out = {self.token_ids[row]: (self.token_logprobs[row], self.ranks[row])}
+        top = zip(self.topk_ids[row][:k], self.topk_logprobs[row][:k], strict=True)
+        for rank, (tok, lp) in enumerate(top, 1):
+            out.setdefault(tok, (lp, rank))
+        return out
+
+
+@dataclass
+class SampledLogprobs:
+    """Device tensors: each row's token (sampled, or the prompt's next token), its
+    log-probability and rank, and the row's top-k tokens and log-probabilities."""
+
+    token_ids: torch.Tensor
+    token_logprobs: torch.Tensor
+    ranks: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logprobs: torch.Tensor
+
+    def to_lists(self) -> LogprobLists:
+        return LogprobLists(
+            self.token_ids.tolist(),
+            self.token_logprobs.tolist(),
+            self.ranks.tolist(),
+            self.topk_ids.tolist(),
+            self.topk_logprobs.tolist(),
+        )
+
+
+@torch.no_grad()
+def compute_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor | list[int], k: int
+) -> SampledLogprobs:
+    """Log-probabilities of the raw logits (before temperature and top-k/top-p, as vLLM
+    reports them) for ``token_ids`` (one per row) and each row's ``k`` best; no host sync."""
+    if not isinstance(token_ids, torch.Tensor):
+        token_ids = _small(token_ids, logits.device, dtype=torch.long)
+    logp = logits.float().log_softmax(-1)
+    token_lp = logp.gather(1, token_ids[:, None])[:, 0]
+    # Rank 1 is the most likely token; ties share the better rank.
+    ranks = (logp > token_lp[:, None]).sum(-1) + 1
+    top_lp, top_ids = logp.topk(min(k, logp.shape[1]), dim=-1)
+    return SampledLogprobs(token_ids, token_lp, ranks, top_ids, top_lp)

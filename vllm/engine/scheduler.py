@@ -86,9 +86,12 @@ class Scheduler:
         return ScheduledBatch(seqs, counts, num_decodes)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """End a running sequence and give its slot back now."""
-        self.running.remove(seq)
-        self.slots.free(seq.slot)
+        """End a sequence, running or waiting; a running one gives its slot back now."""
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+            self.slots.free(seq.slot)
         seq.slot = None
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

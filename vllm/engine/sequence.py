@@ -34,6 +34,7 @@ class Sequence:
         params: SamplingParams,
         prompt: str | None = None,
         arrival: int = 0,
+        max_tokens: int | None = None,
     ):
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: the prompt has no tokens")
@@ -49,6 +50,11 @@ class Sequence:
         self.pending_row = 0  # row of the newest pending token in its step's tokens
         self.output_text = ""
         self.finish_reason: str | None = None
+        # params.max_tokens, capped by what max_model_len leaves after the prompt.
+        self.max_tokens = max_tokens if max_tokens is not None else (params.max_tokens or 2**62)
+        self.eos_token_id: int | None = None
+        # Gathered chunk by chunk while the prompt is prefilled ([None] for the first token).
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -74,7 +80,7 @@ class Sequence:
     @property
     def wants_tokens(self) -> bool:
         """A step may compute for it: its prompt is not done, or it may still grow."""
-        return self.num_uncomputed > 1 or self.num_output_tokens < self.params.max_tokens
+        return self.num_uncomputed > 1 or self.num_output_tokens < self.max_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -14,33 +14,57 @@ from pathlib import Path
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+def _no_template() -> ValueError:
+    return ValueError(
+        "this model's tokenizer has no chat template (tokenizer_config.json has no "
+        "'chat_template'), so chat messages cannot be rendered: use completions instead"
+    )
+
+
 class ByteTokenizer:
     eos_token_id = None
+    chat_template = None
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [b % self.vocab_size for b in text.encode("utf-8")]
 
     def decode(self, token_ids: list[int]) -> str:
         return bytes(t % 256 for t in token_ids).decode("utf-8", errors="replace")
 
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        raise _no_template()
+
 
 class HFTokenizer:
-    """The two calls the engine needs from a transformers tokenizer."""
+    """The calls the engine and the server need from a transformers tokenizer."""
 
     def __init__(self, path: str | os.PathLike):
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(str(path))
         self.eos_token_id = self._tok.eos_token_id
+        self.vocab_size = len(self._tok)
+        self.chat_template = getattr(self._tok, "chat_template", None)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        """The messages rendered as the prompt text (ValueError without a template)."""
+        if not self.chat_template:
+            raise _no_template()
+        try:
+            return self._tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as err:  # jinja's errors: the messages do not fit the template
+            raise ValueError(f"the chat template could not render the messages: {err}") from None
 
 
 def get_tokenizer(path: str | os.PathLike | None, vocab_size: int):

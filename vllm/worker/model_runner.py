@@ -14,15 +14,29 @@ the seconds each part took.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from vllm.engine.config import EngineConfig
+from vllm.engine.sampler import _small
 from vllm.engine.scheduler import ScheduledBatch
 from vllm.engine.sequence import PENDING_TOKEN
 from vllm.model_executor.model_loader import get_model
 from vllm.worker.cuda_graph import DecodeGraphs
 from vllm.worker.warmup import compile_kernels
+
+
+@dataclass
+class StepResult:
+    """``logits[j]`` (fp32) ends the known tokens of ``batch.seqs[sample_idx[j]]``;
+    ``prompt_logits`` rows predict prompt tokens: span (i, first, count) of ``batch.seqs[i]``
+    covers its positions first .. first + count - 1, rows in span order."""
+
+    logits: torch.Tensor
+    sample_idx: list[int]
+    prompt_logits: torch.Tensor | None = None
+    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -80,12 +94,11 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def execute(
-        self, batch: ScheduledBatch, prev_tokens: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, batch: ScheduledBatch, prev_tokens: torch.Tensor | None = None) -> StepResult:
         """fp32 logits of the rows that end a sequence's known tokens, and those rows'
         indices into ``batch.seqs`` (a prefill chunk short of the prompt's end samples
-        nothing).
+        nothing); for sequences that ask for prompt logprobs, the logits of their chunk's
+        rows that predict a prompt token.
 
         An input token still on the device (``PENDING_TOKEN``: sampled by the step before,
         whose tokens the host has not read) is taken from ``prev_tokens``, that step's
@@ -97,9 +110,15 @@ class ModelRunner:
         sample_rows: list[int] = []
         fill_dst: list[int] = []
         fill_src: list[int] = []
+        prompt_rows: list[int] = []
+        prompt_spans: list[tuple[int, int, int]] = []
         for i, (seq, n) in enumerate(zip(batch.seqs, lens, strict=True)):
             start = seq.num_computed_tokens
             chunk = seq.token_ids[start : start + n]
+            count = min(n, seq.num_prompt_tokens - 1 - start)
+            if seq.params.prompt_logprobs is not None and count > 0:
+                prompt_spans.append((i, start, count))
+                prompt_rows.extend(range(len(ids), len(ids) + count))
             if chunk[-1] == PENDING_TOKEN:
                 if prev_tokens is None or PENDING_TOKEN in chunk[:-1]:
                     raise RuntimeError(f"{seq}: a pending input token the runner cannot fill")
@@ -118,7 +137,7 @@ class ModelRunner:
         ):
             pending = (fill_dst, fill_src, prev_tokens) if fill_dst else None
             # Every row of a decode-only step ends its sequence's known tokens: all sample.
-            return self.graphs.run(ids, slots, pending), sample_seqs
+            return StepResult(self.graphs.run(ids, slots, pending), sample_seqs)
 
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy out of the host buffer
@@ -142,4 +161,9 @@ class ModelRunner:
         )
         hidden = self.model(input_ids, md, self.pool)
         rows = self._dev[num_tokens : num_tokens + num_rows]
-        return self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs
+        result = StepResult(self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs)
+        if prompt_spans:
+            rows = _small(prompt_rows, self.device, dtype=torch.long)
+            result.prompt_logits = self.model.compute_logits(hidden.index_select(0, rows))
+            result.prompt_spans = prompt_spans
+        return result

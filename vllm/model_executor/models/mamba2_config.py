@@ -50,6 +50,9 @@ class Mamba2ModelConfig:
     time_step_limit: tuple[float, float] = (0.0, math.inf)
     hidden_act: str = "silu"
     dtype: str | None = None
+    # Not a Mamba2Config field (the model has no positions); read where a config.json has
+    # it, as vLLM reads the context length.
+    max_position_embeddings: int | None = None
 
     def __post_init__(self):
         self.validate()

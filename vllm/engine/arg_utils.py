@@ -1,0 +1,94 @@
+"""EngineArgs: the one set of engine options that ``LLM``, ``vllm serve`` and lm-eval share.
+
+``EngineArgs(model=..., **options).create_engine_config()`` gives the checked
+``EngineConfig``; ``EngineArgs.add_cli_args(parser)`` adds the same options to an argparse
+parser as vLLM names them (``--max-num-seqs``, ``--dtype``, ...), and
+``EngineArgs.from_cli_args(namespace)`` reads them back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+from vllm.engine.config import EngineConfig
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
+
+
+@dataclass
+class EngineArgs:
+    model: str | os.PathLike | Mamba2ModelConfig
+    tokenizer: str | os.PathLike | None = None
+    served_model_name: str | None = None
+    load_format: str = "auto"
+    dtype: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    mamba_ssm_cache_dtype: str = "float32"
+    async_scheduling: bool = True
+
+    def create_engine_config(self) -> EngineConfig:
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
+        return EngineConfig(**kwargs)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        g = parser.add_argument_group("engine")
+        g.add_argument(
+            "--tokenizer", default=None, help="tokenizer directory (default: the model's)"
+        )
+        g.add_argument(
+            "--served-model-name",
+            default=None,
+            help="the model name the API answers to (default: the model argument)",
+        )
+        g.add_argument(
+            "--load-format",
+            choices=("auto", "safetensors", "dummy"),
+            default="auto",
+            help="dummy: random weights of the model's config.json",
+        )
+        g.add_argument("--dtype", choices=_DTYPE_CHOICES, default="auto")
+        g.add_argument("--device", default="auto", help="cuda, cpu or auto")
+        g.add_argument("--seed", type=int, default=0)
+        g.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (= slots)")
+        g.add_argument(
+            "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step"
+        )
+        g.add_argument(
+            "--max-model-len",
+            type=int,
+            default=None,
+            help="longest prompt + output in tokens (default: from the config, else 2048)",
+        )
+        g.add_argument(
+            "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps"
+        )
+        g.add_argument(
+            "--mamba-ssm-cache-dtype",
+            choices=("float32", "bfloat16", "float16"),
+            default="float32",
+            help="dtype of the SSM state pool",
+        )
+        g.add_argument(
+            "--no-async-scheduling",
+            dest="async_scheduling",
+            action="store_false",
+            help="read each step's tokens before dispatching the next",
+        )
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        names = [f.name for f in fields(cls)]
+        values = {n: getattr(args, n) for n in names if hasattr(args, n)}
+        if values.get("dtype") == "auto":
+            values["dtype"] = None
+        return cls(**values)

@@ -1,0 +1,256 @@
+"""EngineCore: scheduler + runner + sampler; each step returns the new tokens of every
+running request (deltas), not only the finished ones.
+
+A step: the scheduler picks one mixed batch, the runner computes the logits of the rows
+that end a sequence's known tokens, the sampler draws one token for each, and each of those
+sequences takes its token and may finish (EOS, a stop token id, max_tokens, max_model_len),
+which frees its slot at once. The core knows token ids only: text, stop strings and the
+``n > 1`` fan-out are the output processor's.
+
+Async scheduling (``EngineConfig.async_scheduling``, on by default, as vLLM's
+``--async-scheduling``): a step is dispatched before the host has read the previous
+step's tokens. Its decode rows take their input tokens on the device from the previous
+step's sampled tokens (``PENDING_TOKEN`` stands for them on the host), and only then does
+the host read the previous step's tokens while the GPU runs the new step. A sequence that
+ends (EOS, or an abort: a stop string, a client gone) has been dispatched in one more step
+by then; that step's token for it is dropped, so outputs are the same as without async
+scheduling. ``max_tokens`` is known ahead, so no step is wasted on it.
+
+Failures stay with their request: a request whose sampling fails is finished with
+``error`` set and its slot freed; a forward that fails fails the requests of that batch
+only. The scheduler's state is never left half-updated, so the next step runs normally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm.engine.config import EngineConfig
+from vllm.engine.sampler import SampledLogprobs, Sampler, compute_logprobs
+from vllm.engine.scheduler import ScheduledBatch, Scheduler
+from vllm.engine.sequence import PENDING_TOKEN, Sequence
+from vllm.logger import init_logger
+from vllm.sampling_params import SamplingParams
+from vllm.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+# {token id: (logprob, rank)} at one position; the output processor adds the text.
+TokenLogprobs = dict[int, tuple[float, int]]
+
+
+@dataclass
+class EngineCoreRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams  # n == 1: the output processor fans n > 1 out into children
+    eos_token_id: int | None = None
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    stop_reason: int | None = None  # the stop token id that ended it
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Dispatched:
+    """A step whose sampled tokens are still on the device: ``tokens[rows[i]]`` is the token
+    of ``seqs[i]``, to go at ``positions[i]`` of its token list. ``prompt`` holds the
+    step's prompt logprobs (device values, and (sequence, first position, count) spans)."""
+
+    seqs: list[Sequence]
+    positions: list[int]
+    rows: list[int]
+    tokens: torch.Tensor
+    logprobs: SampledLogprobs | None
+    prompt: tuple[SampledLogprobs, list[tuple[Sequence, int, int]]] | None
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.vocab_size = self.runner.model.config.vocab_size
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
+        self.sampler = Sampler(self.runner.device, config.seed)
+        self.requests: dict[str, Sequence] = {}
+        self.num_steps = 0
+        self._in_flight: _Dispatched | None = None
+        # Outputs made outside a step's read (aborts, failed batches), sent with the next.
+        self._pending_outputs: list[EngineCoreOutput] = []
+
+    # -- requests ------------------------------------------------------------------------
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already running")
+        max_tokens = self.config.max_model_len - len(req.prompt_token_ids)
+        if req.params.max_tokens is not None:
+            max_tokens = min(max_tokens, req.params.max_tokens)
+        seq = Sequence(req.request_id, req.prompt_token_ids, req.params, max_tokens=max_tokens)
+        seq.eos_token_id = req.eos_token_id
+        self.requests[req.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_requests(self, request_ids) -> None:
+        """End these requests now (unknown or finished ids are ignored) and free their
+        slots; a token of theirs still in flight is dropped when read."""
+        for rid in request_ids:
+            seq = self.requests.get(rid)
+            if seq is not None:
+                self._finish(seq, "abort")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self.sampler.forget(seq)
+        del self.requests[seq.request_id]
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or self._in_flight is not None or bool(self._pending_outputs)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Dispatch one step and read the one before it (under async scheduling; without
+        it, read this one); the outputs of every request that got a token or finished."""
+        batch = self.scheduler.schedule()
+        dispatched = self._dispatch(batch) if batch.seqs else None
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if self._in_flight is not None:
+            outputs += self._read(self._in_flight)
+        self._in_flight = dispatched
+        if dispatched is not None and not self.config.async_scheduling:
+            outputs += self._read(dispatched)
+            self._in_flight = None
+        return outputs
+
+    def _dispatch(self, batch: ScheduledBatch) -> _Dispatched | None:
+        """Queue the step on the device: model, sampler; the tokens stay there."""
+        prev = self._in_flight.tokens if self._in_flight is not None else None
+        try:
+            result = self.runner.execute(batch, prev)
+            prompt = self._prompt_logprobs(batch, result)
+        except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine lives
+            logger.exception("a step's forward failed; failing its %d requests", len(batch))
+            for seq in batch.seqs:
+                self._fail(seq, f"the model step failed: {type(err).__name__}: {err}")
+            return None
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            seq.num_computed_tokens += n
+        sampled = [batch.seqs[i] for i in result.sample_idx]
+        tokens, logprobs = self._sample(result.logits, sampled)
+        seqs, positions, rows = [], [], []
+        for row, seq in enumerate(sampled):
+            if seq.is_finished:
+                continue  # its sampling failed: it is gone
+            seqs.append(seq)
+            rows.append(row)
+            positions.append(len(seq.token_ids))
+            seq.token_ids.append(PENDING_TOKEN)
+            seq.pending_row = row
+        self.num_steps += 1
+        return _Dispatched(seqs, positions, rows, tokens, logprobs, prompt)
+
+    def _prompt_logprobs(self, batch: ScheduledBatch, result):
+        """Device logprobs of the prompt tokens this step's chunks predict."""
+        if not result.prompt_spans:
+            return None
+        spans, targets, k = [], [], 0
+        for i, first, count in result.prompt_spans:
+            seq = batch.seqs[i]
+            spans.append((seq, first, count))
+            targets += seq.prompt_token_ids[first + 1 : first + 1 + count]
+            k = max(k, seq.params.prompt_logprobs)
+        values = compute_logprobs(result.prompt_logits, targets, k)
+        return values, spans
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]):
+        """Tokens (and logprobs, where asked) of ``seqs``' rows; a request whose sampling
+        fails is failed alone (its row is then sampled apart from the others)."""
+        if not seqs:
+            return logits.new_empty(0, dtype=torch.long), None
+        try:
+            tokens = self.sampler.sample(logits, seqs)
+        except Exception:  # noqa: BLE001 - find the request(s) at fault, row by row
+            logger.exception("sampling a batch failed; sampling its rows one by one")
+            tokens = torch.zeros(len(seqs), dtype=torch.long, device=logits.device)
+            for i, seq in enumerate(seqs):
+                try:
+                    tokens[i : i + 1] = self.sampler.sample(logits[i : i + 1], [seq])
+                except Exception as err:  # noqa: BLE001
+                    self._fail(seq, f"sampling failed: {type(err).__name__}: {err}")
+        k = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
+        logprobs = compute_logprobs(logits, tokens, max(k)) if k else None
+        return tokens, logprobs
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        if seq.is_finished:
+            return
+        self._finish(seq, "error")
+        self._pending_outputs.append(
+            EngineCoreOutput(seq.request_id, finish_reason="error", error=message)
+        )
+
+    def _read(self, step: _Dispatched) -> list[EngineCoreOutput]:
+        """Read a dispatched step's tokens (waits for that step only) and apply them."""
+        tokens = step.tokens.tolist()
+        lps = step.logprobs.to_lists() if step.logprobs is not None else None
+        if step.prompt is not None:
+            values, spans = step.prompt
+            values, offset = values.to_lists(), 0
+            for seq, _, count in spans:
+                if seq.prompt_logprobs is not None:  # None: finished meanwhile
+                    k = seq.params.prompt_logprobs
+                    seq.prompt_logprobs += [values.position(offset + j, k) for j in range(count)]
+                offset += count
+        outputs = []
+        for seq, pos, row in zip(step.seqs, step.positions, step.rows, strict=True):
+            if seq.is_finished:
+                continue  # ended (or aborted) before this token was read: dropped
+            token = tokens[row]
+            seq.token_ids[pos] = token
+            out = EngineCoreOutput(seq.request_id, [token])
+            if lps is not None and seq.params.logprobs is not None:
+                out.new_logprobs = [lps.position(row, seq.params.logprobs)]
+            if pos == seq.num_prompt_tokens and seq.prompt_logprobs is not None:
+                out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+            reason, stop_token = self._check_stop(seq, pos)
+            if reason is not None:
+                del seq.token_ids[pos + 1 :]  # a later step's pending token
+                self._finish(seq, reason)
+                out.finish_reason, out.stop_reason = reason, stop_token
+            outputs.append(out)
+        return outputs
+
+    @staticmethod
+    def _check_stop(seq: Sequence, pos: int) -> tuple[str | None, int | None]:
+        """Whether the token at ``pos`` (the last one read) ends the sequence, and why."""
+        params = seq.params
+        token = seq.token_ids[pos]
+        if not params.ignore_eos and seq.eos_token_id is not None and token == seq.eos_token_id:
+            return "stop", None
+        if token in params.stop_token_ids:
+            return "stop", token
+        if pos + 1 - seq.num_prompt_tokens >= seq.max_tokens:
+            return "length", None
+        return None, None
