@@ -1,0 +1,154 @@
+"""AsyncLLM: many concurrent streams over one engine loop, each with exactly its own
+outputs; leaving a stream early aborts it and frees its slot; a failing request fails
+alone; a bad request is refused before anything is queued."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from tests.models.mamba2_utils import TINY
+from vllm import LLM, SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
+from vllm.engine.sampler import Sampler
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.sampling_params import RequestOutputKind
+
+pytestmark = pytest.mark.timeout(600)
+
+CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128})
+OPTS = dict(
+    load_format="dummy",
+    dtype="float32",
+    device="cuda" if torch.cuda.is_available() else "cpu",
+    max_num_seqs=4,
+    max_num_batched_tokens=16,
+    max_model_len=64,
+)
+DELTA = RequestOutputKind.DELTA
+
+
+def delta(n: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, output_kind=DELTA, **kw)
+
+
+async def collect(engine: AsyncLLM, rid: str, prompt, params, stop_after=None) -> list[int]:
+    toks: list[int] = []
+    gen = engine.generate(prompt, params, rid)
+    async for out in gen:
+        toks += out.outputs[0].token_ids
+        if stop_after is not None and len(toks) >= stop_after:
+            await gen.aclose()
+            break
+    return toks
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def offline():
+    return LLM(CONFIG, **OPTS)
+
+
+def prompts(n: int) -> list[list[int]]:
+    return [[(5 * i + j) % 128 for j in range(1 + i % 7)] for i in range(n)]
+
+
+def test_concurrent_streams_get_exactly_their_tokens(offline):
+    ps = prompts(12)
+    want = [
+        o.outputs[0].token_ids
+        for o in offline.generate(ps, SamplingParams(temperature=0.0, max_tokens=5), False)
+    ]
+
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        got = await asyncio.gather(
+            *(collect(engine, f"c{i}", p, delta(5)) for i, p in enumerate(ps))
+        )
+        assert engine.engine.scheduler.slots.num_used == 0
+        await engine.shutdown()
+        return got
+
+    assert run(main()) == want
+
+
+def test_leaving_early_aborts_and_frees_slots():
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        # Closed generators and cancelled tasks: both are how a client disconnect arrives.
+        early = [collect(engine, f"e{i}", [1, 2, i], delta(40), stop_after=2) for i in range(4)]
+        await asyncio.gather(*early)
+        tasks = [asyncio.create_task(collect(engine, f"k{i}", [3, i], delta(40))) for i in range(4)]
+        await asyncio.sleep(0.5)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # A full batch of max_num_seqs requests still runs to the end.
+        full = await asyncio.gather(*(collect(engine, f"f{i}", [4, i], delta(6)) for i in range(4)))
+        assert [len(t) for t in full] == [6] * 4
+        for _ in range(50):  # the loop applies aborts between steps
+            if engine.num_requests_running == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.num_requests_running == 0
+        assert engine.engine.scheduler.slots.num_used == 0
+        assert not engine.engine.has_unfinished_requests()
+        await engine.shutdown()
+
+    run(main())
+
+
+def test_a_failing_request_fails_alone(monkeypatch):
+    real = Sampler._generator
+
+    def failing(self, seq):
+        if seq.params.seed == 13:
+            raise RuntimeError("injected sampler fault")
+        return real(self, seq)
+
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        monkeypatch.setattr(Sampler, "_generator", failing)
+        bad = SamplingParams(temperature=1.0, seed=13, max_tokens=5, output_kind=DELTA)
+        results = await asyncio.gather(
+            collect(engine, "ok1", [1, 2], delta(5)),
+            collect(engine, "bad", [1, 2], bad),
+            collect(engine, "ok2", [3, 4], delta(5)),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], RequestFailedError)
+        assert "injected sampler fault" in str(results[1])
+        assert len(results[0]) == len(results[2]) == 5
+        monkeypatch.setattr(Sampler, "_generator", real)
+        assert len(await collect(engine, "after", [1, 2], delta(3))) == 3
+        assert not engine.errored
+        await engine.shutdown()
+
+    run(main())
+
+
+def test_bad_requests_are_refused_before_queueing():
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.add_request("v", [1, 500], delta(3))
+        with pytest.raises(ValueError, match="maximum model length"):
+            engine.add_request("l", [1] * 64, delta(3))
+        with pytest.raises(ValueError, match="SamplingParams"):
+            engine.add_request("p", [1], {"max_tokens": 3})
+        stream = engine.add_request("dup", [1, 2], delta(3))
+        with pytest.raises(ValueError, match="already in use"):
+            engine.add_request("dup", [1, 2], delta(3))
+        assert len([t async for out in stream for t in out.outputs[0].token_ids]) == 3
+        assert not engine.engine.output_processor.requests
+        await engine.shutdown()
+        with pytest.raises(EngineDeadError):
+            engine.add_request("gone", [1], delta(1))
+
+    run(main())
