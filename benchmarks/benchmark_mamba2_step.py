@@ -75,6 +75,12 @@ def parse_args(argv):
     p.add_argument("--no-cuda-graph", action="store_true", help="skip the decode_graph step")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per kind")
+    p.add_argument(
+        "--mamba-ssm-cache-dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="dtype of the SSM state pool",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -165,7 +171,70 @@ def profile_steps(steps: dict, n: int, on_cuda: bool, graphed: tuple[str, ...]) 
                         torch.cuda.synchronize()
                 walls[name] = (kind, (time.perf_counter() - t0) * 1e3)
     records = kernel_records(prof.events(), STEP_PREFIX, on_cuda)
-    return summarize(records, walls, STEP_PREFIX, graphed)
+    return summarize(records, walls, STEP_PREFIX, graphed), top_kernels(records, "decode_graph", n)
+
+
+def top_kernels(records, kind: str, num_steps: int, top: int = 15) -> list[dict]:
+    """The kernels of the ``kind`` steps by total time: name, us per step, launches per step."""
+    from collections import defaultdict
+
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for rec in records:
+        step = next((r for r in rec.ranges if r.startswith(f"{STEP_PREFIX}{kind}#")), None)
+        if step is not None:
+            total[rec.name] += rec.duration_us
+            count[rec.name] += 1
+    ranked = sorted(total, key=total.get, reverse=True)[:top]
+    return [
+        {"kernel": k[:90], "us_per_step": total[k] / num_steps, "per_step": count[k] / num_steps}
+        for k in ranked
+    ]
+
+
+def copy_bandwidth_gbps(nbytes: int = 2**32) -> float:
+    """Device-to-device copy, bytes read + written per second (median of 10)."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del src, dst
+    return 2 * nbytes / (statistics.median(times) / 1e3) / 1e9
+
+
+def decode_floor(model, pool, batch: int) -> dict:
+    """The bytes a decode step of ``batch`` sequences must move, and their time at the
+    measured copy bandwidth: every weight once (the embedding: ``batch`` rows), each
+    sequence's SSM and conv state of every layer read and written once."""
+    emb = model.backbone.embeddings.weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights -= emb.numel() * emb.element_size() - batch * emb.shape[1] * emb.element_size()
+    if model.lm_head is None:
+        weights += emb.numel() * emb.element_size()  # tied: the logits read it whole
+    layers = pool.ssm_state.shape[0]
+    ssm = 2 * layers * batch * pool.ssm_state[0, 0].numel() * pool.ssm_state.element_size()
+    conv = 2 * layers * batch * pool.conv_state[0, 0].numel() * pool.conv_state.element_size()
+    total = weights + ssm + conv
+    bw = copy_bandwidth_gbps()
+    return {
+        "batch": batch,
+        "bytes": total,
+        "weight_bytes": weights,
+        "ssm_state_bytes": ssm,
+        "conv_state_bytes": conv,
+        "copy_gbps": bw,
+        "floor_ms": total / (bw * 1e9) * 1e3,
+    }
 
 
 def run_backend(name, model, cases, args, on_cuda) -> dict:
@@ -176,7 +245,9 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
     os.environ["VLLM_USE_TRITON_CONV1D"] = "1" if name == "triton" else "0"
     model.set_conv_backend(ConvBackend(name))
     num_slots = max(args.num_decodes + 1, args.decode_batch)
-    pool = model.allocate_state_pool(num_slots)
+    pool = model.allocate_state_pool(
+        num_slots, ssm_dtype=getattr(torch, args.mamba_ssm_cache_dtype)
+    )
     out: dict = {"pool_gib": pool.nbytes() / 2**30}
     # The first mixed step on the fresh pool: its logits are compared across backends.
     out["first_logits"] = cases["mixed"].run(model, pool).float().cpu()
@@ -216,8 +287,21 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
             f"host {res['host_ms']:.2f} ms",
             flush=True,
         )
+    if on_cuda and "decode_graph" in out:
+        out["decode_floor"] = decode_floor(model, pool, args.decode_batch)
+        out["decode_floor"]["graph_over_floor"] = (
+            out["decode_graph"]["ms"]["median"] / out["decode_floor"]["floor_ms"]
+        )
+        f = out["decode_floor"]
+        print(
+            f"[{name}] decode floor {f['floor_ms']:.2f} ms ({f['bytes'] / 1e9:.2f} GB at "
+            f"{f['copy_gbps']:.0f} GB/s copy): graph step {f['graph_over_floor']:.3f}x of it",
+            flush=True,
+        )
     if args.profile:
-        out["profile"] = profile_steps(steps, args.profile_steps, on_cuda, ("decode_graph",))
+        out["profile"], out["decode_graph_kernels"] = profile_steps(
+            steps, args.profile_steps, on_cuda, ("decode_graph",)
+        )
     return out  # the pool and the graphs die here, before the next backend's are made
 
 
@@ -249,6 +333,28 @@ def markdown(results: dict) -> str:
             "Triton over CUDA (CUDA ms / Triton ms): "
             + ", ".join(f"{k} {v:.3f}x" for k, v in speedups.items()),
         ]
+    floors = [(n, r["decode_floor"]) for n, r in results["backends"].items() if "decode_floor" in r]
+    if floors:
+        lines += [
+            "",
+            "Decode graph step against its byte floor (weights + states read and written once, "
+            "at the measured copy bandwidth):",
+            "",
+            "| backend | batch | GB | copy GB/s | floor ms | graph ms | graph / floor |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, f in floors:
+            ms = results["backends"][name]["decode_graph"]["ms"]["median"]
+            lines.append(
+                f"| {name} | {f['batch']} | {f['bytes'] / 1e9:.2f} | {f['copy_gbps']:.0f} | "
+                f"{f['floor_ms']:.2f} | {ms:.2f} | {f['graph_over_floor']:.3f}x |"
+            )
+    for name, r in results["backends"].items():
+        if r.get("decode_graph_kernels"):
+            lines += ["", f"Kernels of the decode graph step ({name}):", ""]
+            lines += ["| kernel | us per step | launches per step |", "| --- | ---: | ---: |"]
+            for k in r["decode_graph_kernels"]:
+                lines.append(f"| `{k['kernel']}` | {k['us_per_step']:.1f} | {k['per_step']:.0f} |")
     profiles = [(n, r["profile"]) for n, r in results["backends"].items() if "profile" in r]
     if profiles:
         lines += ["", "Share of step wall time (profiled steps):", "", *MARKDOWN_HEADER]
@@ -297,6 +403,7 @@ def main(argv=None) -> dict:
             "prefill_len": args.prefill_len,
             "prefill_has_initial_state": args.prefill_has_initial_state,
             "decode_batch": args.decode_batch,
+            "mamba_ssm_cache_dtype": args.mamba_ssm_cache_dtype,
             "tokens": {k: c.num_tokens for k, c in cases.items()},
             "metadata_build_ms": {k: c.build_ms for k, c in cases.items()},
             "iters": args.iters,
