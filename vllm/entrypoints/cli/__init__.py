@@ -1,0 +1,1 @@
+"""The ``vllm`` command: ``main.py`` dispatches to one module per subcommand (``serve.py``)."""

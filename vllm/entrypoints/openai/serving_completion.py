@@ -1,0 +1,212 @@
+"""POST /v1/completions: one engine request per prompt, choices indexed prompt_i * n + j (as
+vLLM numbers them), a whole response or an SSE stream of deltas."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from fastapi import Request
+
+from vllm.entrypoints.openai.errors import APIError
+from vllm.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+    UsageInfo,
+    now,
+    random_id,
+)
+from vllm.entrypoints.openai.serving_engine import OpenAIServing, clamp, ranked
+from vllm.entrypoints.openai.sse import DONE, SSEResponse, sse_data, sse_error, unless_disconnected
+from vllm.logger import init_logger
+from vllm.outputs import RequestOutput
+
+logger = init_logger(__name__)
+
+
+class _Prompt:
+    """One prompt of the request: its token ids, and its text for echo (decoded from the
+    ids when the client sent ids)."""
+
+    def __init__(self, serving: OpenAIServing, text: str | None, token_ids: list[int]):
+        self._serving, self._text, self.token_ids = serving, text, token_ids
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self._serving.tokenizer.decode(self.token_ids)
+        return self._text
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(self, request: CompletionRequest, raw_request: Request):
+        model = self.models.check_model(request.model)
+        prompts = self._prompts(request)
+        # With echo, the prompt's own logprobs come first (what lm-eval's loglikelihood reads).
+        prompt_logprobs = request.logprobs if request.echo else None
+        params = [
+            self.sampling_params(
+                request,
+                self.check_length(len(p.token_ids), request.max_tokens),
+                request.logprobs,
+                prompt_logprobs,
+            )
+            for p in prompts
+        ]
+        request_id = random_id("cmpl")
+        requests = await self.add_requests(request_id, [p.token_ids for p in prompts], params)
+        if request.stream:
+            return SSEResponse(self._stream(request, request_id, model, prompts, requests))
+        finals = await unless_disconnected(raw_request, self._collect(requests))
+        return self._response(request, request_id, model, prompts, finals)
+
+    def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
+        prompt = request.prompt
+        single = isinstance(prompt, str) or isinstance(prompt[0], int)
+        out = []
+        for item in [prompt] if single else prompt:
+            if isinstance(item, str):
+                ids = self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)
+                out.append(_Prompt(self, item, ids))
+            else:
+                # Ids outside the vocabulary are the engine's to refuse (add_requests: 400).
+                out.append(_Prompt(self, None, list(item)))
+        return out
+
+    async def _collect(self, requests) -> list[RequestOutput]:
+        """Each prompt's final output, its n samples merged (by index) if they come apart."""
+        finals: dict[int, RequestOutput] = {}
+        async with aclosing(self.iterate(requests)) as outputs:
+            async for i, out in outputs:
+                if i in finals:
+                    merged = {o.index: o for o in finals[i].outputs}
+                    merged.update({o.index: o for o in out.outputs})
+                    out.outputs = list(merged.values())
+                    out.prompt_logprobs = out.prompt_logprobs or finals[i].prompt_logprobs
+                finals[i] = out
+        return [finals[i] for i in range(len(requests))]
+
+    def _logprobs(self, token_ids, positions, offset: int) -> CompletionLogProbs:
+        """OpenAI's completions format: each token's text, its logprob, the alternatives
+        (the sampled token among them) and where its text starts in the choice's text."""
+        lp = CompletionLogProbs()
+        positions = positions if positions is not None else [None] * len(token_ids)
+        for token_id, position in zip(token_ids, positions, strict=True):
+            if position is None:  # the first prompt token has nothing before it
+                token = self.token_text(token_id, None)
+                lp.token_logprobs.append(None)
+                lp.top_logprobs.append(None)
+            else:
+                sampled = position.get(token_id)
+                token = self.token_text(token_id, sampled)
+                lp.token_logprobs.append(clamp(sampled.logprob) if sampled else None)
+                lp.top_logprobs.append(
+                    {self.token_text(t, alt): clamp(alt.logprob) for t, alt in ranked(position)}
+                )
+            lp.tokens.append(token)
+            lp.text_offset.append(offset)
+            offset += len(token)
+        return lp
+
+    def _response(self, request, request_id, model, prompts, finals) -> CompletionResponse:
+        choices, generated = [], 0
+        for i, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
+            for out in sorted(final.outputs, key=lambda o: o.index):
+                generated += len(out.token_ids)
+                text, token_ids, positions = out.text, list(out.token_ids), out.logprobs
+                if request.echo:
+                    positions = _echo_positions(prompt, final, positions, len(token_ids))
+                    text = prompt.text + text
+                    token_ids = prompt.token_ids + token_ids
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = self._logprobs(token_ids, positions, 0)
+                choices.append(
+                    CompletionResponseChoice(
+                        index=i * request.n + out.index,
+                        text=text,
+                        logprobs=logprobs,
+                        finish_reason=out.finish_reason,
+                        stop_reason=out.stop_reason,
+                    )
+                )
+        num_prompt = sum(len(p.token_ids) for p in prompts)
+        usage = UsageInfo(
+            prompt_tokens=num_prompt,
+            completion_tokens=generated,
+            total_tokens=num_prompt + generated,
+        )
+        return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+    async def _stream(self, request, request_id, model, prompts, requests) -> AsyncIterator[str]:
+        created = now()
+        generated: dict[int, int] = defaultdict(int)
+        offsets: dict[int, int] = defaultdict(int)
+        echoed: set[int] = set()
+        try:
+            async with aclosing(self.iterate(requests)) as outputs:
+                async for i, res in outputs:
+                    for out in res.outputs:
+                        index = i * request.n + out.index
+                        text, token_ids, positions = out.text, list(out.token_ids), out.logprobs
+                        generated[index] += len(token_ids)
+                        if request.echo and index not in echoed:
+                            echoed.add(index)
+                            prompt = prompts[i]
+                            positions = _echo_positions(prompt, res, positions, len(token_ids))
+                            text = prompt.text + text
+                            token_ids = prompt.token_ids + token_ids
+                        if (
+                            not text
+                            and out.finish_reason is None
+                            and not (request.logprobs is not None and token_ids)
+                        ):
+                            continue  # nothing to show yet (an unfinished character)
+                        logprobs = None
+                        if request.logprobs is not None:
+                            logprobs = self._logprobs(token_ids, positions, offsets[index])
+                        offsets[index] += len(text)
+                        choice = CompletionResponseStreamChoice(
+                            index=index,
+                            text=text,
+                            logprobs=logprobs,
+                            finish_reason=out.finish_reason,
+                            stop_reason=out.stop_reason,
+                        )
+                        chunk = CompletionStreamResponse(
+                            id=request_id, created=created, model=model, choices=[choice]
+                        )
+                        yield sse_data(chunk)
+            if request.include_usage:
+                num_prompt = sum(len(p.token_ids) for p in prompts)
+                num_generated = sum(generated.values())
+                usage = UsageInfo(
+                    prompt_tokens=num_prompt,
+                    completion_tokens=num_generated,
+                    total_tokens=num_prompt + num_generated,
+                )
+                yield sse_data(
+                    CompletionStreamResponse(
+                        id=request_id, created=created, model=model, choices=[], usage=usage
+                    )
+                )
+        except APIError as err:
+            yield sse_error(err)
+        except Exception as err:
+            logger.exception("completion stream %s failed", request_id)
+            yield sse_error(APIError(f"the request failed: {err}", 500))
+        yield DONE
+
+
+def _echo_positions(prompt: _Prompt, res: RequestOutput, positions, num_generated: int):
+    """The prompt's logprob positions (None for the first token), then the output's."""
+    before = res.prompt_logprobs
+    if before is None or len(before) != len(prompt.token_ids):
+        before = [None] * len(prompt.token_ids)
+    after = positions if positions is not None else [None] * num_generated
+    return list(before) + list(after)
