@@ -1,0 +1,180 @@
+"""Bad requests against a real server: each gets OpenAI's error body with the right status
+and type (naming the field where there is one), no traceback, and the server serves on."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.entrypoints.utils import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    assert_error_body,
+    assert_serves,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+OK = {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 2}
+CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+# (id, path, body, param the error must name (None: any))
+BAD_REQUESTS = [
+    ("prompt_missing", "v1/completions", {"model": MODEL_NAME}, "prompt"),
+    ("prompt_null", "v1/completions", {**OK, "prompt": None}, "prompt"),
+    ("prompt_number", "v1/completions", {**OK, "prompt": 5}, "prompt"),
+    ("prompt_float_id", "v1/completions", {**OK, "prompt": [1, 2.7]}, "prompt"),
+    ("prompt_null_id", "v1/completions", {**OK, "prompt": [1, None]}, "prompt"),
+    ("prompt_negative_id", "v1/completions", {**OK, "prompt": [1, -3]}, "prompt"),
+    ("prompt_mixed_batch", "v1/completions", {**OK, "prompt": ["a", [1, 2]]}, "prompt"),
+    ("prompt_empty_string", "v1/completions", {**OK, "prompt": ""}, "prompt"),
+    ("prompt_empty_list", "v1/completions", {**OK, "prompt": []}, "prompt"),
+    ("prompt_empty_in_batch", "v1/completions", {**OK, "prompt": ["a", ""]}, "prompt"),
+    ("temperature_string", "v1/completions", {**OK, "temperature": "hot"}, "temperature"),
+    ("temperature_negative", "v1/completions", {**OK, "temperature": -0.5}, "temperature"),
+    ("top_p_zero", "v1/completions", {**OK, "top_p": 0}, "top_p"),
+    ("top_p_above_one", "v1/completions", {**OK, "top_p": 1.5}, "top_p"),
+    ("top_k_below_minus_one", "v1/completions", {**OK, "top_k": -2}, "top_k"),
+    ("n_zero", "v1/completions", {**OK, "n": 0}, "n"),
+    ("max_tokens_zero", "v1/completions", {**OK, "max_tokens": 0}, "max_tokens"),
+    ("max_tokens_fraction", "v1/completions", {**OK, "max_tokens": 2.5}, "max_tokens"),
+    ("max_tokens_string", "v1/completions", {**OK, "max_tokens": "2"}, "max_tokens"),
+    ("logprobs_too_many", "v1/completions", {**OK, "logprobs": 21}, "logprobs"),
+    ("seed_string", "v1/completions", {**OK, "seed": "abc"}, "seed"),
+    ("seed_over_64_bits", "v1/completions", {**OK, "seed": 2**64}, "seed"),
+    ("stop_number", "v1/completions", {**OK, "stop": 3}, "stop"),
+    ("stop_empty", "v1/completions", {**OK, "stop": [""]}, None),
+    ("stop_token_ids_negative", "v1/completions", {**OK, "stop_token_ids": [-1]}, None),
+    ("stream_not_bool", "v1/completions", {**OK, "stream": "yes"}, "stream"),
+    ("stream_options_without_stream", "v1/completions",
+     {**OK, "stream_options": {"include_usage": True}}, None),
+    ("presence_penalty_unsupported", "v1/completions", {**OK, "presence_penalty": 0.5}, None),
+    ("best_of_unsupported", "v1/completions", {**OK, "best_of": 3}, None),
+    ("messages_missing", "v1/chat/completions", {"model": MODEL_NAME}, "messages"),
+    ("messages_empty", "v1/chat/completions", {**CHAT_OK, "messages": []}, "messages"),
+    ("message_without_role", "v1/chat/completions",
+     {**CHAT_OK, "messages": [{"content": "hi"}]}, "messages.0.role"),
+    ("message_content_number", "v1/chat/completions",
+     {**CHAT_OK, "messages": [{"role": "user", "content": 3}]}, None),
+    ("top_logprobs_without_logprobs", "v1/chat/completions", {**CHAT_OK, "top_logprobs": 2}, None),
+    ("chat_max_tokens_zero", "v1/chat/completions", {**CHAT_OK, "max_tokens": 0}, "max_tokens"),
+    ("detokenize_out_of_vocab", "detokenize", {"tokens": [1, 100000]}, "tokens"),
+    ("tokenize_prompt_number", "tokenize", {"prompt": 7}, "prompt"),
+]  # fmt: skip
+
+
+def post(server, path: str, **kwargs) -> httpx.Response:
+    return httpx.post(server.url_for(*path.split("/")), timeout=60, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "path, body, param", [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS]
+)
+def test_bad_request_is_400_naming_the_field(server, path, body, param):
+    error = assert_error_body(post(server, path, json=body), 400, "BadRequestError")
+    if param is not None:
+        assert error["param"] == param, error
+        assert param.split(".")[0] in error["message"], error
+    assert_serves(server)
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"", b"[1, 2]", b'"a string"', b'{"prompt": "x",}'], ids=str
+)
+def test_malformed_json_is_400(server, raw):
+    r = post(server, "v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert_error_body(r, 400, "BadRequestError")
+    assert_serves(server)
+
+
+def test_token_ids_outside_the_vocabulary(server):
+    r = post(server, "v1/completions", json={**OK, "prompt": [1, 2, 512]})
+    error = assert_error_body(r, 400, "BadRequestError")
+    assert "512" in error["message"] and "vocabulary" in error["message"]
+    assert_serves(server)
+
+
+def _queue_lengths(server) -> tuple[float, float]:
+    text = httpx.get(server.url_for("metrics"), timeout=30).text
+    return tuple(
+        float(
+            re.search(
+                rf'^vllm:num_requests_{kind}{{model_name="{MODEL_NAME}"}} (\S+)$', text, re.M
+            )[1]
+        )
+        for kind in ("running", "waiting")
+    )
+
+
+def test_a_refused_prompt_of_a_batch_leaves_nothing_queued(server):
+    """Admission is all or none: the good prompts before the bad one are aborted (long
+    requests: had they been left queued, they would run for minutes)."""
+    body = {**OK, "max_tokens": 200, "ignore_eos": True, "prompt": [[1, 2], [3, 4], [5, 9999]]}
+    assert_error_body(post(server, "v1/completions", json=body), 400, "BadRequestError")
+    # The engine's loop applies the aborts in its next turn: allow it a moment.
+    deadline = time.monotonic() + 10
+    while _queue_lengths(server) != (0.0, 0.0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _queue_lengths(server) == (0.0, 0.0)
+    assert_serves(server)
+
+
+def test_prompt_plus_max_tokens_over_max_model_len(server):
+    prompt = [5] * (MAX_MODEL_LEN - 10)
+    r = post(server, "v1/completions", json={**OK, "prompt": prompt, "max_tokens": 20})
+    error = assert_error_body(r, 400, "BadRequestError")
+    assert error["message"].startswith(
+        f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+        f"requested {MAX_MODEL_LEN + 10} tokens ({MAX_MODEL_LEN - 10} in the messages, 20 in "
+        "the completion)."
+    ), error
+    # The same prompt with room left is served.
+    r = post(server, "v1/completions", json={**OK, "prompt": prompt, "max_tokens": 10})
+    assert r.status_code == 200, r.text
+    assert_serves(server)
+
+
+@pytest.mark.parametrize("path", ["v1/completions", "v1/chat/completions"])
+def test_prompt_alone_over_max_model_len(server, path):
+    long_text = "state space " * MAX_MODEL_LEN
+    body = (
+        {**OK, "prompt": long_text}
+        if path == "v1/completions"
+        else {**CHAT_OK, "messages": [{"role": "user", "content": long_text}]}
+    )
+    error = assert_error_body(post(server, path, json=body), 400, "BadRequestError")
+    assert error["message"].startswith(
+        f"This model's maximum context length is {MAX_MODEL_LEN} tokens."
+    ), error
+    assert_serves(server)
+
+
+def test_unknown_model_is_404(server):
+    for path, body in (("v1/completions", OK), ("v1/chat/completions", CHAT_OK)):
+        r = post(server, path, json={**body, "model": "gpt-17"})
+        error = assert_error_body(r, 404, "NotFoundError")
+        assert (
+            error["message"] == "The model `gpt-17` does not exist." and error["param"] == "model"
+        )
+    with pytest.raises(openai.NotFoundError):
+        server.openai_client().completions.create(model="gpt-17", prompt="x", max_tokens=1)
+    assert_serves(server)
+
+
+def test_unknown_route_and_wrong_method(server):
+    assert_error_body(post(server, "v1/nothing", json=OK), 404, "NotFoundError")
+    r = httpx.get(server.url_for("v1", "completions"), timeout=30)
+    assert_error_body(r, 405, "MethodNotAllowedError")
+    assert_serves(server)
+
+
+def test_the_openai_client_raises_bad_request(client, server):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, temperature=-1)
+    assert info.value.status_code == 400
+    assert info.value.body["param"] == "temperature"
+    assert_serves(server)

@@ -1,0 +1,224 @@
+"""The server's other endpoints (models, health, version, tokenizer, metrics), API-key auth,
+the ``vllm`` console script, and SIGTERM with a stream in flight."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+import vllm
+from tests.entrypoints.utils import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    SERVER_ARGS,
+    RemoteServer,
+    assert_error_body,
+    assert_serves,
+    iter_sse,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_models(client, server, tiny_model_dir):
+    [card] = client.models.list().data
+    assert card.id == MODEL_NAME and card.owned_by == "vllm"
+    raw = httpx.get(server.url_for("v1", "models"), timeout=30).json()
+    assert raw["object"] == "list"
+    assert raw["data"][0]["root"] == str(tiny_model_dir)
+    assert raw["data"][0]["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_health_and_version(server):
+    assert httpx.get(server.url_for("health"), timeout=30).status_code == 200
+    r = httpx.get(server.url_for("version"), timeout=30)
+    assert r.status_code == 200 and r.json() == {"version": vllm.__version__}
+
+
+def test_tokenize_and_detokenize(server):
+    r = httpx.post(server.url_for("tokenize"), json={"prompt": "hello world"}, timeout=30)
+    out = r.json()
+    assert out["count"] == len(out["tokens"]) and out["max_model_len"] == MAX_MODEL_LEN
+    assert out["tokens"][0] == 1  # BOS
+    plain = httpx.post(
+        server.url_for("tokenize"),
+        json={"prompt": "hello world", "add_special_tokens": False},
+        timeout=30,
+    ).json()
+    assert plain["tokens"] == out["tokens"][1:]
+    back = httpx.post(server.url_for("detokenize"), json={"tokens": out["tokens"]}, timeout=30)
+    assert back.json() == {"prompt": "hello world"}  # special tokens are not shown
+    chat = httpx.post(
+        server.url_for("tokenize"),
+        json={"messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    ).json()
+    text = httpx.post(server.url_for("detokenize"), json={"tokens": chat["tokens"]}, timeout=30)
+    assert text.json()["prompt"] == "user\nhi\nassistant\n"  # ChatML with its markers hidden
+
+
+def _scrape(server) -> dict[str, float]:
+    """Every sample of /metrics for our model, keyed by name and other labels."""
+    text = httpx.get(server.url_for("metrics"), timeout=30).text
+    samples = {}
+    for line in text.splitlines():
+        m = re.match(r"^(vllm:[a-z0-9_]+)\{(.*)\} (\S+)$", line)
+        if m and f'model_name="{MODEL_NAME}"' in m.group(2):
+            labels = ",".join(p for p in m.group(2).split(",") if not p.startswith("model_name="))
+            samples[m.group(1) + (f"{{{labels}}}" if labels else "")] = float(m.group(3))
+    return samples
+
+
+def test_metrics_count_what_was_sent(server, client):
+    before = _scrape(server)
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+    ):
+        assert name in before, name
+    prompt_tokens = generated = 0
+    lengths = [1, 3, 5]
+    for max_tokens in lengths:
+        out = client.completions.create(
+            model=MODEL_NAME,
+            prompt=f"count {max_tokens} tokens",
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )
+        prompt_tokens += out.usage.prompt_tokens
+        generated += out.usage.completion_tokens
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    prompt_tokens += chat.usage.prompt_tokens
+    generated += chat.usage.completion_tokens
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    # The engine records a step's stats right after handing out its outputs: the last
+    # step's may land a moment after the last response.
+    deadline = time.monotonic() + 5
+    after = _scrape(server)
+    while delta("vllm:e2e_request_latency_seconds_count") < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = _scrape(server)
+
+    assert delta("vllm:prompt_tokens_total") == prompt_tokens
+    assert delta("vllm:generation_tokens_total") == generated == sum(lengths) + 2
+    assert delta('vllm:request_success_total{finished_reason="length"}') == 4
+    assert delta("vllm:time_to_first_token_seconds_count") == 4
+    assert delta("vllm:e2e_request_latency_seconds_count") == 4
+    # One latency per token after each request's first.
+    assert delta("vllm:inter_token_latency_seconds_count") == generated - 4
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
+
+
+@pytest.fixture(scope="module")
+def auth_server(tiny_model_dir):
+    with RemoteServer(tiny_model_dir, SERVER_ARGS, api_key="sesame") as remote:
+        yield remote
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "sesame", "Basic sesame"])
+def test_api_key_required_on_v1(auth_server, header):
+    headers = {} if header is None else {"Authorization": header}
+    for method, path in (("GET", "v1/models"), ("POST", "v1/completions")):
+        r = httpx.request(
+            method,
+            auth_server.url_for(*path.split("/")),
+            json={"prompt": "x", "max_tokens": 1},
+            headers=headers,
+            timeout=30,
+        )
+        assert_error_body(r, 401, "AuthenticationError")
+    # Probes and scrapers need no key.
+    assert httpx.get(auth_server.url_for("health"), timeout=30).status_code == 200
+    assert httpx.get(auth_server.url_for("metrics"), timeout=30).status_code == 200
+
+
+def test_api_key_accepted(auth_server):
+    client = auth_server.openai_client()
+    assert client.models.list().data[0].id == MODEL_NAME
+    assert_serves(auth_server)
+    wrong = openai.OpenAI(base_url=auth_server.url_for("v1"), api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+
+def test_vllm_help_lists_serve():
+    exe = Path(sys.executable).parent / "vllm"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and re.search(r"^\s+serve\s", out.stdout, re.M), out.stdout
+    out = subprocess.run([exe, "serve", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    for option in ("--port", "--api-key", "--max-num-seqs", "--max-model-len", "--load-format"):
+        assert option in out.stdout, option
+
+
+def test_vllm_serve_stops_on_sigterm_with_requests_in_flight(tiny_model_dir):
+    """Started by the console script; SIGTERM while a long stream and a long non-streaming
+    request run: after the graceful timeout both are told the server is shutting down (an
+    error event then [DONE]; a 503 body), the process exits 0 within seconds, and the port
+    is closed."""
+    graceful = ["--timeout-graceful-shutdown", "1"]
+    server = RemoteServer(tiny_model_dir, [*SERVER_ARGS, *graceful], console_script=True)
+    server.start()
+    try:
+        body = {"model": MODEL_NAME, "prompt": "a long answer", "max_tokens": 200,
+                "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+        url = server.url_for("v1", "completions")
+        first_chunk = threading.Event()
+        events: list[str] = []
+        whole: list[httpx.Response] = []
+
+        def stream():
+            try:
+                with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as r:
+                    for event in iter_sse(r):
+                        events.append(event)
+                        first_chunk.set()
+            finally:
+                first_chunk.set()
+
+        readers = [
+            threading.Thread(target=stream),
+            threading.Thread(target=lambda: whole.append(httpx.post(url, json=body, timeout=60))),
+        ]
+        for reader in readers:
+            reader.start()
+        assert first_chunk.wait(60) and events, server.log()
+        start = time.monotonic()
+        server.terminate()
+        status = server.wait(timeout=30)
+        took = time.monotonic() - start
+        for reader in readers:
+            reader.join(30)
+            assert not reader.is_alive()
+        assert status == 0, server.log()
+        assert took < 10, (took, server.log())
+        assert events[-1] == "[DONE]" and len(events) < 200
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == 503 and "shutting down" in error["message"], events[-2]
+        [response] = whole
+        assert_error_body(response, 503, "ServiceUnavailableError")
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(server.url_for("health"), timeout=5)
+    finally:
+        server.kill()
