@@ -7,7 +7,7 @@
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
-# e2e_cold_warm (see below).
+# e2e_cold_warm, serve (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -132,13 +132,141 @@ cold_start() {
         tee "$out/cold_start.log"
 }
 
+# `vllm serve` on the Codestral-7B shape (random bf16 weights: --load-format dummy reads
+# only config.json): one streaming completion through the openai client and one over raw
+# HTTP (time to first chunk, the chunks, tokens/s), then SIGTERM, which must end the
+# server with status 0; ~1-2 minutes. The server's packages travel as wheels in
+# .whl/serve/ (the device tool's carry; the box has no network and lacks them): installed
+# into /tmp/site and put on PYTHONPATH for the steps after it (so `serve` before
+# `other_tests` lets the suite's server tests import them). Not in a pipe, as `wheels`.
+serve_wheels_done=0
+serve() {
+    local log="$out/serve.log" dir=/tmp/serve_codestral port=8321 pid rc client_rc
+    : >"$log"
+    if [ "$serve_wheels_done" = 0 ]; then
+        if ! ls .whl/serve/*.whl >/dev/null 2>&1; then
+            echo "serve: no .whl/serve/*.whl in the tree (carry .whl)" | tee -a "$log"
+            return 1
+        fi
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+            --target /tmp/site .whl/serve/*.whl >>"$log" 2>&1 || { cat "$log"; return 1; }
+        export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+        serve_wheels_done=1
+    fi
+    # The box's own packages the server relies on, with the versions the wheels need.
+    python3 -c 'import importlib.metadata as m
+for name, need in (("anyio", "4.10"), ("typing_extensions", "4.16"), ("idna", "3.18"),
+                   ("h11", "0.16"), ("click", "7.0"), ("annotated-doc", "0.0.2"),
+                   ("prometheus_client", "any"), ("httpx", "any")):
+    print(f"serve: box has {name} {m.version(name)} (needs >= {need})")' 2>&1 | tee -a "$log"
+    python3 - "$dir" >>"$log" 2>&1 <<'PY' || { cat "$log"; return 1; }
+import dataclasses, json, pathlib, sys
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+d = pathlib.Path(sys.argv[1])
+d.mkdir(parents=True, exist_ok=True)
+config = {"architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2"}
+config.update({k: v for k, v in dataclasses.asdict(Mamba2ModelConfig()).items() if v is not None})
+(d / "config.json").write_text(json.dumps(config, indent=2))  # inf as Infinity, as HF writes it
+PY
+    local cmd=(python3 -m vllm.entrypoints.cli.main)
+    command -v vllm >/dev/null && cmd=(vllm)  # the console script, once `install` made it
+    echo "serve: ${cmd[*]} serve $dir --load-format dummy --dtype bfloat16" | tee -a "$log"
+    "${cmd[@]}" serve "$dir" --load-format dummy --dtype bfloat16 --host 127.0.0.1 \
+        --port "$port" >"$out/serve_server.log" 2>&1 &
+    pid=$!
+    python3 - "$port" "$pid" <<'PY' 2>&1 | tee -a "$log"
+import http.client, json, os, sys, time, urllib.request
+port, pid = int(sys.argv[1]), int(sys.argv[2])
+base, start = f"http://127.0.0.1:{port}", time.monotonic()
+while True:
+    try:
+        if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+            break
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit("serve: the server exited during start-up (serve_server.log)")
+    if time.monotonic() - start > 600:
+        sys.exit("serve: no answer on /health in 600 s (serve_server.log)")
+    time.sleep(0.5)
+print(f"serve: /health answered {time.monotonic() - start:.1f} s after the start")
+body = {"prompt": "Mamba2 on an H200", "max_tokens": 128, "temperature": 0.0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+def report(how, t0, arrivals, texts, tokens):
+    end = arrivals[-1]
+    print(f"serve: {how}: first chunk {1e3 * (arrivals[0] - t0):.1f} ms, {len(texts)} chunks, "
+          f"{tokens} tokens in {end - t0:.2f} s = {tokens / (end - t0):.1f} tok/s "
+          f"({(tokens - 1) / max(end - arrivals[0], 1e-9):.1f} tok/s after the first)")
+    print(f"serve: {how}: chunks {texts[:8]} ... {texts[-3:]}")
+
+import openai
+client = openai.OpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0)
+model = client.models.list().data[0].id
+t0, arrivals, texts, tokens = time.monotonic(), [], [], 0
+stream = client.completions.create(
+    model=model, prompt=body["prompt"], max_tokens=128, temperature=0.0, stream=True,
+    stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+for chunk in stream:
+    if chunk.choices:
+        arrivals.append(time.monotonic())
+        texts.append(chunk.choices[0].text)
+    if chunk.usage:
+        tokens = chunk.usage.completion_tokens
+report("openai client", t0, arrivals, texts, tokens)
+assert tokens == 128, tokens
+
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+t0, arrivals, texts, tokens, raw = time.monotonic(), [], [], 0, []
+conn.request("POST", "/v1/completions", json.dumps({"model": model, **body}),
+             {"Content-Type": "application/json"})
+resp = conn.getresponse()
+assert resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream")
+for line in iter(resp.readline, b""):
+    line = line.decode().rstrip("\n")
+    if not line.startswith("data: "):
+        continue
+    raw.append(line)
+    if line == "data: [DONE]":
+        break
+    event = json.loads(line[len("data: "):])
+    if event["choices"]:
+        arrivals.append(time.monotonic())
+        texts.append(event["choices"][0]["text"])
+    if event.get("usage"):
+        tokens = event["usage"]["completion_tokens"]
+print("serve: raw HTTP: first events", raw[:2], "last", raw[-2:])
+report("raw HTTP", t0, arrivals, texts, tokens)
+assert raw[-1] == "data: [DONE]" and tokens == 128, (raw[-1], tokens)
+PY
+    client_rc=${PIPESTATUS[0]}
+    kill -TERM "$pid" 2>/dev/null
+    local waited=0
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 300 ]; do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "serve: the server still ran 30 s after SIGTERM; killed" | tee -a "$log"
+        kill -KILL "$pid"
+        wait "$pid"
+        return 1
+    fi
+    wait "$pid"
+    rc=$?
+    echo "serve: exit status $rc, $((waited / 10)).$((waited % 10)) s after SIGTERM" | tee -a "$log"
+    [ "$client_rc" = 0 ] && [ "$rc" = 0 ]
+}
+
 # GPU_CHECK_STEPS picks a subset (the device's calls are capped at 10 minutes each).
 steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench step_bench}
 for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | vs_hf | cold_start) step "$s" "$s" ;;
+        wheels | ssd_bench | vs_hf | cold_start | serve) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -161,6 +289,7 @@ fi
 [ -f "$out/cold_start.log" ] && grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|no tests ran' \
     "$out/cold_start.log"
 [ -f "$out/e2e_cold_warm.md" ] && cat "$out/e2e_cold_warm.md"
+[ -f "$out/serve.log" ] && grep -E '^serve: (/health|openai client: first|raw HTTP: first chunk|exit status)' "$out/serve.log"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed step: %s\n' "${failed[@]}"
     exit 1
