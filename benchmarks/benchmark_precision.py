@@ -129,7 +129,9 @@ def markdown(res: dict) -> str:
         f"{s['date']}",
         f"- Command: `{s['command']}`",
         f"- {s['num_layers']} layers, {s['params']:,} parameters, HF init (seed "
-        f"{s['seed']}), {s['checkpoint_dtype']} checkpoint; prompts of {lens} random tokens",
+        f"{s['seed']}), {s['checkpoint_dtype']} checkpoint, n_groups {s['n_groups']}; prompts "
+        f"of {lens} random tokens",
+        *([f"- {s['n_groups_note']}"] if s.get("n_groups_note") else []),
         f"- Reference: {s['reference']}",
         f"- Ours: {s['ours_path']}; HF bf16: {hf['kernels_note']}",
         "",
@@ -167,7 +169,18 @@ def main(argv=None) -> dict:
 
     from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
-    shape = TINY if args.tiny else {}
+    shape = dict(TINY) if args.tiny else {}
+    groups_note = None
+    if not ps.hf_norms_per_group():
+        # This transformers' gated norm spans the whole inner dimension; ours (as Mamba2
+        # and mamba_ssm) normalises per group. With one group they are the same model.
+        groups_note = (
+            "n_groups 1: this transformers' Mamba2 gated norm normalises over the whole "
+            "inner dimension, not per group as Mamba2 (and ours) do, so with more groups "
+            "HF would be a different model"
+        )
+        shape["n_groups"] = 1
+        print(f"[precision] {groups_note}", flush=True)
     config = Mamba2ModelConfig(**shape, num_hidden_layers=args.num_layers)
     gen = torch.Generator().manual_seed(args.seed)
     prompts = [
@@ -214,6 +227,8 @@ def main(argv=None) -> dict:
             "model": "tiny" if args.tiny else "Mamba-Codestral-7B width",
             "model_config": asdict(config),
             "num_layers": args.num_layers,
+            "n_groups": config.n_groups,
+            "n_groups_note": groups_note,
             "params": params,
             "checkpoint_dtype": args.checkpoint_dtype,
             "seed": args.seed,

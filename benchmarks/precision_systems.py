@@ -27,6 +27,15 @@ import torch
 from hf_generate import _HF_FUNCS, hf_config
 
 
+def hf_norms_per_group() -> bool:
+    """Whether the installed transformers' Mamba2 gated RMSNorm normalises per group
+    (newer releases: a ``group_size`` argument) rather than over the whole dimension."""
+    from transformers.models.mamba2 import modeling_mamba2
+
+    init = modeling_mamba2.MambaRMSNormGated.__init__
+    return "group_size" in inspect.signature(init).parameters
+
+
 def free(device: torch.device) -> None:
     """Give the memory of models dropped by the caller back before the next is built."""
     gc.collect()
