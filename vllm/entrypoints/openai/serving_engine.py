@@ -166,7 +166,7 @@ class OpenAIServing:
     ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) from every request as they come. Closing it early (the
         client left, an error) aborts every unfinished request; a request's failure is
-        raised here after the others are aborted."""
+        raised here as a 500 APIError, and the others are aborted."""
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [
             asyncio.ensure_future(self._pump(i, engine_id, stream, queue))
@@ -177,7 +177,10 @@ class OpenAIServing:
             while remaining:
                 i, out, err = await queue.get()
                 if err is not None:
-                    raise err
+                    # The engine failed this request (or died): the client hears why, the
+                    # server log keeps the traceback.
+                    logger.error("request %s failed", requests[i][0], exc_info=err)
+                    raise APIError(f"the request failed: {err}", 500) from err
                 if out is None:
                     remaining -= 1
                     continue
