@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from tests.entrypoints.utils import (
     MAX_MODEL_LEN,
@@ -74,13 +75,16 @@ def test_stream_echo_and_logprobs(server):
 
 def test_first_chunk_comes_before_the_last_token(server):
     """Tokens go out as they are made, not when the request ends."""
-    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 0.0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    # Long enough that a step outlasts the HTTP overheads: 24 interpreted steps on the CPU,
+    # 200 fast ones on a GPU.
+    max_tokens = 200 if torch.cuda.is_available() else 24
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": True}  # fmt: skip
     start = time.monotonic()
     with httpx.stream("POST", server.url_for("v1", "completions"), json=body, timeout=120) as r:
         arrivals = [time.monotonic() - start for _ in iter_sse(r)]
     first, last = arrivals[0], arrivals[-1]
-    # 24 sequential steps: the first chunk must arrive well within the first half.
+    # Sequential steps: the first chunk must arrive well within the first half.
     assert first < last / 2, (first, last)
 
 
@@ -162,6 +166,7 @@ def test_disconnects_mid_stream_free_their_slots(server):
     async def run():
         limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            generated = _metric(server, "vllm:generation_tokens_total")
             got = await asyncio.wait_for(
                 asyncio.gather(*(leave_after_two(client) for _ in range(6))), timeout=120
             )
@@ -169,12 +174,28 @@ def test_disconnects_mid_stream_free_their_slots(server):
             deadline = time.monotonic() + 20
             while _metric(server, "vllm:num_requests_running") and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
-            # 200-token requests left running would take minutes: these are aborted ones.
             assert _metric(server, "vllm:num_requests_running") == 0
             assert _metric(server, "vllm:num_requests_waiting") == 0
+            # Aborted, not run to their 200 tokens (whatever the device's speed).
+            assert _metric(server, "vllm:generation_tokens_total") - generated < 6 * 100
             return await asyncio.wait_for(full_batch(client), timeout=120)
 
     outs = asyncio.run(run())
     assert [o["usage"]["completion_tokens"] for o in outs] == [3] * 4
     assert _metric(server, "vllm:num_requests_running") == 0
+    assert_serves(server)
+
+
+def test_a_non_streaming_client_that_leaves_aborts_its_request(server):
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "temperature": 0.0,
+            "ignore_eos": True}  # fmt: skip
+    generated = _metric(server, "vllm:generation_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.url_for("v1", "completions"), json=body, timeout=2.0)
+    deadline = time.monotonic() + 20
+    while _metric(server, "vllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _metric(server, "vllm:num_requests_running") == 0
+    # Aborted, not run to its end (on any device: the count does not depend on speed).
+    assert _metric(server, "vllm:generation_tokens_total") - generated < 100
     assert_serves(server)
