@@ -63,6 +63,8 @@ gpu_tests() {
         tee "$out/tests.log"
 }
 other_tests() {
+    # The server tests (tests/entrypoints) need the server's packages: carried as wheels.
+    serve_wheels "$out/serve_wheels.log" || echo "(the server tests will fail to import)"
     python3 -m pytest tests -q -m "not gpu" $parallel -p no:cacheprovider 2>&1 | tee -a "$out/tests.log"
 }
 demo() {
@@ -140,19 +142,21 @@ cold_start() {
 # into /tmp/site and put on PYTHONPATH for the steps after it (so `serve` before
 # `other_tests` lets the suite's server tests import them). Not in a pipe, as `wheels`.
 serve_wheels_done=0
+serve_wheels() { # serve_wheels LOG: the server's wheels into /tmp/site, once
+    [ "$serve_wheels_done" = 1 ] && return 0
+    if ! ls .whl/serve/*.whl >/dev/null 2>&1; then
+        echo "serve: no .whl/serve/*.whl in the tree (carry .whl)" | tee -a "$1"
+        return 1
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+        --target /tmp/site .whl/serve/*.whl >>"$1" 2>&1 || { cat "$1"; return 1; }
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    serve_wheels_done=1
+}
 serve() {
     local log="$out/serve.log" dir=/tmp/serve_codestral port=8321 pid rc client_rc
     : >"$log"
-    if [ "$serve_wheels_done" = 0 ]; then
-        if ! ls .whl/serve/*.whl >/dev/null 2>&1; then
-            echo "serve: no .whl/serve/*.whl in the tree (carry .whl)" | tee -a "$log"
-            return 1
-        fi
-        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
-            --target /tmp/site .whl/serve/*.whl >>"$log" 2>&1 || { cat "$log"; return 1; }
-        export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-        serve_wheels_done=1
-    fi
+    serve_wheels "$log" || return 1
     # The box's own packages the server relies on, with the versions the wheels need.
     python3 -c 'import importlib.metadata as m
 for name, need in (("anyio", "4.10"), ("typing_extensions", "4.16"), ("idna", "3.18"),

@@ -20,6 +20,10 @@ VLLM_LOGGING_LEVEL (str, default "INFO")
     Level of the "vllm" logger, which prints start-up lines (the engine's start-up time
     and its parts) to stderr: DEBUG, INFO, WARNING, ERROR or CRITICAL.
 
+VLLM_API_KEY (str, default unset)
+    The key `vllm serve` requires as ``Authorization: Bearer KEY`` on /v1/*, as vLLM
+    reads it; ``--api-key`` takes precedence.
+
 TRITON_INTERPRET (bool, default False)
     Triton's own variable: run ``@triton.jit`` kernels in Triton's Python interpreter,
     on CPU tensors. Read here, with Triton's own reading of the value ("1", "true",
@@ -81,6 +85,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_USE_TRITON_CONV1D": lambda: _flag("VLLM_USE_TRITON_CONV1D", default=True),
     "VLLM_BUILD_CUDA_OPS": lambda: _optional_flag("VLLM_BUILD_CUDA_OPS"),
     "VLLM_LOGGING_LEVEL": lambda: _level("VLLM_LOGGING_LEVEL", "INFO"),
+    "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
     "TRITON_INTERPRET": lambda: _triton_flag("TRITON_INTERPRET"),
 }
 

@@ -272,3 +272,20 @@ def test_get_model_imports_where_readme_says():
     from vllm.model_executor.models import get_model
 
     assert callable(get_model)
+
+
+def test_aborts_and_finishes_are_counted_in_stats(llm):
+    from vllm.engine.stats import IterationStats
+
+    engine = llm.engine
+    engine.add_request("st0", [1, 2, 3], greedy(2))
+    engine.add_request("st1", [4, 5], greedy(30))
+    seen = IterationStats()
+    engine.step(seen)
+    engine.abort_request("st1", seen)
+    while engine.has_unfinished_requests():
+        engine.step(seen)
+    reasons = sorted(f.finish_reason for f in seen.finished)
+    assert reasons == ["abort", "length"]
+    assert seen.num_prompt_tokens == 5 and seen.num_generation_tokens >= 2
+    assert_idle(llm)

@@ -171,23 +171,24 @@ class AsyncLLM:
                     if self._stopping:
                         break
                     inbox, self._inbox = self._inbox, []
+                stats = IterationStats()
                 for op, rid, processed, params, arrival in inbox:
                     if op == "add":
                         engine.add_processed(rid, processed, params, arrival)
                     else:
-                        engine.abort_request(rid)
-                self.num_requests_running = engine.core.num_running
-                self.num_requests_waiting = engine.core.num_waiting
-                if not engine.has_unfinished_requests():
-                    continue
-                stats = IterationStats()
-                outputs = engine.step(stats)
-                self.num_requests_running = stats.num_running
-                self.num_requests_waiting = stats.num_waiting
-                self._loop.call_soon_threadsafe(self._deliver, outputs, dict(engine.errors))
-                engine.errors.clear()
+                        engine.abort_request(rid, stats)
+                outputs = []
+                if engine.has_unfinished_requests():
+                    outputs = engine.step(stats)
+                self.num_requests_running = stats.num_running = engine.core.num_running
+                self.num_requests_waiting = stats.num_waiting = engine.core.num_waiting
+                # Counted before the outputs go out: a client that has its last token and
+                # then reads /metrics sees its request in them.
                 for stat_logger in self.stat_loggers:
                     stat_logger.record(stats)
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs, dict(engine.errors))
+                    engine.errors.clear()
         except BaseException as err:  # noqa: BLE001 - every stream must hear of it
             logger.exception("the engine loop died")
             self.errored, self.dead_error = True, err

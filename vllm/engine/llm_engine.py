@@ -99,12 +99,15 @@ class LLMEngine:
                 EngineCoreRequest(core_id, processed.prompt_token_ids, child_params, eos)
             )
 
-    def abort_request(self, request_ids: str | list[str]) -> None:
-        """End these requests now and free their slots (unknown ids are ignored)."""
+    def abort_request(
+        self, request_ids: str | list[str], stats: IterationStats | None = None
+    ) -> None:
+        """End these requests now and free their slots (unknown ids are ignored); each one
+        counts in ``stats`` as finished by "abort"."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
         for rid in request_ids:
-            self.core.abort_requests(self.output_processor.abort(rid))
+            self.core.abort_requests(self.output_processor.abort(rid, stats))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.output_processor.requests) or self.core.has_unfinished_requests()

@@ -165,11 +165,14 @@ class OutputProcessor:
         req = self.requests.get(request_id)
         return [] if req is None else [s.core_id for s in req.samples]
 
-    def abort(self, request_id: str) -> list[str]:
-        """Forget a request; the core ids to abort."""
+    def abort(self, request_id: str, stats: IterationStats | None = None) -> list[str]:
+        """Forget a request (counted as finished by "abort" in ``stats``); the core ids to
+        abort."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return []
+        if stats is not None:
+            stats.finished.append(self._finished_stats(req, time.monotonic(), "abort"))
         for s in req.samples:
             self._by_core_id.pop(s.core_id, None)
         return [s.core_id for s in req.samples if s.index not in req.done]

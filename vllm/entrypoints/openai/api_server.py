@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import vllm
+from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.metrics import PrometheusStatLogger
 from vllm.entrypoints.openai.errors import APIError, from_validation_error
@@ -167,8 +168,9 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
         stat_logger.set_queue_lengths(engine.num_requests_running, engine.num_requests_waiting)
         return Response(generate_latest(stat_logger.registry), media_type=CONTENT_TYPE_LATEST)
 
-    if getattr(args, "api_key", None):
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+    api_key = getattr(args, "api_key", None) or envs.VLLM_API_KEY
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
     return app
 
 
