@@ -1,0 +1,228 @@
+"""Run benchmark_serving.py over workloads and request rates against one `vllm serve` per conv
+backend, one command per device call:
+
+    python benchmarks/serving_sweep.py --model MODEL_DIR --dataset-path sharegpt.json \
+        --out OUT --conv-backends 1,0 --runs sharegpt@inf:500,256@inf:500,1024@inf:500 \
+        --offline sharegpt:500 --budget-s 520
+
+For each ``VLLM_USE_TRITON_CONV1D`` value in ``--conv-backends`` (1: the Triton conv, 0:
+the CUDA split) it starts ``vllm serve MODEL_DIR`` with ``--server-args``, waits for
+/health, runs every ``--runs`` item ``WORKLOAD@RATE:PROMPTS`` (WORKLOAD ``sharegpt`` for the
+ShareGPT output lengths or a number of output tokens, always with ``--ignore-eos``) and
+stops the server with SIGTERM. Each run writes ``OUT/conv<b>-<workload>-rate<rate>.json``
+with the metadata ``conv_backend`` (triton or cuda) that plot_serving.py labels lines
+by. Then each ``--offline WORKLOAD:PROMPTS`` runs benchmark_throughput.py on the same
+requests (the same ShareGPT file and seed; ``--max-output-len 2048`` so ShareGPT's long
+replies are not cut, greedy as the server is) with the server's engine sizes, for the
+server-overhead comparison. A run that would start after ``--budget-s`` is skipped and
+recorded as such. ``OUT/sweep.json`` lists every run and ``OUT/sweep.md`` tabulates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BACKEND_NAMES = {"1": "triton", "0": "cuda"}
+PERCENTILES = "50,90,99"
+
+
+def parse_runs(spec: str) -> list[tuple[str, str, int]]:
+    runs = []
+    for item in filter(None, spec.split(",")):
+        try:
+            workload, rest = item.split("@")
+            rate, prompts = rest.split(":")
+            float(rate)
+            runs.append((check_workload(workload), rate, int(prompts)))
+        except ValueError:
+            raise SystemExit(f"--runs item {item!r}: want WORKLOAD@RATE:PROMPTS") from None
+    return runs
+
+
+def check_workload(workload: str) -> str:
+    if workload != "sharegpt" and not workload.isdigit():
+        raise ValueError(workload)
+    return workload
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, env: dict, port: int, log: Path) -> tuple[subprocess.Popen, float]:
+    exe = shutil.which("vllm")
+    cmd = [exe] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    cmd += ["serve", args.model, *shlex.split(args.server_args)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    print("sweep:", " ".join(cmd), flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode} at start-up ({log})")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, time.monotonic() - t0
+        except OSError:
+            pass
+        if time.monotonic() - t0 > args.startup_timeout_s:
+            proc.kill()
+            raise SystemExit(f"no /health in {args.startup_timeout_s} s ({log})")
+        time.sleep(0.5)
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def bench_command(args, port: int, conv: str, workload: str, rate: str, n: int, out: Path):
+    name = BACKEND_NAMES.get(conv, conv)
+    cmd = [sys.executable, str(HERE / "benchmark_serving.py"), "--model", args.model]
+    cmd += ["--port", str(port), "--dataset-name", "sharegpt", "--ignore-eos"]
+    if args.dataset_path:
+        cmd += ["--dataset-path", args.dataset_path]
+    if workload != "sharegpt":
+        cmd += ["--sharegpt-output-len", workload]
+    cmd += ["--num-prompts", str(n), "--request-rate", rate, "--seed", str(args.seed)]
+    cmd += ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES]
+    cmd += ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    cmd += ["--disable-tqdm", "--metadata", f"conv_backend={name}"]
+    cmd += [f"VLLM_USE_TRITON_CONV1D={conv}", f"workload={workload}"]
+    return cmd + shlex.split(args.bench_args)
+
+
+def offline_command(args, workload: str, n: int, out: Path) -> list[str]:
+    server = argparse.ArgumentParser(add_help=False)
+    for opt in ("--load-format", "--dtype", "--max-num-seqs", "--max-num-batched-tokens"):
+        server.add_argument(opt)
+    known, _ = server.parse_known_args(shlex.split(args.server_args))
+    cmd = [sys.executable, str(HERE / "benchmark_throughput.py"), "--model", args.model]
+    for opt, value in vars(known).items():
+        if value is not None:
+            cmd += [f"--{opt.replace('_', '-')}", value]
+    if args.dataset_path:
+        cmd += ["--dataset", args.dataset_path]
+    if workload != "sharegpt":
+        cmd += ["--output-len", workload]
+    cmd += ["--num-prompts", str(n), "--max-output-len", "2048", "--temperature", "0"]
+    return cmd + ["--seed", str(args.seed), "--no-first-token", "--out", str(out)]
+
+
+def run_one(cmd: list[str], env: dict, log: Path, record: dict) -> None:
+    t0 = time.monotonic()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    record.update(rc=rc, wall_s=round(time.monotonic() - t0, 1), log=log.name)
+    tail = log.read_text(errors="replace").splitlines()[-3:]
+    print(f"sweep: {record['name']}: rc {rc}, {record['wall_s']} s: {' | '.join(tail)}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--dataset-path", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--conv-backends", default="1,0")
+    p.add_argument("--runs", default="sharegpt@inf:500")
+    p.add_argument("--offline", default="", help="WORKLOAD:PROMPTS,... after the servers")
+    p.add_argument(
+        "--server-args",
+        default="--load-format dummy --dtype bfloat16 --max-num-seqs 256 "
+        "--max-num-batched-tokens 4096",
+    )
+    p.add_argument("--bench-args", default="", help="more benchmark_serving.py options")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-s", type=float, default=float("inf"))
+    p.add_argument("--startup-timeout-s", type=float, default=300.0)
+    args = p.parse_args(argv)
+    runs = parse_runs(args.runs)
+    offline = [
+        (check_workload(w), int(n)) for w, n in (x.split(":") for x in args.offline.split(",") if x)
+    ]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start, records = time.monotonic(), []
+
+    def over_budget(record: dict) -> bool:
+        if time.monotonic() - t_start <= args.budget_s:
+            return False
+        record["skipped"] = f"over the {args.budget_s} s budget"
+        print(f"sweep: {record['name']}: skipped ({record['skipped']})")
+        return True
+
+    for conv in args.conv_backends.split(","):
+        env = {**os.environ, "VLLM_USE_TRITON_CONV1D": conv}
+        port = free_port()
+        server_log = out / f"server-conv{conv}.log"
+        server = {"name": f"server conv{conv}", "log": server_log.name}
+        records.append(server)
+        if over_budget(server):
+            continue
+        proc, server["startup_s"] = start_server(args, env, port, server_log)
+        for workload, rate, n in runs:
+            name = f"conv{conv}-{workload}-rate{rate}"
+            record = {"name": name, "result": f"{name}.json", "prompts": n}
+            records.append(record)
+            if not over_budget(record):
+                cmd = bench_command(args, port, conv, workload, rate, n, out / record["result"])
+                run_one(cmd, env, out / f"{name}.log", record)
+        server["exit_status"] = stop_server(proc)
+    for conv in args.conv_backends.split(","):
+        env = {**os.environ, "VLLM_USE_TRITON_CONV1D": conv}
+        for workload, n in offline:
+            name = f"offline-conv{conv}-{workload}"
+            record = {"name": name, "result": f"{name}.json", "prompts": n}
+            records.append(record)
+            if not over_budget(record):
+                cmd = offline_command(args, workload, n, out / record["result"])
+                run_one(cmd, env, out / f"{name}.log", record)
+    (out / "sweep.json").write_text(
+        json.dumps({"argv": argv or sys.argv[1:], "runs": records}, indent=2)
+    )
+    summarize(out, records)
+
+
+def summarize(out: Path, records: list[dict]) -> None:
+    sys.path.insert(0, str(HERE))
+    from plot_serving import markdown
+
+    serving = []
+    for r in records:
+        path = out / r.get("result", "-")
+        if r.get("rc") == 0 and path.is_file() and not r["name"].startswith("offline"):
+            serving.append(json.loads(path.read_text()))
+    lines = [markdown(serving, "conv_backend")] if serving else []
+    for r in records:
+        path = out / r.get("result", "-")
+        if r["name"].startswith("offline") and r.get("rc") == 0 and path.is_file():
+            res = json.loads(path.read_text())
+            lines.append(
+                f"- {r['name']}: {res['output_tokens_per_s']:.1f} output tok/s, "
+                f"{res['total_tokens_per_s']:.1f} total tok/s, {res['num_requests']} requests"
+            )
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    print((out / "sweep.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

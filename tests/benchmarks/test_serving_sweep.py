@@ -1,0 +1,77 @@
+"""benchmarks/serving_sweep.py: its run list, and one real sweep on the CPU (a tiny `vllm
+serve`, two rates of a ShareGPT sample, then the offline benchmark_throughput.py run on the
+same requests), its files and its summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from serving_sweep import offline_command, parse_runs  # noqa: E402
+
+from tests.entrypoints.utils import server_env  # noqa: E402
+from tests.tiny_model import make_tiny_model_dir  # noqa: E402
+
+
+def test_parse_runs():
+    assert parse_runs("sharegpt@inf:500,256@4:120") == [("sharegpt", "inf", 500), ("256", "4", 120)]
+    for bad in ("sharegpt:inf:5", "long@inf:5", "256@fast:5", "256@inf"):
+        with pytest.raises(SystemExit, match="WORKLOAD@RATE:PROMPTS"):
+            parse_runs(bad)
+
+
+def test_offline_command_takes_the_servers_engine_sizes(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(
+        model="M",
+        dataset_path="s.json",
+        seed=3,
+        server_args="--load-format dummy --dtype bfloat16 --max-num-seqs 256 --port 1",
+    )
+    cmd = offline_command(args, "1024", 500, tmp_path / "o.json")
+    line = " ".join(cmd[1:])
+    assert "--load-format dummy --dtype bfloat16 --max-num-seqs 256" in line
+    assert "--dataset s.json --output-len 1024 --num-prompts 500 --max-output-len 2048" in line
+    assert "--temperature 0 --seed 3" in line and "--port" not in line
+
+
+def test_a_tiny_sweep(tmp_path):
+    model = make_tiny_model_dir(tmp_path / "tiny")
+    turns = ["What is a state space model?", "A model with a state.", "Say hi.", "Hi there!"]
+    records = [
+        {
+            "id": str(i),
+            "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}],
+        }
+        for i, (q, a) in enumerate(zip(turns[::2], turns[1::2], strict=True))
+    ]
+    (tmp_path / "sample.json").write_text(json.dumps(records))
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "serving_sweep.py"), "--model", str(model)]
+    cmd += ["--dataset-path", str(tmp_path / "sample.json"), "--out", str(out)]
+    # 4 output tokens: benchmark_throughput.py drops pairs under 4, even of a fixed length.
+    cmd += ["--conv-backends", "1", "--runs", "4@inf:2,4@50:2", "--offline", "4:2"]
+    cmd += ["--server-args", "--load-format dummy --max-num-seqs 4 --max-model-len 128"]
+    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    assert runs["server conv1"]["exit_status"] == 0
+    serving = [json.loads((out / f"conv1-4-rate{r}.json").read_text()) for r in ("inf", "50")]
+    for res in serving:
+        assert (res["completed"], res["failed"], res["total_output_tokens"]) == (2, 0, 8)
+        assert res["conv_backend"] == "triton" and res["VLLM_USE_TRITON_CONV1D"] == "1"
+    assert [r["request_rate"] for r in serving] == ["inf", 50.0]
+    offline = json.loads((out / "offline-conv1-4.json").read_text())
+    # The same two requests offline: the same prompt tokens (the server counts BOS too).
+    assert offline["prompt_tokens"] == serving[0]["total_input_tokens"]
+    assert offline["output_tokens"] == 8
+    md = (out / "sweep.md").read_text()
+    assert md.count("| ShareGPT, 4 output tokens | triton |") == 2 and "offline-conv1-4" in md
