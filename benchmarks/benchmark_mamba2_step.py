@@ -52,6 +52,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 
 from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
 from run_info import cuda_skip_reason, git_sha  # noqa: E402
@@ -192,26 +193,6 @@ def top_kernels(records, kind: str, num_steps: int, top: int = 15) -> list[dict]
     ]
 
 
-def copy_bandwidth_gbps(nbytes: int = 2**32) -> float:
-    """Device-to-device copy, bytes read + written per second (median of 10)."""
-    import torch
-
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    del src, dst
-    return 2 * nbytes / (statistics.median(times) / 1e3) / 1e9
-
-
 def decode_floor(model, pool, batch: int) -> dict:
     """The bytes a decode step of ``batch`` sequences must move, and their time at the
     measured copy bandwidth: every weight once (the embedding: ``batch`` rows), each
@@ -225,7 +206,9 @@ def decode_floor(model, pool, batch: int) -> dict:
     ssm = 2 * layers * batch * pool.ssm_state[0, 0].numel() * pool.ssm_state.element_size()
     conv = 2 * layers * batch * pool.conv_state[0, 0].numel() * pool.conv_state.element_size()
     total = weights + ssm + conv
-    bw = copy_bandwidth_gbps()
+    from benchmark_utils import copy_gbps  # benchmarks/kernels: the kernels' "% of copy"
+
+    bw = copy_gbps()
     return {
         "batch": batch,
         "bytes": total,

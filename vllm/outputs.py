@@ -45,6 +45,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: PromptLogprobs | None = None
-    num_cached_tokens: int = 0
     # Set when the request failed while running (finish reason "error"); others go on.
     error: str | None = None

@@ -40,6 +40,8 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        # One copy of each default: the dataclass's.
+        d = {f.name: f.default for f in fields(EngineArgs)}
         g = parser.add_argument_group("engine")
         g.add_argument(
             "--tokenizer", default=None, help="tokenizer directory (default: the model's)"
@@ -52,15 +54,23 @@ class EngineArgs:
         g.add_argument(
             "--load-format",
             choices=("auto", "safetensors", "dummy"),
-            default="auto",
+            default=d["load_format"],
             help="dummy: random weights of the model's config.json",
         )
         g.add_argument("--dtype", choices=_DTYPE_CHOICES, default="auto")
-        g.add_argument("--device", default="auto", help="cuda, cpu or auto")
-        g.add_argument("--seed", type=int, default=0)
-        g.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (= slots)")
+        g.add_argument("--device", default=d["device"], help="cuda, cpu or auto")
+        g.add_argument("--seed", type=int, default=d["seed"])
         g.add_argument(
-            "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step"
+            "--max-num-seqs",
+            type=int,
+            default=d["max_num_seqs"],
+            help="sequences per step (= slots)",
+        )
+        g.add_argument(
+            "--max-num-batched-tokens",
+            type=int,
+            default=d["max_num_batched_tokens"],
+            help="token budget of one step",
         )
         g.add_argument(
             "--max-model-len",
@@ -74,7 +84,7 @@ class EngineArgs:
         g.add_argument(
             "--mamba-ssm-cache-dtype",
             choices=("float32", "bfloat16", "float16"),
-            default="float32",
+            default=d["mamba_ssm_cache_dtype"],
             help="dtype of the SSM state pool",
         )
         g.add_argument(

@@ -90,10 +90,6 @@ class AsyncLLM:
     def from_engine_args(cls, args, stat_loggers=None) -> AsyncLLM:
         return cls(args.create_engine_config(), stat_loggers)
 
-    @property
-    def model_config(self):
-        return self.config.model_config
-
     # -- requests (event loop thread) ------------------------------------------------
 
     def add_request(self, request_id: str, prompt, params: SamplingParams) -> RequestStream:

@@ -59,10 +59,6 @@ class EngineCoreOutput:
     stop_reason: int | None = None  # the stop token id that ended it
     error: str | None = None
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
 
 @dataclass
 class _Dispatched:

@@ -112,9 +112,6 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.output_processor.requests) or self.core.has_unfinished_requests()
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.output_processor.requests)
-
     def step(self, stats: IterationStats | None = None) -> list[RequestOutput]:
         """One core step; the outputs of the requests with something new (and of those
         that failed: finished, reason "error", the message in ``self.errors``)."""

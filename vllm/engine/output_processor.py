@@ -56,7 +56,7 @@ class _Sample:
         for i, token in enumerate(out.new_token_ids):
             self.all_ids.append(token)
             if out.new_logprobs is not None and self.logprobs is not None:
-                lps = self._logprobs(out.new_logprobs[i])
+                lps = self.logprobs_of(out.new_logprobs[i])
                 self.logprobs.append(lps)
                 self.cumulative_logprob += lps[token].logprob
             delta = self.detok.step(self.all_ids)
@@ -81,7 +81,7 @@ class _Sample:
         self.finish_reason, self.stop_reason = "stop", stop
         return True
 
-    def _logprobs(self, values: dict[int, tuple[float, int]]) -> dict[int, Logprob]:
+    def logprobs_of(self, values: dict[int, tuple[float, int]]) -> dict[int, Logprob]:
         decode = self.tokenizer.decode
         return {t: Logprob(lp, rank, decode([t])) for t, (lp, rank) in values.items()}
 
@@ -161,10 +161,6 @@ class OutputProcessor:
             self._by_core_id[sample.core_id] = (req, sample)
         return children
 
-    def core_ids(self, request_id: str) -> list[str]:
-        req = self.requests.get(request_id)
-        return [] if req is None else [s.core_id for s in req.samples]
-
     def abort(self, request_id: str, stats: IterationStats | None = None) -> list[str]:
         """Forget a request (counted as finished by "abort" in ``stats``); the core ids to
         abort."""
@@ -208,7 +204,7 @@ class OutputProcessor:
                 to_abort.append(sample.core_id)
             if out.prompt_logprobs is not None and sample.index == 0:
                 req.prompt_logprobs = [
-                    None if p is None else sample._logprobs(p) for p in out.prompt_logprobs
+                    None if p is None else sample.logprobs_of(p) for p in out.prompt_logprobs
                 ]
             self._account(req, out, now, stats)
             if sample.finish_reason is not None:
