@@ -84,6 +84,38 @@ def _other_meta(seqlens):
     return lambda kw, d: compute_causal_conv1d_metadata(qsl_from_lens(seqlens, "cpu"), d)
 
 
+def _expanded_pool(kw, d):
+    """One line seen as LINES lines (stride 0): writing one would write them all."""
+    return make_pool(1, DIM, STATE_LEN, FP32, d, gen_for("expanded")).expand(LINES, -1, -1)
+
+
+def _strided(t):
+    """The same values as a view with stride 2 (every other element of a longer tensor)."""
+    wide = torch.zeros(2 * t.shape[0], dtype=t.dtype, device=t.device)
+    wide[::2] = t
+    return wide[::2]
+
+
+# The padded-row marker: pad_slot_id and null_block_id name it, once or alike.
+MARKER_ERRORS = [
+    (
+        "null_block_id_differs_from_pad_slot_id",
+        _set(pad_slot_id=lambda kw, d: PAD_SLOT_ID, null_block_id=lambda kw, d: 0),
+        r"null_block_id",
+        False,
+    ),
+    (
+        "null_block_id_differs_from_given_pad",
+        _set(pad_slot_id=lambda kw, d: 7, null_block_id=lambda kw, d: 0),
+        r"null_block_id",
+        False,
+    ),
+    ("null_block_id_str", _set(null_block_id=lambda kw, d: "0"), r"null_block_id", False),
+    ("null_block_id_bool", _set(null_block_id=lambda kw, d: False), r"null_block_id", False),
+    ("pad_slot_id_float", _set(pad_slot_id=lambda kw, d: -1.0), r"pad_slot_id", False),
+]
+
+
 # (id, mutation, argument name pattern, validate_data)
 FN_ERRORS = [
     ("x_3d", _set(x=lambda kw, d: kw["x"][None]), r"\bx\b", False),
@@ -109,12 +141,8 @@ FN_ERRORS = [
     ("bias_dim", _set(bias=lambda kw, d: kw["bias"][:-8]), r"\bbias\b", False),
     ("bias_2d", _set(bias=lambda kw, d: kw["bias"][None]), r"\bbias\b", False),
     ("conv_states_2d", _set(conv_states=lambda kw, d: kw["conv_states"][0]), r"conv_states", False),
-    (
-        "conv_states_stride",
-        _set(conv_states=lambda kw, d: kw["conv_states"].contiguous()),
-        r"conv_states",
-        False,
-    ),
+    # any strides are served (test_causal_conv1d_compat.py), aliasing ones are not
+    ("conv_states_expanded", _set(conv_states=_expanded_pool), r"conv_states", False),
     ("conv_states_dim", _set(conv_states=_pool(dim=DIM - 8)), r"conv_states", False),
     ("conv_states_short", _set(conv_states=_pool(state_len=WIDTH - 2)), r"conv_states", False),
     (
@@ -154,6 +182,26 @@ FN_ERRORS = [
         False,
     ),
     ("activation_relu", _set(activation=lambda kw, d: "relu"), r"activation", False),
+    ("bias_strided", _set(bias=lambda kw, d: _strided(kw["bias"])), r"\bbias\b", False),
+    (
+        "query_start_loc_strided",
+        _set(query_start_loc=lambda kw, d: _strided(kw["query_start_loc"])),
+        r"query_start_loc",
+        False,
+    ),
+    (
+        "cache_indices_strided",
+        _set(cache_indices=lambda kw, d: _strided(kw["cache_indices"])),
+        r"cache_indices",
+        False,
+    ),
+    (
+        "has_initial_state_strided",
+        _set(has_initial_state=lambda kw, d: _strided(kw["has_initial_state"])),
+        r"has_initial_state",
+        False,
+    ),
+    *MARKER_ERRORS,
     ("metadata_other_num_tokens", _set(metadata=_other_meta((3, 1, 3))), r"metadata", False),
     ("metadata_other_batch", _set(metadata=_other_meta((4, 2))), r"metadata", False),
     # validate_data=True: checks that read the index tensors
@@ -233,12 +281,7 @@ UPDATE_ERRORS = [
     ("x_fp64", _set(x=lambda kw, d: kw["x"].double()), r"\bx\b", False),
     ("x_int32", _set(x=lambda kw, d: (8 * kw["x"]).int()), r"\bx\b", False),
     ("x_dim", _set(x=lambda kw, d: kw["x"][:, :-8]), r"\bx\b|\bweight\b|conv_state", False),
-    (
-        "conv_state_stride",
-        _set(conv_state=lambda kw, d: kw["conv_state"].contiguous()),
-        r"conv_states?",
-        False,
-    ),
+    ("conv_state_expanded", _set(conv_state=_expanded_pool), r"conv_states?", False),
     ("conv_state_2d", _set(conv_state=lambda kw, d: kw["conv_state"][0]), r"conv_states?", False),
     ("conv_state_dim", _set(conv_state=_pool(dim=DIM - 8)), r"conv_states?", False),
     ("conv_state_short", _set(conv_state=_pool(state_len=WIDTH - 2)), r"conv_states?", False),
@@ -305,6 +348,28 @@ UPDATE_ERRORS = [
         False,
     ),
     ("activation_relu", _set(activation=lambda kw, d: "relu"), r"activation", False),
+    (
+        "conv_state_indices_strided",
+        _set(conv_state_indices=lambda kw, d: _strided(kw["conv_state_indices"])),
+        r"conv_state_indices",
+        False,
+    ),
+    (
+        "num_accepted_tokens_strided",
+        _set(num_accepted_tokens=lambda kw, d: _strided(_i32([1, 2, 1], d))),
+        r"num_accepted_tokens",
+        False,
+    ),
+    (
+        "query_start_loc_strided",
+        _then(
+            _varlen((2, 1, 3)),
+            _set(query_start_loc=lambda kw, d: _strided(kw["query_start_loc"])),
+        ),
+        r"query_start_loc",
+        False,
+    ),
+    *MARKER_ERRORS,
     # validate_data=True
     (
         "num_accepted_tokens_zero",

@@ -13,10 +13,17 @@ Tensors (logical shapes; the stride that must be 1 in brackets):
 - ``x``: (dim, num_tokens) [dim] for ``causal_conv1d_fn``; the token stride may
   exceed dim (a view into a wider projection). Never copied.
 - ``weight``: (dim, W) [W], 2 <= W <= 8.  ``bias``: (dim,) or None.
-- ``conv_states``: (num_cache_lines, dim, state_len) [dim], state_len >= W-1,
-  any of fp32/fp16/bf16 whatever x's dtype. Mutated in place.
-- ``query_start_loc``: (batch+1,) int32; ``cache_indices``: (batch,) int32;
-  ``has_initial_state``: (batch,) bool.
+- ``conv_states``: (num_cache_lines, dim, state_len), state_len >= W-1, any of
+  fp32/fp16/bf16 whatever x's dtype, any strides (the kernels take all three;
+  only aliasing strides, a 0 over a dimension of size > 1, are refused).
+  Feature-contiguous (stride(1) == 1: allocate (lines, state_len, dim) and
+  transpose) is the fast layout; others, such as upstream's CUDA layout
+  (lines, dim, state_len) contiguous, are served in place, with strided loads.
+  Mutated in place.
+- ``query_start_loc``: (batch+1,) int32; ``cache_indices``: (>= batch,) int32;
+  ``has_initial_state``: (>= batch,) bool. Per-sequence arrays may be padded
+  buffers longer than the batch: entries past ``batch`` are never read. All
+  1-D arrays are contiguous.
 
 Cache lines: the W-1 columns of history a sequence starts from are
 ``line[:, off : off + W - 1]``, ``off = num_accepted_tokens - 1`` in speculative
@@ -26,8 +33,10 @@ decoding and 0 otherwise. After a step over L tokens, with
 ``shift = min(L, 1)`` in speculative decoding, so the next step can start from
 any accepted prefix. Later columns are left as they are.
 
-Padded rows (cache index == ``pad_slot_id``) get zero outputs; their cache
-lines, and every line no sequence names, are not touched.
+Padded rows (cache index == ``pad_slot_id``, or ``null_block_id``: upstream's
+later name for the same marker, a keyword of both ops; both given with different
+values is a ValueError) get zero outputs; their cache lines, and every line no
+sequence names, are not touched.
 
 ``causal_conv1d_fn`` handles a whole continuous-batching step (fresh prefills,
 chunked-prefill continuations and one-token decodes) in one launch, parallel
@@ -104,6 +113,21 @@ def _count_starts_le(t, qsl_ptr, batch, n_search):
 
 
 @triton.jit
+def _state_feature_offsets(o_d, stride_state_d, STATE_D_CONTIG: tl.constexpr):
+    """Offsets of features ``o_d`` within a cache line.
+
+    Feature-contiguous pools (the fast path) use ``o_d`` itself, so their code is the
+    same as with no stride at all. Other layouts (e.g. (lines, dim, state_len)
+    contiguous, the CUDA layout) scale by the feature stride in 64 bits: a line may
+    span more than 2^31 elements when features are its outer axis.
+    """
+    if STATE_D_CONTIG:
+        return o_d
+    else:
+        return o_d.to(tl.int64) * stride_state_d
+
+
+@triton.jit
 def _fwd_piece(
     x_ptr,
     w_ptr,
@@ -117,6 +141,7 @@ def _fwd_piece(
     line,
     use_hist,
     o_d,
+    o_sd,
     m_d,
     stride_x_t,
     stride_w_d,
@@ -152,7 +177,7 @@ def _fwd_piece(
         m_x = m_d & (p >= start) & (t0 < t_end) & live
         b_v = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_x, other=0.0).to(tl.float32)
         if IS_HEAD:
-            p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
+            p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_sd
             b_v += tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0).to(tl.float32)
         b_win = b_win + (b_v,)
 
@@ -181,12 +206,12 @@ def _fwd_piece(
             for j in tl.static_range(KERNEL_WIDTH - 1):
                 p = end - (KERNEL_WIDTH - 1) + j
                 b_x = tl.load(x_ptr + p * stride_x_t + o_d, mask=m_d & (p >= start), other=0.0)
-                p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_d
+                p_h = p_line + (p - start + KERNEL_WIDTH - 1) * stride_state_col + o_sd
                 b_h = tl.load(p_h, mask=m_d & (p < start) & use_hist, other=0.0)
                 b_new = b_new + (tl.where(p >= start, b_x.to(state_ptr.dtype.element_ty), b_h),)
             tl.debug_barrier()
             for j in tl.static_range(KERNEL_WIDTH - 1):
-                tl.store(p_line + j * stride_state_col + o_d, b_new[j], mask=m_d)
+                tl.store(p_line + j * stride_state_col + o_sd, b_new[j], mask=m_d)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "n_tiles", "batch", "n_search"])
@@ -209,6 +234,7 @@ def _causal_conv1d_fwd_kernel(
     stride_x_t,
     stride_w_d,
     stride_state_line,
+    stride_state_d,
     stride_state_col,
     stride_out_t,
     KERNEL_WIDTH: tl.constexpr,
@@ -217,6 +243,7 @@ def _causal_conv1d_fwd_kernel(
     HAS_CACHE_INDICES: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr,
     HAS_TILE_SEQ: tl.constexpr,
+    STATE_D_CONTIG: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -241,6 +268,7 @@ def _causal_conv1d_fwd_kernel(
     # Feature offsets in int32 (dim < 2^31); token offsets go into 64-bit row pointers.
     o_d = i_d.to(tl.int32) * BLOCK_D + tl.arange(0, BLOCK_D)
     m_d = o_d < dim
+    o_sd = _state_feature_offsets(o_d, stride_state_d, STATE_D_CONTIG)
     if i_p < n_tiles:
         t_tile = i_p * BLOCK_T
         if HAS_TILE_SEQ:
@@ -263,7 +291,7 @@ def _causal_conv1d_fwd_kernel(
         t0 = tl.where(seq < 0, start, t_tile)
         _fwd_piece(
             x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, start, end, t0, t_end, line,
-            False, o_d, m_d, stride_x_t, stride_w_d, stride_state_line, stride_state_col,
+            False, o_d, o_sd, m_d, stride_x_t, stride_w_d, stride_state_line, stride_state_col,
             stride_out_t, pad_slot_id, KERNEL_WIDTH, HAS_BIAS, SILU, False, BLOCK_G,
         )  # fmt: skip
     else:
@@ -271,7 +299,7 @@ def _causal_conv1d_fwd_kernel(
         if HEAD_S > 1:
             _fwd_decodes(
                 x_ptr, w_ptr, bias_ptr, state_ptr, qsl_ptr, cache_idx_ptr, has_init_ptr,
-                out_ptr, s0, batch, o_d, m_d, pad_slot_id, stride_x_t, stride_w_d,
+                out_ptr, s0, batch, o_d, o_sd, m_d, pad_slot_id, stride_x_t, stride_w_d,
                 stride_state_line, stride_state_col, stride_out_t, KERNEL_WIDTH, HAS_BIAS,
                 SILU, HAS_CACHE_INDICES, HAS_INITIAL_STATE, HEAD_S,
             )  # fmt: skip
@@ -293,7 +321,8 @@ def _causal_conv1d_fwd_kernel(
                     use_hist = False
                 _fwd_piece(
                     x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, start, end, start, head_end,
-                    line, use_hist & (line != pad_slot_id), o_d, m_d, stride_x_t, stride_w_d,
+                    line, use_hist & (line != pad_slot_id), o_d, o_sd, m_d, stride_x_t,
+                    stride_w_d,
                     stride_state_line, stride_state_col, stride_out_t, pad_slot_id,
                     KERNEL_WIDTH, HAS_BIAS, SILU, True, BLOCK_G,
                 )  # fmt: skip
@@ -312,6 +341,7 @@ def _fwd_decodes(
     s0,
     batch,
     o_d,
+    o_sd,
     m_d,
     pad_slot_id,
     stride_x_t,
@@ -347,7 +377,7 @@ def _fwd_decodes(
         p_line = state_ptr + line * stride_state_line
         win = ()
         for j in tl.static_range(KERNEL_WIDTH - 1):
-            p_h = p_line + j * stride_state_col + o_d
+            p_h = p_line + j * stride_state_col + o_sd
             win = win + (tl.load(p_h, mask=m_d & hist, other=0.0),)
         b_x = tl.load(x_ptr + start * stride_x_t + o_d, mask=m_d & live, other=0.0)
         rows = rows + ((start, one, live, p_line, win, b_x),)
@@ -371,8 +401,8 @@ def _fwd_decodes(
         p_out = out_ptr + start * stride_out_t + o_d
         tl.store(p_out, acc.to(out_ptr.dtype.element_ty), mask=m_d & one)
         for j in tl.static_range(KERNEL_WIDTH - 2):
-            tl.store(p_line + j * stride_state_col + o_d, win[j + 1], mask=m_d & live)
-        p_last = p_line + (KERNEL_WIDTH - 2) * stride_state_col + o_d
+            tl.store(p_line + j * stride_state_col + o_sd, win[j + 1], mask=m_d & live)
+        p_last = p_line + (KERNEL_WIDTH - 2) * stride_state_col + o_sd
         tl.store(p_last, b_x.to(state_ptr.dtype.element_ty), mask=m_d & live)
 
 
@@ -393,6 +423,7 @@ def _causal_conv1d_update_kernel(
     stride_x_t,
     stride_w_d,
     stride_state_line,
+    stride_state_d,
     stride_state_col,
     stride_out_seq,
     stride_out_t,
@@ -412,6 +443,8 @@ def _causal_conv1d_update_kernel(
     i_d = tl.program_id(1).to(tl.int64)
     o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
     m_d = o_d < dim
+    # 64-bit already; a feature stride of 1 is specialised to a constant by Triton.
+    o_sd = o_d * stride_state_d
     if HAS_INDICES:
         line = tl.load(idx_ptr + i_b).to(tl.int64)
     else:
@@ -443,7 +476,7 @@ def _causal_conv1d_update_kernel(
         for k in tl.static_range(KERNEL_WIDTH):
             q = o_l + k
             from_h = q < KERNEL_WIDTH - 1
-            p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
+            p_h = p_line + (off + q)[:, None] * stride_state_col + o_sd[None, :]
             b_h = tl.load(p_h, mask=(m_l & from_h)[:, None] & m_d[None, :], other=0.0)
             p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
             b_x = tl.load(p_x, mask=(m_l & ~from_h)[:, None] & m_d[None, :], other=0.0)
@@ -473,13 +506,13 @@ def _causal_conv1d_update_kernel(
             m_c = o_c < n_write
             q = o_c + shift
             from_h = q < KERNEL_WIDTH - 1
-            p_h = p_line + (off + q)[:, None] * stride_state_col + o_d[None, :]
+            p_h = p_line + (off + q)[:, None] * stride_state_col + o_sd[None, :]
             b_h = tl.load(p_h, mask=(m_c & from_h)[:, None] & m_d[None, :], other=0.0)
             p_x = p_x0 + (q - (KERNEL_WIDTH - 1))[:, None] * stride_x_t + o_d[None, :]
             b_x = tl.load(p_x, mask=(m_c & ~from_h)[:, None] & m_d[None, :], other=0.0)
             b_v = tl.where(from_h[:, None], b_h, b_x.to(state_ptr.dtype.element_ty))
             tl.debug_barrier()
-            p_dst = p_line + o_c[:, None] * stride_state_col + o_d[None, :]
+            p_dst = p_line + o_c[:, None] * stride_state_col + o_sd[None, :]
             tl.store(p_dst, b_v, mask=m_c[:, None] & m_d[None, :])
 
 
@@ -496,12 +529,14 @@ def _causal_conv1d_decode_kernel(
     stride_x_seq,
     stride_w_d,
     stride_state_line,
+    stride_state_d,
     stride_state_col,
     stride_out_seq,
     KERNEL_WIDTH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     HAS_INDICES: tl.constexpr,
+    STATE_D_CONTIG: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     # The common decode: one token per sequence, no speculation. One program
@@ -510,6 +545,7 @@ def _causal_conv1d_decode_kernel(
     i_b = tl.program_id(0).to(tl.int64)
     o_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     m_d = o_d < dim
+    o_sd = _state_feature_offsets(o_d, stride_state_d, STATE_D_CONTIG)
     if HAS_INDICES:
         line = tl.load(idx_ptr + i_b).to(tl.int64)
     else:
@@ -518,7 +554,7 @@ def _causal_conv1d_decode_kernel(
     p_line = state_ptr + line * stride_state_line
     b_win = ()
     for j in tl.static_range(KERNEL_WIDTH - 1):
-        b_win = b_win + (tl.load(p_line + j * stride_state_col + o_d, mask=m_d & live, other=0.0),)
+        b_win = b_win + (tl.load(p_line + j * stride_state_col + o_sd, mask=m_d & live, other=0.0),)
     b_x = tl.load(x_ptr + i_b * stride_x_seq + o_d, mask=m_d & live, other=0.0)
     b_win = b_win + (b_x.to(state_ptr.dtype.element_ty),)
     if HAS_BIAS:
@@ -536,7 +572,7 @@ def _causal_conv1d_decode_kernel(
     acc = tl.where(live, acc, 0.0)
     tl.store(out_ptr + i_b * stride_out_seq + o_d, acc.to(out_ptr.dtype.element_ty), mask=m_d)
     for j in tl.static_range(KERNEL_WIDTH - 1):
-        tl.store(p_line + j * stride_state_col + o_d, b_win[j + 1], mask=m_d & live)
+        tl.store(p_line + j * stride_state_col + o_sd, b_win[j + 1], mask=m_d & live)
 
 
 # Launch with the compiled kernels cached by their specialisation (host cost).
@@ -623,26 +659,85 @@ def _check_common(x, weight, bias, conv_states, dim, states_name):
         raise ValueError(
             f"{states_name} state_len must be >= width-1 = {width - 1}, got {conv_states.shape[2]}"
         )
-    if conv_states.stride(1) != 1 and dim > 1:
-        raise ValueError(
-            f"{states_name} must be feature-contiguous (stride(1) == 1; allocate "
-            f"(lines, state_len, dim) and transpose), got strides {conv_states.stride()}"
-        )
+    # Any strides are served in place (the kernels take all three), except a pool whose
+    # elements alias: a stride of 0 over a dimension of size > 1 (e.g. from expand) would
+    # make two cache positions one, and torch refuses in-place writes to those as well.
+    for size, stride in zip(conv_states.shape, conv_states.stride(), strict=True):
+        if stride == 0 and size > 1:
+            raise ValueError(
+                f"{states_name} has overlapping elements (a stride of 0, as from expand; "
+                f"strides {conv_states.stride()}): it is updated in place"
+            )
+    if bias is not None and bias.stride(0) != 1 and dim > 1:
+        raise ValueError(f"bias must be contiguous (stride(0) == 1), got strides {bias.stride()}")
     return width
 
 
-def _check_index(name, t, device, batch):
+def _feature_contiguous(conv_states: torch.Tensor) -> bool:
+    """The pool's fast layout: features adjacent in memory (stride(1) == 1)."""
+    return conv_states.stride(1) == 1
+
+
+def _check_index(name, t, device, batch, dtype=torch.int32):
+    """A per-sequence array: 1-D, contiguous, at least ``batch`` entries (callers pass
+    padded buffers; the entries past ``batch`` are never read)."""
     if t is None:
         return
-    check_tensor(name, t, device, 1, (torch.int32,))
-    if t.shape[0] != batch:
-        raise ValueError(f"{name} must have batch={batch} entries, got {t.shape[0]}")
+    check_tensor(name, t, device, 1, (dtype,))
+    if t.shape[0] < batch:
+        raise ValueError(
+            f"{name} must have at least batch={batch} entries (entries past batch are "
+            f"ignored), got {t.shape[0]}"
+        )
+    if t.stride(0) != 1 and t.shape[0] > 1:
+        raise ValueError(f"{name} must be contiguous (stride(0) == 1), got strides {t.stride()}")
+
+
+def _check_qsl(qsl, device) -> int:
+    """``query_start_loc``: 1-D int32, contiguous, batch+1 >= 1 offsets; returns batch."""
+    check_tensor("query_start_loc", qsl, device, 1, (torch.int32,))
+    if qsl.shape[0] < 1:
+        raise ValueError("query_start_loc must have batch+1 >= 1 entries")
+    if qsl.stride(0) != 1 and qsl.shape[0] > 1:
+        raise ValueError(
+            f"query_start_loc must be contiguous (stride(0) == 1), got strides {qsl.stride()}"
+        )
+    return qsl.shape[0] - 1
+
+
+class _DefaultPadSlotId(int):
+    """``PAD_SLOT_ID`` as the default of ``pad_slot_id``: equal to it, and recognisable,
+    so that a ``null_block_id`` next to an explicit, different ``pad_slot_id`` is an
+    error rather than a silent choice of one of them."""
+
+    def __repr__(self) -> str:
+        return "PAD_SLOT_ID"
+
+
+_PAD_DEFAULT = _DefaultPadSlotId(PAD_SLOT_ID)
+
+
+def _pad_marker(pad_slot_id, null_block_id) -> int:
+    """The index that marks a padded row: ``null_block_id`` (upstream's 2026 name) or
+    ``pad_slot_id``; both given with different values is a ValueError."""
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
+        raise ValueError(f"pad_slot_id must be an int, got {pad_slot_id!r}")
+    if null_block_id is None:
+        return int(pad_slot_id)
+    if isinstance(null_block_id, bool) or not isinstance(null_block_id, int):
+        raise ValueError(f"null_block_id must be an int or None, got {null_block_id!r}")
+    if type(pad_slot_id) is not _DefaultPadSlotId and pad_slot_id != null_block_id:
+        raise ValueError(
+            f"pad_slot_id={pad_slot_id} and null_block_id={null_block_id} both name the "
+            "padded-row index, with different values; give one of them"
+        )
+    return int(null_block_id)
 
 
 def _check_cache_indices_data(name, indices, num_lines, batch, pad_slot_id):
     if indices is None:
         return
-    idx = indices.cpu()
+    idx = indices[:batch].cpu()
     real = idx[idx != pad_slot_id]
     if bool(((real < 0) | (real >= num_lines)).any()):
         raise ValueError(f"{name} has entries outside [0, {num_lines}) that are not pad_slot_id")
@@ -793,6 +888,7 @@ def _fwd_impl(
         x.stride(1),
         weight.stride(0),
         conv_states.stride(0),
+        conv_states.stride(1),
         conv_states.stride(2),
         out.stride(1),
     )
@@ -803,6 +899,7 @@ def _fwd_impl(
         HAS_CACHE_INDICES=cache_indices is not None,
         HAS_INITIAL_STATE=has_initial_state is not None,
         HAS_TILE_SEQ=tile_seq is not None,
+        STATE_D_CONTIG=_feature_contiguous(conv_states),
         BLOCK_T=block_t,
         **cfg,
     )
@@ -821,16 +918,25 @@ def causal_conv1d_fn(
     cache_indices: torch.Tensor | None = None,
     has_initial_state: torch.Tensor | None = None,
     activation: str | None = "silu",
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = _PAD_DEFAULT,
     metadata: CausalConv1dMetadata | None = None,
     validate_data: bool = False,
+    *,
+    null_block_id: int | None = None,
 ) -> torch.Tensor:
     """Causal conv1d over a whole continuous-batching step, in one launch.
 
     Returns ``out`` (dim, num_tokens) in x's dtype with ``out.stride(0) == 1``,
     and updates the cache line of every non-padded sequence (see the module
     docstring). ``cache_indices=None`` means sequence b uses line b;
-    ``has_initial_state=None`` means no sequence has one.
+    ``has_initial_state=None`` means no sequence has one. ``cache_indices`` and
+    ``has_initial_state`` may be longer than the batch (padded buffers): only
+    their first ``batch = len(query_start_loc) - 1`` entries are read.
+
+    ``conv_states`` may have any strides; feature-contiguous (``stride(1) == 1``)
+    is the fast layout. A sequence whose cache index equals ``pad_slot_id`` (or
+    ``null_block_id``, upstream's later name for the same marker; giving both
+    with different values is an error) is a padded row.
 
     ``metadata`` from ``compute_causal_conv1d_metadata`` (built once per step)
     lets the kernel map tokens to sequences with one load. Without it the
@@ -846,18 +952,10 @@ def causal_conv1d_fn(
             f"got strides {x.stride()}"
         )
     _check_common(x, weight, bias, conv_states, dim, "conv_states")
-    check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
-    if query_start_loc.shape[0] < 1:
-        raise ValueError("query_start_loc must have batch+1 >= 1 entries")
-    batch = query_start_loc.shape[0] - 1
+    pad_slot_id = _pad_marker(pad_slot_id, null_block_id)
+    batch = _check_qsl(query_start_loc, x.device)
     _check_index("cache_indices", cache_indices, x.device, batch)
-    if has_initial_state is not None:
-        check_tensor("has_initial_state", has_initial_state, x.device, 1, (torch.bool,))
-        if has_initial_state.shape[0] != batch:
-            raise ValueError(
-                f"has_initial_state must have batch={batch} entries, "
-                f"got {has_initial_state.shape[0]}"
-            )
+    _check_index("has_initial_state", has_initial_state, x.device, batch, torch.bool)
     silu = _is_silu(activation)
     tile_seq, block_t = None, 0
     if metadata is not None:
@@ -948,6 +1046,7 @@ def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
         x.stride(0),
         weight.stride(0),
         conv_state.stride(0),
+        conv_state.stride(1),
         conv_state.stride(2),
         out.stride(0),
     )
@@ -956,6 +1055,7 @@ def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
         HAS_BIAS=bias is not None,
         SILU=silu,
         HAS_INDICES=conv_state_indices is not None,
+        STATE_D_CONTIG=_feature_contiguous(conv_state),
         **cfg,
     )
     variants = _decode_configs(x.element_size()).values()
@@ -1029,6 +1129,7 @@ def _update_impl(
         strides_x[1],
         weight.stride(0),
         conv_state.stride(0),
+        conv_state.stride(1),
         conv_state.stride(2),
         strides_out[0],
         strides_out[1],
@@ -1056,10 +1157,11 @@ def causal_conv1d_update(
     num_accepted_tokens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
     max_query_len: int = -1,
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = _PAD_DEFAULT,
     metadata: CausalConv1dMetadata | None = None,
     validate_data: bool = False,
     *,
+    null_block_id: int | None = None,
     cache_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode / speculative-decode step; returns ``out`` shaped like x.
@@ -1071,6 +1173,12 @@ def causal_conv1d_update(
     tile of the varlen form; any length is computed correctly. The grid
     depends on shapes only and nothing syncs with the host, so the call can
     be captured in a CUDA graph.
+
+    ``conv_state`` may have any strides (feature-contiguous is the fast layout).
+    ``conv_state_indices`` and ``num_accepted_tokens`` may be longer than the
+    batch (padded buffers): only their first ``batch`` entries are read. A row
+    whose index equals ``pad_slot_id`` (or ``null_block_id``, upstream's later
+    name; both with different values is an error) is padding.
     """
     if cache_seqlens is not None:
         raise ValueError(
@@ -1083,10 +1191,7 @@ def causal_conv1d_update(
             raise ValueError(
                 f"with query_start_loc, x must be (num_tokens, dim), got shape {tuple(x.shape)}"
             )
-        check_tensor("query_start_loc", query_start_loc, x.device, 1, (torch.int32,))
-        if query_start_loc.shape[0] < 1:
-            raise ValueError("query_start_loc must have batch+1 >= 1 entries")
-        batch, dim, seqlen = query_start_loc.shape[0] - 1, x.shape[1], None
+        batch, dim, seqlen = _check_qsl(query_start_loc, x.device), x.shape[1], None
     elif x.dim() == 2:
         batch, dim, seqlen = x.shape[0], x.shape[1], 1
     elif x.dim() == 3:
@@ -1101,6 +1206,7 @@ def causal_conv1d_update(
         raise ValueError(f"x must be feature-contiguous (stride 1 along dim), got {x.stride()}")
     width = _check_common(x, weight, bias, conv_state, dim, "conv_state")
     silu = _is_silu(activation)
+    pad_slot_id = _pad_marker(pad_slot_id, null_block_id)
     _check_index("conv_state_indices", conv_state_indices, x.device, batch)
     if metadata is not None:
         if not isinstance(metadata, CausalConv1dMetadata):
@@ -1133,11 +1239,11 @@ def causal_conv1d_update(
             q = query_start_loc.cpu()
             lens = q[1:] - q[:-1]
         if num_accepted_tokens is not None:
-            acc = num_accepted_tokens.cpu()
+            acc = num_accepted_tokens[:batch].cpu()
             if lens is None:
                 lens = torch.full((batch,), seqlen)
             live = (
-                conv_state_indices.cpu() != pad_slot_id
+                conv_state_indices[:batch].cpu() != pad_slot_id
                 if conv_state_indices is not None
                 else torch.ones(batch, dtype=torch.bool)
             )
