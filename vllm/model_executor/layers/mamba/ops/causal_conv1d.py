@@ -60,21 +60,34 @@ raise a RuntimeError.
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import (
+    PAD_DEFAULT,
+    PlanCache,
+    cdiv,
+    check_cache_indices_data,
+    check_common,
+    check_index,
+    check_qsl,
+    check_qsl_data,
+    direct_ok,
+    fast_kernel,
+    feature_contiguous,
+    next_power_of_2,
+    one_d_contiguous,
+    pad_marker,
+)
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
     PAD_SLOT_ID,
     _is_silu,
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
-from vllm.tensor_checks import (
-    FLOAT_DTYPES,
-    check_conv_weight_bias,
-    check_default_lines,
-    check_tensor,
-)
+from vllm.tensor_checks import FLOAT_DTYPES, check_default_lines, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
+from vllm.triton_utils import launch as _launch
 from vllm.triton_utils.launch import CachedLauncher
 
 __all__ = [
@@ -607,150 +620,79 @@ class CausalConv1dMetadata:
 def compute_causal_conv1d_metadata(
     query_start_loc_cpu: torch.Tensor, device: torch.device | str
 ) -> CausalConv1dMetadata:
-    """Build the step's metadata from host offsets; copies to ``device`` are non-blocking."""
+    """Build the step's metadata from host offsets; the copy to ``device`` is non-blocking.
+
+    Host work only (numpy on the offsets, no device read), done once per step. On CUDA the
+    offsets and the tile map travel in one pinned buffer and one copy; ``query_start_loc``
+    and ``tile_seq`` are views of the device copy, each starting 16-byte aligned (the
+    kernels' compiled variants assume aligned pointers).
+    """
     qsl = query_start_loc_cpu
     if not isinstance(qsl, torch.Tensor) or qsl.device.type != "cpu":
         raise ValueError("query_start_loc_cpu must be a CPU tensor")
-    if qsl.dim() != 1 or qsl.numel() < 1 or qsl.dtype != torch.int32:
+    if qsl.dim() != 1 or qsl.shape[0] < 1 or qsl.dtype != torch.int32:
         raise ValueError(
             f"query_start_loc_cpu must be a 1-D int32 tensor of batch+1 offsets, got "
             f"shape {tuple(qsl.shape)} dtype {qsl.dtype}"
         )
-    lens = qsl[1:] - qsl[:-1]
-    if int(qsl[0]) != 0 or bool((lens < 0).any()):
+    # numpy calls on arrays this small cost about a microsecond each: few of them, and the
+    # ufunc and ndarray methods (a third of np.searchsorted's or ndarray.min's cost)
+    q = qsl.numpy()
+    batch = q.shape[0] - 1
+    ends = q[1:]
+    if batch:
+        lens = ends - q[:-1]
+        if q[0] != 0 or np.minimum.reduce(lens) < 0:
+            raise ValueError("query_start_loc_cpu must start at 0 and be non-decreasing")
+        max_query_len = int(np.maximum.reduce(lens))
+    elif q[0] != 0:
         raise ValueError("query_start_loc_cpu must start at 0 and be non-decreasing")
-    num_tokens = int(qsl[-1])
-    batch = qsl.numel() - 1
+    else:
+        max_query_len = 0
+    num_tokens = int(q[-1])
     block_t = _fwd_block_t(num_tokens)
     n_tiles = -(-num_tokens // block_t)
-    tile_starts = torch.arange(n_tiles, dtype=torch.int32) * block_t
-    tile_seq = (torch.searchsorted(qsl[:-1], tile_starts, right=True) - 1).to(torch.int32)
-    device = torch.device(device)
+    # tile_seq[p], the last sequence starting at or before token t = p * block_t, is the
+    # number of sequence ends at or before t (query_start_loc[0] = 0 <= t always).
+    starts = _tile_starts(block_t, n_tiles)
+    device = device if isinstance(device, torch.device) else torch.device(device)
     if device.type == "cuda":
-        tile_seq = tile_seq.pin_memory()
-        qsl_host = qsl.pin_memory()
+        off = (batch + 4) // 4 * 4  # batch + 1 offsets, rounded up to 16 bytes
+        host = torch.empty(off + n_tiles, dtype=torch.int32, pin_memory=True)
+        h = host.numpy()
+        h[: batch + 1] = q
+        h[off:] = ends.searchsorted(starts, "right")
+        both = host.to(device, non_blocking=True)
+        qsl_dev, tile_seq = both[: batch + 1], both[off:]
     else:
-        qsl_host = qsl
+        tiles = ends.searchsorted(starts, "right").astype(np.int32)
+        qsl_dev, tile_seq = qsl.to(device), torch.from_numpy(tiles).to(device)
     return CausalConv1dMetadata(
-        query_start_loc=qsl_host.to(device, non_blocking=True),
+        query_start_loc=qsl_dev,
         query_start_loc_cpu=qsl,
-        tile_seq=tile_seq.to(device, non_blocking=True),
+        tile_seq=tile_seq,
         block_t=block_t,
         num_tokens=num_tokens,
         batch_size=batch,
-        max_query_len=int(lens.max()) if batch else 0,
+        max_query_len=max_query_len,
     )
+
+
+_TILE_STARTS: dict[int, np.ndarray] = {}
+
+
+def _tile_starts(block_t: int, n_tiles: int) -> np.ndarray:
+    """``arange(n_tiles) * block_t``, a view of a cached array grown as steps need."""
+    starts = _TILE_STARTS.get(block_t)
+    if starts is None or starts.shape[0] < n_tiles:
+        size = max(n_tiles, 2 * (0 if starts is None else starts.shape[0]), 1024)
+        starts = _TILE_STARTS[block_t] = np.arange(size, dtype=np.int32) * block_t
+    return starts[:n_tiles]
 
 
 # --------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------
-
-
-def _check_common(x, weight, bias, conv_states, dim, states_name):
-    width = check_conv_weight_bias(weight, bias, dim, x.device, FLOAT_DTYPES)
-    check_tensor(states_name, conv_states, x.device, 3, FLOAT_DTYPES)
-    if conv_states.shape[1] != dim:
-        raise ValueError(
-            f"{states_name} must be (num_cache_lines, dim={dim}, state_len), "
-            f"got {tuple(conv_states.shape)}"
-        )
-    if conv_states.shape[2] < width - 1:
-        raise ValueError(
-            f"{states_name} state_len must be >= width-1 = {width - 1}, got {conv_states.shape[2]}"
-        )
-    # Any strides are served in place (the kernels take all three), except a pool whose
-    # elements alias: a stride of 0 over a dimension of size > 1 (e.g. from expand) would
-    # make two cache positions one, and torch refuses in-place writes to those as well.
-    for size, stride in zip(conv_states.shape, conv_states.stride(), strict=True):
-        if stride == 0 and size > 1:
-            raise ValueError(
-                f"{states_name} has overlapping elements (a stride of 0, as from expand; "
-                f"strides {conv_states.stride()}): it is updated in place"
-            )
-    if bias is not None and bias.stride(0) != 1 and dim > 1:
-        raise ValueError(f"bias must be contiguous (stride(0) == 1), got strides {bias.stride()}")
-    return width
-
-
-def _feature_contiguous(conv_states: torch.Tensor) -> bool:
-    """The pool's fast layout: features adjacent in memory (stride(1) == 1)."""
-    return conv_states.stride(1) == 1
-
-
-def _check_index(name, t, device, batch, dtype=torch.int32):
-    """A per-sequence array: 1-D, contiguous, at least ``batch`` entries (callers pass
-    padded buffers; the entries past ``batch`` are never read)."""
-    if t is None:
-        return
-    check_tensor(name, t, device, 1, (dtype,))
-    if t.shape[0] < batch:
-        raise ValueError(
-            f"{name} must have at least batch={batch} entries (entries past batch are "
-            f"ignored), got {t.shape[0]}"
-        )
-    if t.stride(0) != 1 and t.shape[0] > 1:
-        raise ValueError(f"{name} must be contiguous (stride(0) == 1), got strides {t.stride()}")
-
-
-def _check_qsl(qsl, device) -> int:
-    """``query_start_loc``: 1-D int32, contiguous, batch+1 >= 1 offsets; returns batch."""
-    check_tensor("query_start_loc", qsl, device, 1, (torch.int32,))
-    if qsl.shape[0] < 1:
-        raise ValueError("query_start_loc must have batch+1 >= 1 entries")
-    if qsl.stride(0) != 1 and qsl.shape[0] > 1:
-        raise ValueError(
-            f"query_start_loc must be contiguous (stride(0) == 1), got strides {qsl.stride()}"
-        )
-    return qsl.shape[0] - 1
-
-
-class _DefaultPadSlotId(int):
-    """``PAD_SLOT_ID`` as the default of ``pad_slot_id``: equal to it, and recognisable,
-    so that a ``null_block_id`` next to an explicit, different ``pad_slot_id`` is an
-    error rather than a silent choice of one of them."""
-
-    def __repr__(self) -> str:
-        return "PAD_SLOT_ID"
-
-
-_PAD_DEFAULT = _DefaultPadSlotId(PAD_SLOT_ID)
-
-
-def _pad_marker(pad_slot_id, null_block_id) -> int:
-    """The index that marks a padded row: ``null_block_id`` (upstream's 2026 name) or
-    ``pad_slot_id``; both given with different values is a ValueError."""
-    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
-        raise ValueError(f"pad_slot_id must be an int, got {pad_slot_id!r}")
-    if null_block_id is None:
-        return int(pad_slot_id)
-    if isinstance(null_block_id, bool) or not isinstance(null_block_id, int):
-        raise ValueError(f"null_block_id must be an int or None, got {null_block_id!r}")
-    if type(pad_slot_id) is not _DefaultPadSlotId and pad_slot_id != null_block_id:
-        raise ValueError(
-            f"pad_slot_id={pad_slot_id} and null_block_id={null_block_id} both name the "
-            "padded-row index, with different values; give one of them"
-        )
-    return int(null_block_id)
-
-
-def _check_cache_indices_data(name, indices, num_lines, batch, pad_slot_id):
-    if indices is None:
-        return
-    idx = indices[:batch].cpu()
-    real = idx[idx != pad_slot_id]
-    if bool(((real < 0) | (real >= num_lines)).any()):
-        raise ValueError(f"{name} has entries outside [0, {num_lines}) that are not pad_slot_id")
-    if real.unique().numel() != real.numel():
-        raise ValueError(f"{name} has duplicate cache lines among non-padded sequences")
-
-
-def _check_qsl_data(name, qsl, num_tokens):
-    q = qsl.cpu()
-    if int(q[0]) != 0 or bool((q[1:] < q[:-1]).any()) or int(q[-1]) != num_tokens:
-        raise ValueError(
-            f"{name} must start at 0, be non-decreasing and end at num_tokens={num_tokens}"
-        )
 
 
 def _use_kernel(x: torch.Tensor) -> bool:
@@ -811,11 +753,15 @@ def _fwd_config(num_tokens: int, dim: int, width: int, elem_size: int, batch: in
     # 512 tokens 85.2 us vs 88.0, 16 x 2048 300.9 vs 308.5 (64-token tiles), 16 x 128
     # 29.6 vs 30.9. Taken by 63 decodes next to a 2048-token prefill, it lost: 38.9 us vs
     # 33.0.
+    return _fwd_configs(elem_size)[_fwd_config_name(num_tokens, batch)]
+
+
+def _fwd_config_name(num_tokens: int, batch: int) -> str:
+    """The name of ``_fwd_config``'s choice (see there)."""
     n_tiles = -(-num_tokens // _fwd_block_t(num_tokens))
-    configs = _fwd_configs(elem_size)
     if num_tokens <= _SMALL_STEP_TOKENS and 4 * batch <= n_tiles:
-        return configs["small_step"]
-    return configs["many_heads" if batch >= max(32, n_tiles) else "tiles"]
+        return "small_step"
+    return "many_heads" if batch >= max(32, n_tiles) else "tiles"
 
 
 def _fwd_variants(base: dict, elem_size: int) -> list[dict]:
@@ -864,9 +810,9 @@ def _fwd_impl(
     if block_t <= 0:
         block_t = _fwd_block_t(num_tokens)
     cfg = _fwd_config(num_tokens, dim, width, x.element_size(), batch)
-    n_tiles = triton.cdiv(num_tokens, block_t)
-    n_heads = triton.cdiv(batch, cfg["HEAD_S"])
-    grid = ((n_tiles + n_heads) * triton.cdiv(dim, cfg["BLOCK_D"]),)
+    n_tiles = cdiv(num_tokens, block_t)
+    n_heads = cdiv(batch, cfg["HEAD_S"])
+    grid = ((n_tiles + n_heads) * cdiv(dim, cfg["BLOCK_D"]),)
     if grid[0] == 0:
         return out
     args = (
@@ -899,7 +845,7 @@ def _fwd_impl(
         HAS_CACHE_INDICES=cache_indices is not None,
         HAS_INITIAL_STATE=has_initial_state is not None,
         HAS_TILE_SEQ=tile_seq is not None,
-        STATE_D_CONTIG=_feature_contiguous(conv_states),
+        STATE_D_CONTIG=feature_contiguous(conv_states),
         BLOCK_T=block_t,
         **cfg,
     )
@@ -918,7 +864,7 @@ def causal_conv1d_fn(
     cache_indices: torch.Tensor | None = None,
     has_initial_state: torch.Tensor | None = None,
     activation: str | None = "silu",
-    pad_slot_id: int = _PAD_DEFAULT,
+    pad_slot_id: int = PAD_DEFAULT,
     metadata: CausalConv1dMetadata | None = None,
     validate_data: bool = False,
     *,
@@ -943,7 +889,24 @@ def causal_conv1d_fn(
     kernel binary-searches ``query_start_loc`` on the device; neither path
     syncs with the host. ``validate_data=True`` adds checks that read device
     data (and so sync).
+
+    A call whose arguments have the layout of an earlier call skips the checks and
+    launch decisions that depend on the layout only (see ``causal_conv1d_host.py``).
     """
+    key = None
+    if not validate_data and not torch.compiler.is_compiling():
+        try:
+            key = _fwd_key(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                           has_initial_state, activation, pad_slot_id, metadata,
+                           null_block_id)  # fmt: skip
+            plan = _FWD_PLANS.get(key)
+        except _KEY_ERRORS:
+            key = plan = None
+        if plan is not None and (plan.on_cuda or _use_kernel(x)):
+            out = plan.run(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                           has_initial_state, metadata, x.shape[1])  # fmt: skip
+            if out is not None:
+                return out
     check_tensor("x", x, x.device if isinstance(x, torch.Tensor) else None, 2, FLOAT_DTYPES)
     dim, num_tokens = x.shape
     if x.stride(0) != 1 and dim > 1:
@@ -951,11 +914,11 @@ def causal_conv1d_fn(
             f"x must be feature-contiguous (x.stride(0) == 1, shape (dim, num_tokens)), "
             f"got strides {x.stride()}"
         )
-    _check_common(x, weight, bias, conv_states, dim, "conv_states")
-    pad_slot_id = _pad_marker(pad_slot_id, null_block_id)
-    batch = _check_qsl(query_start_loc, x.device)
-    _check_index("cache_indices", cache_indices, x.device, batch)
-    _check_index("has_initial_state", has_initial_state, x.device, batch, torch.bool)
+    check_common(x, weight, bias, conv_states, dim, "conv_states")
+    pad_slot_id = pad_marker(pad_slot_id, null_block_id)
+    batch = check_qsl(query_start_loc, x.device)
+    check_index("cache_indices", cache_indices, x.device, batch)
+    check_index("has_initial_state", has_initial_state, x.device, batch, torch.bool)
     silu = _is_silu(activation)
     tile_seq, block_t = None, 0
     if metadata is not None:
@@ -975,8 +938,8 @@ def causal_conv1d_fn(
         tile_seq, block_t = metadata.tile_seq, metadata.block_t
     check_default_lines("cache_indices", cache_indices, batch, conv_states.shape[0])
     if validate_data:
-        _check_qsl_data("query_start_loc", query_start_loc, num_tokens)
-        _check_cache_indices_data(
+        check_qsl_data("query_start_loc", query_start_loc, num_tokens)
+        check_cache_indices_data(
             "cache_indices", cache_indices, conv_states.shape[0], batch, pad_slot_id
         )
     args = (
@@ -994,6 +957,19 @@ def causal_conv1d_fn(
     )
     if torch.compiler.is_compiling():
         return torch.ops.vllm.causal_conv1d_fwd(*args)
+    if (
+        key is not None
+        and _use_kernel(x)
+        and one_d_contiguous(query_start_loc, cache_indices, has_initial_state)
+    ):
+        plan = _FwdPlan(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                        has_initial_state, silu, pad_slot_id, metadata is not None)  # fmt: skip
+        out = plan.run(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                       has_initial_state, metadata, num_tokens)  # fmt: skip
+        if out is None:
+            raise AssertionError("a launch plan refused the step its checks accepted")
+        _FWD_PLANS.put(key, plan)
+        return out
     return _fwd_impl(*args)
 
 
@@ -1004,9 +980,9 @@ def causal_conv1d_fn(
 
 def _update_config(batch: int, dim: int, block_l: int, width: int) -> dict:
     # Enough programs to cover the GPU several times over, at least 32 features each.
-    target = triton.cdiv(batch * dim, 132 * 4)
-    block_d = min(256, max(32, triton.next_power_of_2(target)))
-    block_c = triton.next_power_of_2(width - 1 + block_l - 1)
+    target = cdiv(batch * dim, 132 * 4)
+    block_d = min(256, max(32, next_power_of_2(target)))
+    block_c = next_power_of_2(width - 1 + block_l - 1)
     num_warps = 4 if block_d >= 128 else 1
     return dict(BLOCK_L=block_l, BLOCK_C=block_c, BLOCK_D=block_d, num_warps=num_warps)
 
@@ -1033,7 +1009,7 @@ def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
     if batch == 0:
         return out
     cfg = _decode_config(batch, dim, x.element_size())
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]))
     args = (
         x,
         weight,
@@ -1055,7 +1031,7 @@ def _decode(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id):
         HAS_BIAS=bias is not None,
         SILU=silu,
         HAS_INDICES=conv_state_indices is not None,
-        STATE_D_CONTIG=_feature_contiguous(conv_state),
+        STATE_D_CONTIG=feature_contiguous(conv_state),
         **cfg,
     )
     variants = _decode_configs(x.element_size()).values()
@@ -1111,8 +1087,8 @@ def _update_impl(
         strides_x = (x.stride(0), x.stride(2))
         strides_out = (out.stride(0), out.stride(2))
         hint = seqlen
-    cfg = _update_config(batch, dim, min(triton.next_power_of_2(max(hint, 1)), 8), width)
-    grid = (batch, triton.cdiv(dim, cfg["BLOCK_D"]))
+    cfg = _update_config(batch, dim, min(next_power_of_2(max(hint, 1)), 8), width)
+    grid = (batch, cdiv(dim, cfg["BLOCK_D"]))
     args = (
         x,
         weight,
@@ -1157,7 +1133,7 @@ def causal_conv1d_update(
     num_accepted_tokens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
     max_query_len: int = -1,
-    pad_slot_id: int = _PAD_DEFAULT,
+    pad_slot_id: int = PAD_DEFAULT,
     metadata: CausalConv1dMetadata | None = None,
     validate_data: bool = False,
     *,
@@ -1179,7 +1155,22 @@ def causal_conv1d_update(
     batch (padded buffers): only their first ``batch`` entries are read. A row
     whose index equals ``pad_slot_id`` (or ``null_block_id``, upstream's later
     name; both with different values is an error) is padding.
+
+    A call whose arguments have the layout of an earlier call skips the checks and launch
+    decisions (see ``causal_conv1d_host.py``).
     """
+    key = None
+    if not validate_data and cache_seqlens is None and not torch.compiler.is_compiling():
+        try:
+            key = _update_key(x, conv_state, weight, bias, activation, conv_state_indices,
+                              num_accepted_tokens, query_start_loc, max_query_len, pad_slot_id,
+                              metadata, null_block_id)  # fmt: skip
+            plan = _UPDATE_PLANS.get(key)
+        except _KEY_ERRORS:
+            key = plan = None
+        if plan is not None and (plan.on_cuda or _use_kernel(x)):
+            return plan.run(x, conv_state, weight, bias, conv_state_indices,
+                            num_accepted_tokens, query_start_loc)  # fmt: skip
     if cache_seqlens is not None:
         raise ValueError(
             "cache_seqlens (circular-buffer conv state) is not supported; cache lines "
@@ -1191,7 +1182,7 @@ def causal_conv1d_update(
             raise ValueError(
                 f"with query_start_loc, x must be (num_tokens, dim), got shape {tuple(x.shape)}"
             )
-        batch, dim, seqlen = _check_qsl(query_start_loc, x.device), x.shape[1], None
+        batch, dim, seqlen = check_qsl(query_start_loc, x.device), x.shape[1], None
     elif x.dim() == 2:
         batch, dim, seqlen = x.shape[0], x.shape[1], 1
     elif x.dim() == 3:
@@ -1204,10 +1195,10 @@ def causal_conv1d_update(
     feat_stride = x.stride(1)
     if feat_stride != 1 and dim > 1:
         raise ValueError(f"x must be feature-contiguous (stride 1 along dim), got {x.stride()}")
-    width = _check_common(x, weight, bias, conv_state, dim, "conv_state")
+    width = check_common(x, weight, bias, conv_state, dim, "conv_state")
     silu = _is_silu(activation)
-    pad_slot_id = _pad_marker(pad_slot_id, null_block_id)
-    _check_index("conv_state_indices", conv_state_indices, x.device, batch)
+    pad_slot_id = pad_marker(pad_slot_id, null_block_id)
+    check_index("conv_state_indices", conv_state_indices, x.device, batch)
     if metadata is not None:
         if not isinstance(metadata, CausalConv1dMetadata):
             raise ValueError(
@@ -1220,7 +1211,7 @@ def causal_conv1d_update(
             max_query_len = metadata.max_query_len
     state_len = conv_state.shape[2]
     if num_accepted_tokens is not None:
-        _check_index("num_accepted_tokens", num_accepted_tokens, x.device, batch)
+        check_index("num_accepted_tokens", num_accepted_tokens, x.device, batch)
         longest = seqlen if seqlen is not None else max_query_len
         if longest is not None and longest > 0 and state_len < width - 2 + longest:
             raise ValueError(
@@ -1230,12 +1221,12 @@ def causal_conv1d_update(
             )
     check_default_lines("conv_state_indices", conv_state_indices, batch, conv_state.shape[0])
     if validate_data:
-        _check_cache_indices_data(
+        check_cache_indices_data(
             "conv_state_indices", conv_state_indices, conv_state.shape[0], batch, pad_slot_id
         )
         lens = None
         if query_start_loc is not None:
-            _check_qsl_data("query_start_loc", query_start_loc, x.shape[0])
+            check_qsl_data("query_start_loc", query_start_loc, x.shape[0])
             q = query_start_loc.cpu()
             lens = q[1:] - q[:-1]
         if num_accepted_tokens is not None:
@@ -1272,7 +1263,396 @@ def causal_conv1d_update(
     )
     if torch.compiler.is_compiling():
         return torch.ops.vllm.causal_conv1d_update(*args)
+    if (
+        key is not None
+        and _use_kernel(x)
+        and one_d_contiguous(conv_state_indices, num_accepted_tokens, query_start_loc)
+    ):
+        if x.dim() == 2 and query_start_loc is None and num_accepted_tokens is None:
+            plan = _DecodePlan(x, conv_state, weight, bias, silu, conv_state_indices, pad_slot_id)
+        else:
+            plan = _UpdatePlan(x, conv_state, weight, bias, silu, conv_state_indices,
+                               num_accepted_tokens, query_start_loc, max_query_len,
+                               pad_slot_id)  # fmt: skip
+        _UPDATE_PLANS.put(key, plan)
+        return plan.run(x, conv_state, weight, bias, conv_state_indices, num_accepted_tokens,
+                        query_start_loc)  # fmt: skip
     return _update_impl(*args)
+
+
+# --------------------------------------------------------------------------
+# Launch plans (see causal_conv1d_host.py): repeated eager calls skip the checks
+# --------------------------------------------------------------------------
+
+
+def _update_key(x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens,
+                query_start_loc, max_query_len, pad_slot_id, metadata, null_block_id):  # fmt: skip
+    """Everything ``causal_conv1d_update``'s checks and launch decisions read. Python values
+    come with their types (True == 1, -1.0 == -1 and the pad default == -1 must not share
+    a plan: some of them are errors)."""
+    return (
+        x.shape, x.stride(), x.dtype, x.device,
+        conv_state.shape, conv_state.stride(), conv_state.dtype, conv_state.device,
+        weight.shape, weight.stride(), weight.dtype, weight.device,
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+        None if conv_state_indices is None else (
+            conv_state_indices.shape, conv_state_indices.stride(), conv_state_indices.dtype,
+            conv_state_indices.device),
+        None if num_accepted_tokens is None else (
+            num_accepted_tokens.shape, num_accepted_tokens.stride(), num_accepted_tokens.dtype,
+            num_accepted_tokens.device),
+        None if query_start_loc is None else (
+            query_start_loc.shape, query_start_loc.stride(), query_start_loc.dtype,
+            query_start_loc.device),
+        activation, type(activation), max_query_len, type(max_query_len),
+        pad_slot_id, type(pad_slot_id), null_block_id, type(null_block_id),
+        None if metadata is None else (type(metadata), metadata.batch_size,
+                                       metadata.max_query_len),
+    )  # fmt: skip
+
+
+def _fwd_key(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+             activation, pad_slot_id, metadata, null_block_id):  # fmt: skip
+    """What ``causal_conv1d_fn``'s checks read, less what changes from step to step (the
+    token count, the batch, the index arrays' lengths, the metadata: the plan checks those
+    on every call)."""
+    return (
+        x.shape[0], x.stride(), x.dtype, x.device,
+        weight.shape, weight.stride(), weight.dtype, weight.device,
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+        conv_states.shape, conv_states.stride(), conv_states.dtype, conv_states.device,
+        query_start_loc.stride(), query_start_loc.dtype, query_start_loc.device,
+        None if cache_indices is None else (cache_indices.stride(), cache_indices.dtype,
+                                            cache_indices.device),
+        None if has_initial_state is None else (has_initial_state.stride(),
+                                                has_initial_state.dtype,
+                                                has_initial_state.device),
+        activation, type(activation), pad_slot_id, type(pad_slot_id),
+        null_block_id, type(null_block_id), metadata is None,
+    )  # fmt: skip
+
+
+_KEY_ERRORS = (AttributeError, TypeError, IndexError)  # not tensors: the checks will say so
+_I32_MAX = 2**31 - 1
+
+
+class _Plan:
+    """What every plan shares: its launcher, and the compiled kernels it launches directly.
+
+    ``direct[key]`` is ``(launch, head, tail, device, get_device, get_stream)`` once the
+    variant ``key`` is compiled (see ``FastKernel``); ``launched`` holds the variants the
+    ``CachedLauncher`` has seen (under the interpreter, later launches skip its key).
+    """
+
+    launcher: CachedLauncher
+
+    def __init__(self, x):
+        self.on_cuda = x.is_cuda
+        self.direct: dict = {}
+        self.launched: set = set()
+
+    def launch_general(self, grid, args, constexprs, variants, key=None) -> None:
+        """Through the ``CachedLauncher``: a variant's first launch, and every launch the
+        direct path declines (unaligned pointers, a precompile block, another current device,
+        the interpreter). Afterwards the compiled kernel is kept for direct launches."""
+        launcher = self.launcher
+        if not launcher.direct and key in self.launched and _launch._SESSION is None:
+            launcher.kernel[grid](*args, **constexprs)
+            return
+        launcher(grid, args, constexprs, variants=variants)
+        self.launched.add(key)
+        if key not in self.direct:
+            fast = fast_kernel(launcher, args, constexprs)
+            if fast is not None:
+                self.direct[key] = (fast.fn, fast.head, fast.tail, fast.device,
+                                    torch._C._cuda_getDevice,
+                                    torch._C._cuda_getCurrentRawStream)  # fmt: skip
+
+
+class _DecodePlan(_Plan):
+    """``causal_conv1d_update`` on one-token rows (the decode kernel), for one layout: every
+    launch argument but the pointers is fixed."""
+
+    launcher = _LAUNCH_DECODE
+
+    def __init__(self, x, conv_state, weight, bias, silu, idx, pad_slot_id):
+        super().__init__(x)
+        batch, dim = x.shape
+        self.batch = batch
+        self.has_bias, self.has_idx = bias is not None, idx is not None
+        cfg = _decode_config(batch, dim, x.element_size())
+        self.grid = (batch, cdiv(dim, cfg["BLOCK_D"]))
+        self.constexprs = dict(
+            KERNEL_WIDTH=weight.shape[1],
+            HAS_BIAS=bias is not None,
+            SILU=silu,
+            HAS_INDICES=idx is not None,
+            STATE_D_CONTIG=feature_contiguous(conv_state),
+            **cfg,
+        )
+        configs = _decode_configs(x.element_size()).values()
+        self.variants = lambda: [{**self.constexprs, **c} for c in configs]
+        # empty_like keeps a dense x's strides: used when that is the contiguous layout
+        self.like = torch.empty_like(x).stride() == (dim, 1)
+        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
+        self.ints = (dim, pad_slot_id, x.stride(0), weight.stride(0), *conv_state.stride(), dim)
+
+    def alloc(self, x):
+        if self.like:
+            return torch.empty_like(x)
+        return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+
+    def run(self, x, conv_state, weight, bias, idx, *_):
+        out = torch.empty_like(x) if self.like else self.alloc(x)
+        if self.batch:
+            self.launch(out, x, conv_state, weight, bias, idx)
+        return out
+
+    def launch(self, out, x, conv_state, weight, bias, idx):
+        d = self.direct.get(None)
+        if d is not None and _launch._SESSION is None and d[4]() == d[3]:
+            px, ps, pw, po = x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(), out.data_ptr()
+            pb = bias.data_ptr() if self.has_bias else 0
+            pi = idx.data_ptr() if self.has_idx else 0
+            if not (px | ps | pw | po | pb | pi) & 15:
+                d[0](*self.grid, 1, d[5](d[3]), *d[1], px, pw, pb or None, ps, pi or None, po,
+                     *self.ints, *d[2])  # fmt: skip
+                return
+        args = (x, weight, bias, conv_state, idx, out, *self.ints)
+        self.launch_general(self.grid, args, self.constexprs, self.variants)
+
+
+class _UpdatePlan(_Plan):
+    """``causal_conv1d_update`` through the general kernel (several tokens per row, varlen,
+    speculative decoding), for one layout: every launch argument but the pointers is fixed."""
+
+    launcher = _LAUNCH_UPDATE
+
+    def __init__(self, x, conv_state, weight, bias, silu, idx, accepted, qsl, max_query_len,
+                 pad_slot_id):  # fmt: skip
+        super().__init__(x)
+        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
+        width = weight.shape[1]
+        if qsl is not None:
+            batch, dim, seqlen = qsl.shape[0] - 1, x.shape[1], 0
+            self.out_strides = (dim, 1)
+            strides_x, strides_out = (0, x.stride(0)), (0, dim)
+            hint = max_query_len if max_query_len > 0 else 4
+        elif x.dim() == 2:
+            batch, dim = x.shape
+            seqlen = 1
+            self.out_strides = (dim, 1)
+            strides_x, strides_out = (x.stride(0), 0), (dim, 0)
+            hint = 1
+        else:
+            batch, dim, seqlen = x.shape
+            self.out_strides = (seqlen * dim, 1, dim)
+            strides_x, strides_out = (x.stride(0), x.stride(2)), (seqlen * dim, dim)
+            hint = seqlen
+        cfg = _update_config(batch, dim, min(next_power_of_2(max(hint, 1)), 8), width)
+        self.grid = (batch, cdiv(dim, cfg["BLOCK_D"]))
+        self.ints = (dim, seqlen, pad_slot_id, *strides_x, weight.stride(0), *conv_state.stride(),
+                     *strides_out)  # fmt: skip
+        self.constexprs = dict(
+            KERNEL_WIDTH=width,
+            HAS_BIAS=bias is not None,
+            SILU=silu,
+            HAS_INDICES=idx is not None,
+            IS_SPEC=accepted is not None,
+            IS_VARLEN=qsl is not None,
+            **cfg,
+        )
+
+    def alloc(self, x):
+        return torch.empty_strided(self.shape, self.out_strides, dtype=self.dtype,
+                                   device=self.device)  # fmt: skip
+
+    def run(self, x, conv_state, weight, bias, idx, accepted, qsl):
+        out = self.alloc(x)
+        if self.grid[0]:
+            self.launch(out, x, conv_state, weight, bias, idx, accepted, qsl)
+        return out
+
+    def launch(self, out, x, conv_state, weight, bias, idx, accepted, qsl):
+        d = self.direct.get(None)
+        if d is not None and _launch._SESSION is None and d[4]() == d[3]:
+            tensors = (x, weight, bias, conv_state, idx, accepted, qsl, out)
+            ptrs = [t if t is None else t.data_ptr() for t in tensors]
+            acc = 0
+            for p in ptrs:
+                acc |= p or 0
+            if not acc & 15:
+                d[0](*self.grid, 1, d[5](d[3]), *d[1], *ptrs, *self.ints, *d[2])
+                return
+        args = (x, weight, bias, conv_state, idx, accepted, qsl, out, *self.ints)
+        self.launch_general(self.grid, args, self.constexprs, None)
+
+
+class _FwdPlan(_Plan):
+    """``causal_conv1d_fn`` for one layout. Per call it checks what changes from step to
+    step, picks the configuration (from the token count and the batch, as ``_fwd_impl``)
+    and launches that configuration's compiled kernel."""
+
+    launcher = _LAUNCH_FWD
+
+    def __init__(self, x, weight, bias, conv_states, qsl, idx, init, silu, pad_slot_id,
+                 with_meta):  # fmt: skip
+        super().__init__(x)
+        dim = x.shape[0]
+        self.dim, self.num_lines = dim, conv_states.shape[0]
+        self.dtype, self.device = x.dtype, x.device
+        self.es = x.element_size()
+        self.has = (bias is not None, idx is not None, init is not None, with_meta)
+        self.base = dict(
+            KERNEL_WIDTH=weight.shape[1],
+            HAS_BIAS=bias is not None,
+            SILU=silu,
+            HAS_CACHE_INDICES=idx is not None,
+            HAS_INITIAL_STATE=init is not None,
+            HAS_TILE_SEQ=with_meta,
+            STATE_D_CONTIG=feature_contiguous(conv_states),
+        )
+        self.static_ints = (pad_slot_id, x.stride(1), weight.stride(0), *conv_states.stride(), dim)
+        self.configs = {}  # (config name, BLOCK_T, wide) -> (constexprs, blocks, HEAD_S)
+
+    def step(self, num_tokens, qsl, idx, init, metadata):
+        """(variant, grid size, the step's int arguments), or None when the step does not fit
+        the plan (the full checks then run and raise the right error)."""
+        batch = qsl.shape[0] - 1
+        if batch < 0:
+            return None
+        _, has_idx, has_init, with_meta = self.has
+        if has_idx:
+            if idx.shape[0] < batch:
+                return None
+        elif batch > self.num_lines:
+            return None
+        if has_init and init.shape[0] < batch:
+            return None
+        if with_meta:
+            if (
+                not isinstance(metadata, CausalConv1dMetadata)
+                or metadata.num_tokens != num_tokens
+                or metadata.batch_size != batch
+                or metadata.tile_seq.device != self.device
+            ):
+                return None
+            block_t = metadata.block_t
+        else:
+            block_t = _fwd_block_t(num_tokens)
+        # a token count past int32 is a kernel variant of its own (Triton keys it so)
+        key = (_fwd_config_name(num_tokens, batch), block_t, num_tokens > _I32_MAX)
+        cfg = self.configs.get(key)
+        if cfg is None:
+            c = _fwd_configs(self.es)[key[0]]
+            cfg = ({**self.base, "BLOCK_T": block_t, **c}, cdiv(self.dim, c["BLOCK_D"]),
+                   c["HEAD_S"])  # fmt: skip
+            self.configs[key] = cfg
+        _, n_blocks_d, head_s = cfg
+        n_tiles = -(-num_tokens // block_t)
+        grid0 = (n_tiles - (-batch // head_s)) * n_blocks_d
+        return key, grid0, (num_tokens, n_tiles, self.dim, batch, batch.bit_length())
+
+    def alloc(self, num_tokens):
+        return torch.empty_strided((self.dim, num_tokens), (1, self.dim), dtype=self.dtype,
+                                   device=self.device)  # fmt: skip
+
+    def run(self, x, weight, bias, conv_states, qsl, idx, init, metadata, num_tokens):
+        step = self.step(num_tokens, qsl, idx, init, metadata)
+        if step is None:
+            return None
+        out = self.alloc(num_tokens)
+        if step[1]:
+            self.launch(step, out, x, weight, bias, conv_states, qsl, idx, init, metadata)
+        return out
+
+    def launch(self, step, out, x, weight, bias, conv_states, qsl, idx, init, metadata):
+        key, grid0, ints = step
+        tile_seq = metadata.tile_seq if metadata is not None else None
+        d = self.direct.get(key)
+        if d is not None and _launch._SESSION is None and d[4]() == d[3]:
+            has_bias, has_idx, has_init, with_meta = self.has
+            px, pw, ps, pq, po = (x.data_ptr(), weight.data_ptr(), conv_states.data_ptr(),
+                                  qsl.data_ptr(), out.data_ptr())  # fmt: skip
+            pb = bias.data_ptr() if has_bias else 0
+            pi = idx.data_ptr() if has_idx else 0
+            ph = init.data_ptr() if has_init else 0
+            pt = tile_seq.data_ptr() if with_meta else 0
+            if not (px | pw | ps | pq | po | pb | pi | ph | pt) & 15:
+                d[0](grid0, 1, 1, d[5](d[3]), *d[1], px, pw, pb or None, ps, pq, pi or None,
+                     ph or None, pt or None, po, *ints, *self.static_ints, *d[2])  # fmt: skip
+                return
+        args = (x, weight, bias, conv_states, qsl, idx, init, tile_seq, out, *ints,
+                *self.static_ints)  # fmt: skip
+        constexprs = self.configs[key][0]
+        variants = lambda: _fwd_variants(constexprs, self.es)  # noqa: E731
+        self.launch_general((grid0,), args, constexprs, variants, key)
+
+
+_UPDATE_PLANS = PlanCache()
+_FWD_PLANS = PlanCache()
+
+
+def clear_host_caches() -> None:
+    """Forget every launch plan (the benchmark swaps kernels for stubs; tests start clean)."""
+    _UPDATE_PLANS.clear()
+    _FWD_PLANS.clear()
+
+
+def host_path_pieces(op, *args, **kwargs) -> dict:
+    """The pieces of an eager call's host path, each a callable that repeats just that piece
+    with these arguments (for benchmarks/kernels/benchmark_conv_host_cost.py): the plan
+    lookup (every check a repeated call makes), the output allocation, the stream lookup
+    (GPU), the launch, and the whole call. Calls ``op`` once first, which builds the plan."""
+    import inspect
+
+    op(*args, **kwargs)
+    bound = inspect.signature(op).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    if a.get("validate_data"):
+        raise ValueError("validate_data=True calls take the full checks every time")
+    if op is causal_conv1d_update:
+        names = ("x", "conv_state", "weight", "bias", "activation", "conv_state_indices",
+                 "num_accepted_tokens", "query_start_loc", "max_query_len", "pad_slot_id",
+                 "metadata", "null_block_id")  # fmt: skip
+        key_args = [a[n] for n in names]
+        plan = _UPDATE_PLANS[_update_key(*key_args)]
+        run_args = (a["x"], a["conv_state"], a["weight"], a["bias"], a["conv_state_indices"])
+        if not isinstance(plan, _DecodePlan):
+            run_args += (a["num_accepted_tokens"], a["query_start_loc"])
+        out = plan.alloc(a["x"])
+        pieces = {
+            "plan lookup (checks)": lambda: _UPDATE_PLANS.get(_update_key(*key_args)),
+            "output allocation": lambda: plan.alloc(a["x"]),
+            "launch": lambda: plan.launch(out, *run_args),
+        }
+    elif op is causal_conv1d_fn:
+        names = ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices",
+                 "has_initial_state", "activation", "pad_slot_id", "metadata",
+                 "null_block_id")  # fmt: skip
+        key_args = [a[n] for n in names]
+        plan = _FWD_PLANS[_fwd_key(*key_args)]
+        x, meta = a["x"], a["metadata"]
+        step_args = (x.shape[1], a["query_start_loc"], a["cache_indices"],
+                     a["has_initial_state"], meta)  # fmt: skip
+        step = plan.step(*step_args)
+        out = plan.alloc(x.shape[1])
+        launch_args = (x, a["weight"], a["bias"], a["conv_states"], a["query_start_loc"],
+                       a["cache_indices"], a["has_initial_state"], meta)  # fmt: skip
+        pieces = {
+            "plan lookup (checks)": lambda: _FWD_PLANS.get(_fwd_key(*key_args)),
+            "step checks and config": lambda: plan.step(*step_args),
+            "output allocation": lambda: plan.alloc(x.shape[1]),
+            "launch": lambda: plan.launch(step, out, *launch_args),
+        }
+    else:
+        raise ValueError(f"no host-path pieces for {op!r}")
+    if plan.on_cuda:
+        device = a["x"].device.index
+        pieces["stream lookup"] = lambda: direct_ok(device)
+    pieces["whole call"] = lambda: op(*args, **kwargs)
+    return pieces
 
 
 # --------------------------------------------------------------------------

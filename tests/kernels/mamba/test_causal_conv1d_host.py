@@ -1,0 +1,463 @@
+"""The launch plans behind a repeated eager call (causal_conv1d_host.py).
+
+A plan skips the checks a call with the same layout has passed before, and launches the
+compiled kernel directly. These tests pin down that it changes nothing else: every bad
+argument is still refused after a good call warmed the plan; plans serve other tensors,
+steps and batches of their layout with the right results; the direct launch passes the
+compiled kernel exactly what the launch cache would (checked on the CPU against Triton's
+own CudaLauncher, with the compiled kernel replaced by a recorder); precompile blocks,
+the interpreter's miss counting and unaligned pointers keep their behaviour.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm.model_executor.layers.mamba.ops import causal_conv1d as ops
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    PAD_SLOT_ID,
+    causal_conv1d_fn,
+    causal_conv1d_ref,
+    causal_conv1d_update,
+    causal_conv1d_update_ref,
+    compute_causal_conv1d_metadata,
+)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import PlanCache
+from vllm.triton_utils import launch as launch_mod
+
+from . import test_causal_conv1d_errors as errors
+from .conv_utils import (
+    assert_close,
+    gen_for,
+    make_bias,
+    make_pool,
+    make_weight,
+    make_x,
+    qsl_from_lens,
+    randn,
+)
+
+FP32 = torch.float32
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    ops.clear_host_caches()
+    yield
+    ops.clear_host_caches()
+
+
+def _i32(values, device):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+# --- checks are never skipped wrongly ---------------------------------------------------
+
+
+def _warm_then_expect_error(op, good, bad, pattern, validate, pool_name):
+    op(**good)  # builds the plan for the good layout
+    op(**good)  # and serves a call from it
+    errors._expect_value_error(op, bad, pattern, validate, pool_name)
+
+
+@pytest.mark.parametrize(
+    "mutate,pattern,validate",
+    [e[1:] for e in errors.FN_ERRORS],
+    ids=[e[0] for e in errors.FN_ERRORS],
+)
+@pytest.mark.parametrize("with_meta", [False, True], ids=["nometa", "meta"])
+def test_fn_errors_after_a_warm_plan(mutate, pattern, validate, with_meta, device):
+    good = errors.fn_kwargs(device)
+    if with_meta:
+        good["metadata"] = compute_causal_conv1d_metadata(good["query_start_loc"].cpu(), device)
+    bad = mutate({**good, "conv_states": good["conv_states"].clone()}, device)
+    _warm_then_expect_error(causal_conv1d_fn, good, bad, pattern, validate, "conv_states")
+
+
+@pytest.mark.parametrize(
+    "mutate,pattern,validate",
+    [e[1:] for e in errors.UPDATE_ERRORS],
+    ids=[e[0] for e in errors.UPDATE_ERRORS],
+)
+def test_update_errors_after_a_warm_plan(mutate, pattern, validate, device):
+    good = errors.update_kwargs(device)
+    bad = mutate({**good, "conv_state": good["conv_state"].clone()}, device)
+    _warm_then_expect_error(causal_conv1d_update, good, bad, pattern, validate, "conv_state")
+
+
+def test_fn_per_step_checks_after_a_warm_plan(device):
+    """What the fn plan checks on every call: the index arrays' lengths against this step's
+    batch, the default lines against the pool, and the metadata against this step."""
+    good = errors.fn_kwargs(device)
+    meta = compute_causal_conv1d_metadata(good["query_start_loc"].cpu(), device)
+    causal_conv1d_fn(**good, metadata=meta)
+    four = qsl_from_lens((3, 1, 1, 1), device)  # one more sequence than the index arrays
+    with pytest.raises(ValueError, match="cache_indices"):
+        causal_conv1d_fn(**{**good, "query_start_loc": four})
+    four_lines = _i32([3, 0, 1, 2], device)
+    with pytest.raises(ValueError, match="has_initial_state"):
+        causal_conv1d_fn(**{**good, "query_start_loc": four, "cache_indices": four_lines})
+    with pytest.raises(ValueError, match="metadata"):
+        causal_conv1d_fn(**good, metadata=compute_causal_conv1d_metadata(four.cpu(), device))
+    # default lines: a plan built with cache_indices=None and 3 sequences on 5 lines
+    plain = {**good, "cache_indices": None}
+    causal_conv1d_fn(**plain)
+    many = qsl_from_lens((1,) * 6, device)
+    x6 = make_x(errors.DIM, 6, FP32, device, gen_for("x6"))
+    with pytest.raises(ValueError, match="cache_indices"):
+        causal_conv1d_fn(**{**plain, "x": x6, "query_start_loc": many, "has_initial_state": None})
+
+
+@pytest.mark.parametrize("op_name", ["fn", "update"])
+def test_python_values_are_keyed_by_type(op_name, device):
+    """Values equal under == but of different types do not share a plan: True == 1, and the
+    pad default == -1 (an explicit PAD_SLOT_ID next to a different null_block_id is an
+    error, the default is not)."""
+    if op_name == "fn":
+        op, kw = causal_conv1d_fn, errors.fn_kwargs(device)
+    else:
+        op, kw = causal_conv1d_update, errors.update_kwargs(device)
+    op(**kw, null_block_id=PAD_SLOT_ID)
+    op(**kw, null_block_id=7)  # the default pad gives way to null_block_id
+    with pytest.raises(ValueError, match="null_block_id"):
+        op(**kw, pad_slot_id=PAD_SLOT_ID, null_block_id=7)
+    op(**{**kw, "activation": True})
+    with pytest.raises(ValueError, match="activation"):
+        op(**{**kw, "activation": 1})
+    op(**kw, pad_slot_id=1)
+    with pytest.raises(ValueError, match="pad_slot_id"):
+        op(**kw, pad_slot_id=True)
+
+
+# --- plans serve other tensors and steps of their layout ---------------------------------
+
+
+def test_fn_plan_serves_other_layers_and_steps(device, nan_poison):
+    """One layout, several layers (other weights, pools) and steps (other token counts and
+    batches, with and without padded rows): every call equals the reference, and the plan
+    cache holds one plan per layout (metadata or not)."""
+    dim, width, lines = 48, 4, 12
+    layers = []
+    for n in range(2):
+        g = gen_for("layers", n)
+        layers.append((make_weight(dim, width, FP32, device, g), make_bias(dim, FP32, device, g),
+                       make_pool(lines, dim, width - 1, FP32, device, g)))  # fmt: skip
+    for step, lens in enumerate([(5, 1, 1), (1,) * 7, (40, 2), (3, 0, 9, 1, 1)]):
+        g = gen_for("steps", step)
+        qsl = qsl_from_lens(lens, device)
+        meta = compute_causal_conv1d_metadata(qsl.cpu(), device)
+        idx = torch.randperm(lines, generator=g)[: len(lens) + 2].to(torch.int32).to(device)
+        idx[1] = PAD_SLOT_ID
+        init = (torch.rand(len(lens), generator=g) < 0.5).to(device)
+        for weight, bias, pool in layers:
+            x = make_x(dim, sum(lens), FP32, device, g, noncontig=True)
+            for metadata in (meta, None):
+                ref_pool = pool.clone()
+                ref = causal_conv1d_ref(x, weight, bias, ref_pool, qsl, idx[: len(lens)], init)
+                out = causal_conv1d_fn(x, weight, bias, pool, qsl, idx, init, metadata=metadata)
+                assert_close(out, ref, msg=f"step {step}")
+                assert torch.equal(pool, ref_pool)
+    assert len(ops._FWD_PLANS) == 2
+
+
+@pytest.mark.parametrize("mode", ["tok", "spec", "varlen"])
+def test_update_plan_serves_other_layers(mode, device, nan_poison):
+    dim, width = 40, 4
+    state_len = width - 1 + (2 if mode == "spec" else 0)
+    for layer in range(3):
+        g = gen_for("upd-layers", mode, layer)
+        weight, bias = make_weight(dim, width, FP32, device, g), make_bias(dim, FP32, device, g)
+        pool = make_pool(8, dim, state_len, FP32, device, g)
+        acc = qsl = None
+        if mode == "tok":
+            x = randn((3, dim), g, FP32, device)
+        elif mode == "spec":
+            x = randn((3, 3, dim), g, FP32, device).transpose(1, 2)
+            acc = _i32([1, 3, 2], device)
+        else:
+            x = randn((6, dim), g, FP32, device)
+            qsl = qsl_from_lens((2, 3, 1), device)
+        idx = _i32([5, PAD_SLOT_ID, 2], device)
+        ref_pool = pool.clone()
+        ref = causal_conv1d_update_ref(x, ref_pool, weight, bias, "silu", idx, acc, qsl)
+        out = causal_conv1d_update(x, pool, weight, bias, "silu", idx, acc, qsl, 3)
+        assert_close(out, ref)
+        assert torch.equal(pool, ref_pool)
+    assert len(ops._UPDATE_PLANS) == 1
+
+
+def test_plan_cache_is_bounded():
+    cache = PlanCache(max_size=3)
+    for n in range(7):
+        cache.put(n, object())
+        assert len(cache) <= 3
+    assert 6 in cache
+
+
+# --- launches ---------------------------------------------------------------------------
+
+
+def test_precompile_block_records_and_does_not_launch(device):
+    """Inside precompile() a warm plan records its variants and runs nothing."""
+    kw = errors.update_kwargs(device)
+    causal_conv1d_update(**kw)
+    pool_before = kw["conv_state"].clone()
+    with launch_mod.precompile() as report:
+        causal_conv1d_update(**kw)
+    assert torch.equal(kw["conv_state"], pool_before), "a launch ran inside precompile()"
+    assert report.variants.get("_causal_conv1d_decode_kernel", 0) >= 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter bookkeeping: CPU runs only")
+def test_interpreter_launches_skip_the_launch_key(monkeypatch):
+    """Under the interpreter a plan keys (and counts) a variant once; later launches of it
+    call the kernel without the launch cache's key."""
+    calls = {"key": 0}
+    launcher = ops._LAUNCH_DECODE
+    real_key = launcher.key
+
+    def counting_key(*args, **kwargs):
+        calls["key"] += 1
+        return real_key(*args, **kwargs)
+
+    monkeypatch.setattr(launcher, "key", counting_key)
+    kw = errors.update_kwargs("cpu")
+    for _ in range(4):
+        causal_conv1d_update(**kw)
+    assert calls["key"] == 1
+
+
+class _Recorder:
+    """Stands in for a compiled kernel's launcher: records every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def _fake_compiled(with_c_entry: bool):
+    """A compiled kernel whose launch only records. With ``with_c_entry`` it is Triton's
+    own CudaLauncher (its __call__ is what the launch cache calls) around a recording C
+    entry point."""
+
+    class Compiled:
+        function = 0xF00
+        packed_metadata = (4, 1, 0)
+
+        def _init_handles(self):
+            pass
+
+    compiled = Compiled()
+    if with_c_entry:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        run = object.__new__(CudaLauncher)
+        run.launch = _Recorder()
+        run.global_scratch_size = run.profile_scratch_size = 0
+        run.global_scratch_align = run.profile_scratch_align = 1
+        run.launch_cooperative_grid, run.launch_pdl, run.num_ctas = False, False, 1
+        compiled.run = run
+        compiled.record = run.launch
+    else:
+        compiled.run = compiled.record = _Recorder()
+    return compiled
+
+
+class _FakeKernel:
+    """The JIT function: ``kernel[grid](*args, **constexprs)`` returns the fake compiled."""
+
+    def __init__(self, real, compiled):
+        self.arg_names = real.arg_names
+        self.compiled = compiled
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.compiled
+
+
+def _as_pointers(values):
+    return [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+CASES = ["decode", "spec", "varlen", "fn_meta", "fn_nometa"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="emulates a GPU on the CPU")
+@pytest.mark.parametrize("with_c_entry", [True, False], ids=["c_entry", "run"])
+@pytest.mark.parametrize("case", CASES)
+def test_direct_launch_matches_the_launch_cache(case, with_c_entry, monkeypatch):
+    """A plan's direct launch passes the compiled kernel the same grid, stream, pointers,
+    ints and constexprs as the launch cache's own launch of the same call."""
+    g = gen_for("direct", case)
+    dim, width = 64, 4
+    weight, bias = make_weight(dim, width, FP32, "cpu", g), make_bias(dim, FP32, "cpu", g)
+    pool = make_pool(9, dim, width - 1 + 2, FP32, "cpu", g)
+    idx = _i32([4, PAD_SLOT_ID, 1, 7], "cpu")
+    if case.startswith("fn"):
+        launcher = ops._LAUNCH_FWD
+        lens = (5, 1, 2, 1)
+        x = make_x(dim, sum(lens), FP32, "cpu", g)
+        qsl = qsl_from_lens(lens, "cpu")
+        meta = compute_causal_conv1d_metadata(qsl.cpu(), "cpu") if case == "fn_meta" else None
+        init = torch.tensor([True, False, True, True])
+
+        def call():
+            return causal_conv1d_fn(x, weight, bias, pool, qsl, idx, init, metadata=meta)
+    else:
+        launcher = ops._LAUNCH_DECODE if case == "decode" else ops._LAUNCH_UPDATE
+        acc = qsl = None
+        if case == "decode":
+            x = randn((4, dim), g, FP32, "cpu")
+        elif case == "spec":
+            x = randn((4, 3, dim), g, FP32, "cpu").transpose(1, 2)
+            acc = _i32([1, 2, 3, 1], "cpu")
+        else:
+            x = randn((7, dim), g, FP32, "cpu")
+            qsl = qsl_from_lens((2, 0, 4, 1), "cpu")
+
+        def call():
+            return causal_conv1d_update(x, pool, weight, bias, "silu", idx, acc, qsl, 4)
+
+    compiled = _fake_compiled(with_c_entry)
+    stream = 0x5EA
+    monkeypatch.setattr(launcher, "kernel", _FakeKernel(launcher.kernel, compiled))
+    monkeypatch.setattr(launcher, "direct", True)
+    monkeypatch.setattr(launcher, "cache", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": stream})
+    )
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: stream, raising=False)
+    monkeypatch.setattr(ops, "_use_kernel", lambda x: True)
+
+    # The first call goes through the launch cache: a miss, "compiled" by the fake kernel.
+    general = []
+    real_call = type(launcher).__call__
+
+    def spy(self, grid, args, constexprs, variants=None):
+        general.append((grid, args, constexprs))
+        return real_call(self, grid, args, constexprs, variants)
+
+    monkeypatch.setattr(type(launcher), "__call__", spy)
+    call()
+    assert len(general) == 1 and not compiled.record.calls  # the miss launched via kernel[grid]
+    grid, args, constexprs = general[0]
+    assert launcher.key(args, constexprs) in launcher.cache
+    # The launch cache's own launch of those arguments (its hit path) ...
+    real_call(launcher, grid, args, constexprs)
+    assert len(compiled.record.calls) == 1
+    expected = compiled.record.calls[0]
+    # ... and the plan's direct launch of the same call, which must not use the cache.
+    out = call()
+    assert len(general) == 1, "the second call went through the launch cache"
+    assert len(compiled.record.calls) == 2
+    got = compiled.record.calls[1]
+    # The two calls have their own outputs: put the second one's pointer in the expected.
+    out_index = {"fn_meta": 8, "fn_nometa": 8, "decode": 5}.get(case, 7)  # out's argument
+    assert args[out_index].shape == out.shape
+    tail = launcher.kernel.arg_names[len(args) :]
+    prefix = len(expected) - len(args) - len(tail)
+    exp = _as_pointers(expected)
+    exp[prefix + out_index] = out.data_ptr()
+    assert list(got) == exp
+
+
+# --- GPU: the direct path is the one taken --------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("case", ["decode", "fn_meta"])
+def test_gpu_warm_calls_bypass_the_launch_cache(case, monkeypatch, nan_poison):
+    """After the first call, calls of the layout launch directly (the launch cache is not
+    called) and are right; a call with an unaligned pointer takes the launch cache."""
+    g = gen_for("gpu-direct", case)
+    dim, width = 2064, 4
+    bf16 = torch.bfloat16
+    weight, bias = make_weight(dim, width, bf16, "cuda", g), make_bias(dim, bf16, "cuda", g)
+    pool = make_pool(16, dim, width - 1, torch.bfloat16, "cuda", g)
+    idx = _i32([3, 9, PAD_SLOT_ID, 12, 0], "cuda")
+    wide = randn((6, dim + 8), g, torch.bfloat16, "cuda")
+    if case == "decode":
+        launcher = ops._LAUNCH_DECODE
+        x_aligned, x_unaligned = wide[:5, :dim], wide[:5, 1 : 1 + dim]
+
+        def run(x, p):
+            return causal_conv1d_update(x, p, weight, bias, "silu", idx)
+
+        def ref(x, p):
+            return causal_conv1d_update_ref(x, p, weight, bias, "silu", idx)
+    else:
+        launcher = ops._LAUNCH_FWD
+        lens = (2, 1, 1, 1, 1)
+        qsl = qsl_from_lens(lens, "cuda")
+        meta = compute_causal_conv1d_metadata(qsl.cpu(), "cuda")
+        init = torch.tensor([True, True, False, True, True], device="cuda")
+        x_aligned, x_unaligned = wide[:, :dim].t(), wide[:, 1 : 1 + dim].t()
+
+        def run(x, p):
+            return causal_conv1d_fn(x, weight, bias, p, qsl, idx, init, metadata=meta)
+
+        def ref(x, p):
+            return causal_conv1d_ref(x, weight, bias, p, qsl, idx, init)
+
+    run(x_aligned, pool.clone())  # builds the plan, takes the compiled kernel
+    used = []
+    real_call = type(launcher).__call__
+
+    def spy(self, *args, **kwargs):
+        used.append(1)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(launcher), "__call__", spy)
+    for x, via_cache in ((x_aligned, False), (x_unaligned, True)):
+        used.clear()
+        p, rp = pool.clone(), pool.clone()
+        out = run(x, p)
+        expected = ref(x, rp)
+        torch.cuda.synchronize()
+        assert bool(used) == via_cache
+        assert_close(out, expected)
+        assert torch.equal(p, rp)
+
+
+@gpu
+def test_gpu_metadata_one_aligned_copy():
+    """On CUDA the offsets and the tile map come from one copy, each view 16-byte aligned."""
+    for lens in [(1,), (3, 0, 7, 1), (1,) * 5, (100, 1, 1, 1, 1, 1, 1, 64)]:
+        qsl = qsl_from_lens(lens, "cpu")
+        meta = compute_causal_conv1d_metadata(qsl, "cuda")
+        assert meta.query_start_loc.data_ptr() % 16 == 0
+        assert meta.tile_seq.data_ptr() % 16 == 0
+        assert meta.tile_seq.untyped_storage().data_ptr() == (
+            meta.query_start_loc.untyped_storage().data_ptr()
+        )
+        assert meta.query_start_loc.cpu().tolist() == qsl.tolist()
+        starts = qsl[:-1].tolist()
+        for p, b in enumerate(meta.tile_seq.cpu().tolist()):
+            assert starts[b] <= p * meta.block_t < starts[b] + lens[b]
+
+
+def test_metadata_random_steps():
+    """The numpy builder against the definition on random steps (empty sequences, one
+    sequence, steps past the small-step tile length)."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        batch = int(torch.randint(0, 40, (1,), generator=g))
+        lens = torch.randint(0, 3 if trial % 3 else 3000, (batch,), generator=g).tolist()
+        qsl = qsl_from_lens(lens, "cpu")
+        meta = compute_causal_conv1d_metadata(qsl, "cpu")
+        num_tokens = sum(lens)
+        assert (meta.num_tokens, meta.batch_size) == (num_tokens, batch)
+        assert meta.max_query_len == (max(lens) if lens else 0)
+        assert meta.block_t == ops._fwd_block_t(num_tokens)
+        starts = qsl[:-1].tolist()
+        expected = [
+            max(b for b, s in enumerate(starts) if s <= p * meta.block_t)
+            for p in range(-(-num_tokens // meta.block_t))
+        ]
+        assert meta.tile_seq.dtype == torch.int32
+        assert meta.tile_seq.tolist() == expected
