@@ -17,7 +17,8 @@ Cases (bf16, width 4, SiLU, bias, dim 8448, a 1024-line pool, sequences on shuff
 - ``update_B{1,64,256}``: ``causal_conv1d_update`` on one-token decodes;
 - ``fn_meta_<step>`` / ``fn_nometa_<step>``: ``causal_conv1d_fn`` on a mixed step with the
   step's metadata passed or not; steps ``64+15`` (a 64-token continuation and 15 decodes),
-  ``4x32+60`` and ``2048+255`` (GPU-bound: its enqueue time is still the host cost);
+  ``4x32+60`` and ``2048+255`` (GPU-bound, so no target: its loop time is the kernel's,
+  its enqueue time still the host cost);
 - ``metadata_<step>``: ``compute_causal_conv1d_metadata`` for those steps and a decode-only
   step of 256 (its host-to-device copies are asynchronous and included);
 - floors, GPU only: a one-element ``add_`` (one torch op) and an empty Triton kernel
@@ -31,8 +32,9 @@ Where the time goes:
 - ``--profile`` runs each case under cProfile and lists the functions with the most own
   time per call (cProfile inflates every Python call; read the shares, not the sums);
 - ``breakdown`` times the pieces of the host path on their own, where the op module
-  exposes them (``causal_conv1d_checks``): the argument checks, the output allocation, the
-  stream lookup, the launch;
+  exposes them (``causal_conv1d.host_path_pieces``): the plan lookup (every check a
+  repeated call makes), the per-step checks, the output allocation, the stream lookup,
+  the launch;
 - ``--stub-launch`` replaces every kernel launch by a no-op, so the loop times the Python
   host path alone. It is the default without a GPU: there the kernels would run in Triton's
   interpreter (milliseconds), and only the host path is worth timing; the reference check
@@ -86,6 +88,7 @@ STEPS = {  # name: (sequence lengths, has-history flags)
     "4x32+60": ([32] * 4 + [1] * 60, [False, True, False, True] + [True] * 60),
     "2048+255": ([2048] + [1] * 255, [True] * 256),
 }
+GPU_BOUND_STEPS = {"2048+255"}  # ~41 us of kernel on an H200 (causal_conv1d_h200.md)
 SMOKE_STEPS = {"5+3": ([5, 1, 1, 1], [True, True, False, True])}
 
 
@@ -291,6 +294,8 @@ def fn_case(s: Setup, step: str, with_meta: bool) -> OpCase:
         return causal_conv1d_fn(*args, **kwargs)
 
     kind = "fn_meta" if with_meta else "fn_nometa"
+    if step in GPU_BOUND_STEPS:
+        kind += "_gpu_bound"  # its loop time is the kernel's: no host target
     return OpCase(f"{kind}_{step}", kind, call, check, (causal_conv1d_fn, args, kwargs))
 
 
