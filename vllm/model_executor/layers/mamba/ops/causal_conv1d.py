@@ -51,6 +51,11 @@ writes its cache line, so states are read and written without a race.
 (batch, feature blocks) fixed by shapes, and no host sync, so it can be
 captured in a CUDA graph, padded rows included.
 
+Host path: a call whose arguments have the layout of an earlier one (shapes, strides,
+dtypes, devices, options) skips the checks through a cached launch plan and launches the
+compiled kernel directly (``causal_conv1d_host.py``); the metadata builder is host work on
+numpy with one copy to the device.
+
 On CPU tensors both ops run the fp32 references in ``causal_conv1d_ref``,
 unless ``TRITON_INTERPRET=1``, in which case the Triton kernels run through
 the interpreter. Without Triton the module still imports; CUDA calls then
