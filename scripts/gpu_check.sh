@@ -7,7 +7,7 @@
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
-# e2e_cold_warm, serve (see below).
+# e2e_cold_warm, serve, host_cost (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -77,6 +77,12 @@ demo() {
 bench() {
     python3 benchmarks/kernels/benchmark_causal_conv1d.py --out "$out/bench" 2>&1 |
         tee "$out/bench.log"
+}
+# Host cost per eager call of the conv ops and the metadata builder (issue 14; ~1 minute):
+# the table against the targets, the pieces of one call and a cProfile of each case.
+host_cost() {
+    python3 benchmarks/kernels/benchmark_conv_host_cost.py --profile --out "$out/host_cost.json" \
+        --md "$out/host_cost.md" 2>&1 | tee "$out/host_cost.log"
 }
 step_bench() {
     python3 benchmarks/benchmark_mamba2_step.py --profile --out "$out/step.json" 2>&1 |
@@ -270,7 +276,7 @@ for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | vs_hf | cold_start | serve) step "$s" "$s" ;;
+        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -287,6 +293,7 @@ fi
     "$out/tests.log"
 [ -f "$out/demo.log" ] && sed -n '/^case /,$p' "$out/demo.log"
 [ -f "$out/bench.log" ] && sed -n '/^# Causal-conv1d benchmark/,$p' "$out/bench.log"
+[ -f "$out/host_cost.md" ] && cat "$out/host_cost.md"
 [ -f "$out/wheels.log" ] && tail -n 1 "$out/wheels.log"
 [ -f "$out/ssd/ssd_bench.md" ] && cat "$out/ssd/ssd_bench.md"
 [ -f "$out/vs_hf.md" ] && cat "$out/vs_hf.md"
