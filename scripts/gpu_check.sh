@@ -59,6 +59,8 @@ sys.exit(0 if ok else 1)' 2>&1 | tee -a "$out/install.log"
 # pytest-xdist, when the box has it, spreads the tests (mostly Triton compiles) over cores.
 parallel=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")
 gpu_tests() {
+    # tests/entrypoints import the server's packages at collection (carried as wheels).
+    serve_wheels "$out/serve_wheels.log" || echo "(tests/entrypoints will fail to import)"
     python3 -m pytest tests -m gpu $parallel -q -p no:cacheprovider --durations=12 --junitxml "$out/gpu_tests.xml" 2>&1 |
         tee "$out/tests.log"
 }
