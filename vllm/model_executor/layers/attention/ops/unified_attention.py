@@ -309,8 +309,9 @@ def unified_attention(
 
     ``num_decodes`` (the leading one-token sequences), ``max_query_len`` and
     ``max_seq_len`` are optional host hints that only pick tiles; any lengths are
-    computed correctly without them. Pass the same hints at CUDA-graph capture and
-    replay (or none).
+    computed correctly without them. A captured CUDA graph replays other steps than
+    the one it was captured on, so while a stream is capturing ``max_seq_len`` (whose
+    short-sequence tile would be baked in) is ignored.
     """
     check_unified_attention_args(
         q,
@@ -324,6 +325,8 @@ def unified_attention(
         max_query_len,
         max_seq_len,
     )
+    if max_seq_len is not None and q.is_cuda and torch.cuda.is_current_stream_capturing():
+        max_seq_len = None
     args = (q, kv_cache, out, query_start_loc, seq_lens, block_table, float(scale))
     hints = (num_decodes, max_query_len, max_seq_len)
     if torch.compiler.is_compiling():
