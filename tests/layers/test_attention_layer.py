@@ -248,3 +248,69 @@ def test_bad_shapes(which, shape, match):
 def test_bad_construction(args, match):
     with pytest.raises(ValueError, match=match):
         Attention(*args)
+
+
+def _graph_decode_steps(device: str, capture: bool) -> None:
+    """The engine's decode graph: the layer runs (or is captured) once on static q/k/v and
+    the first step's metadata; later steps only rebuild the metadata (same padding, so
+    the same device memory) and refill q/k/v, then run the same call again (or replay).
+    Each step's outputs must equal full causal attention over the sequences so far."""
+    g = gen_for("graph-steps", device)
+    heads, kv_heads, d, bs = 4, 2, 32, 4
+    layer = Attention(heads, d, d**-0.5, kv_heads)
+    engine = Engine(layer, 32, bs, FP32, device, g)
+    prompts = {"A": 3, "B": 6, "C": 1}
+    seen = {sid: ([], [], [], []) for sid in prompts}
+
+    def record(chunks, q, k, v, out):
+        start = 0
+        for sid, n in chunks:
+            for lst, x in zip(seen[sid], (q, k, v, out), strict=True):
+                lst.append(x[start : start + n].clone())
+            start += n
+
+    # Prefill eagerly, then decodes of the three sequences padded to a bucket of 4.
+    chunks = list(prompts.items())
+    md = engine.step(chunks)
+    q, k, v = (randn((10, h * d), g, FP32, device) for h in (heads, kv_heads, kv_heads))
+    with set_forward_context(ForwardContext(attn_metadata=md)):
+        record(chunks, q, k, v, layer(q, k, v))
+    decodes = [(sid, 1) for sid in prompts]
+    pad = dict(pad_tokens_to=4, pad_seqs_to=4)
+    static = [torch.zeros(4, h * d, device=device) for h in (heads, kv_heads, kv_heads)]
+    md0 = engine.step(decodes, **pad)
+    ctx = ForwardContext(attn_metadata=md0)
+    graph = None
+    if capture:
+        with set_forward_context(ctx):
+            layer(*static)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with set_forward_context(ctx), torch.cuda.graph(graph):
+            static_out = layer(*static)
+    for step in range(6):
+        if step:
+            md = engine.step(decodes, **pad)
+            assert md.seq_lens.data_ptr() == md0.seq_lens.data_ptr()
+        for buf in static:
+            buf.copy_(randn(buf.shape, g, FP32, device))
+        if graph is not None:
+            graph.replay()
+            out = static_out
+        else:  # the first step's metadata object, now holding this step's values
+            with set_forward_context(ctx):
+                out = layer(*static)
+        record(decodes, *static, out)
+    for sid, parts in seen.items():
+        q, k, v, out = (torch.cat(p) for p in parts)
+        expected = _sdpa(q, k, v, heads, kv_heads, d, d**-0.5)
+        torch.testing.assert_close(out, expected, **TOLERANCES[FP32], msg=f"sequence {sid}")
+
+
+def test_decode_steps_on_the_first_steps_metadata():
+    _graph_decode_steps("cpu", capture=False)
+
+
+@gpu
+def test_decode_steps_cuda_graph():
+    _graph_decode_steps("cuda", capture=True)
