@@ -48,6 +48,11 @@ class SamplingParams:
     else is in the batch (sample ``i`` of ``n`` uses ``seed + i``); ``logprobs`` k returns
     the log-probability of each sampled token and of the k most likely ones;
     ``prompt_logprobs`` k does the same for each prompt token after the first.
+    ``detokenize`` False leaves the output text empty and the logprobs without their
+    token text (token ids and logprobs only; stop strings need it on);
+    ``skip_special_tokens`` leaves special tokens out of the output text (True, vLLM's
+    default) or keeps them; ``spaces_between_special_tokens`` is passed to the tokenizer's
+    decode (only transformers' slow tokenizers use it, as in vLLM).
     """
 
     n: int = 1
@@ -62,6 +67,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -86,11 +94,21 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 0):
                 raise ValueError(f"{name} must be an integer >= 0 or None, got {value!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        for name in (
+            "ignore_eos",
+            "detokenize",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         self.stop_strings = self._stop_strings(self.stop)
+        if self.stop_strings and not self.detokenize:
+            raise ValueError(
+                "stop strings need the output text: they cannot be used with detokenize=False"
+            )
         ids = self.stop_token_ids
         if ids is None:
             ids = []
@@ -135,4 +153,7 @@ class SamplingParams:
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
             output_kind=self.output_kind,
+            detokenize=self.detokenize,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
         )

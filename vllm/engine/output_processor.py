@@ -3,7 +3,9 @@
 Per request it detokenizes incrementally, applies stop strings (a hit ends the request:
 its id comes back in ``to_abort`` so the core frees the slot), attaches the text of each
 logprob's token, merges the ``n`` samples of one prompt (children ``"{i}_{request_id}"``
-in the core) back into one request, and shapes each output by ``output_kind``. It also
+in the core) back into one request, and shapes each output by ``output_kind``. A request
+with ``detokenize=False`` gets token ids and logprobs only (no text, no token text); its
+``skip_special_tokens`` / ``spaces_between_special_tokens`` go to the tokenizer's decode. It also
 keeps each request's times for the metrics (``IterationStats``).
 
 While a request may still hit a stop string, the last ``len(longest stop) - 1``
@@ -37,7 +39,15 @@ class _Sample:
         self.tokenizer = tokenizer
         self.all_ids = list(prompt_ids)
         self.num_prompt = len(prompt_ids)
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.detokenize = params.detokenize
+        # Only what differs from decode's defaults, so a tokenizer with a bare decode(ids)
+        # serves every request that keeps them.
+        decode_kwargs = {
+            name: False
+            for name in ("skip_special_tokens", "spaces_between_special_tokens")
+            if not getattr(params, name)
+        }
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, **decode_kwargs)
         self.text = ""
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
@@ -53,12 +63,18 @@ class _Sample:
 
     def add(self, out: EngineCoreOutput) -> bool:
         """Apply the core's delta; True when a stop string ended the sample here."""
+        # The EOS that ends a sample stays out of its text, as in vLLM (it shows otherwise
+        # with skip_special_tokens=False); its id is in token_ids.
+        eos_end = out.finish_reason == "stop" and out.stop_reason is None
+        last = len(out.new_token_ids) - 1
         for i, token in enumerate(out.new_token_ids):
             self.all_ids.append(token)
             if out.new_logprobs is not None and self.logprobs is not None:
                 lps = self.logprobs_of(out.new_logprobs[i])
                 self.logprobs.append(lps)
                 self.cumulative_logprob += lps[token].logprob
+            if not self.detokenize or (eos_end and i == last):
+                continue
             delta = self.detok.step(self.all_ids)
             if delta and self._stop_string(delta):
                 return True
@@ -82,6 +98,8 @@ class _Sample:
         return True
 
     def logprobs_of(self, values: dict[int, tuple[float, int]]) -> dict[int, Logprob]:
+        if not self.detokenize:
+            return {t: Logprob(lp, rank) for t, (lp, rank) in values.items()}
         decode = self.tokenizer.decode
         return {t: Logprob(lp, rank, decode([t])) for t, (lp, rank) in values.items()}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm.engine.config import EngineConfig
+from vllm.inputs.data import PROMPT_KEYS
 from vllm.sampling_params import SamplingParams
 
 # vLLM's default cap on logprobs / prompt_logprobs per position.
@@ -26,8 +27,8 @@ class InputProcessor:
         self.vocab_size = vocab_size
 
     def process(self, prompt, params) -> ProcessedPrompt:
-        """``prompt``: text, a list of token ids, or vLLM's ``{"prompt": text}`` /
-        ``{"prompt_token_ids": ids}``."""
+        """``prompt``: text, a list of token ids, or vLLM's ``TextPrompt`` /
+        ``TokensPrompt`` (``{"prompt": text}`` / ``{"prompt_token_ids": ids}``)."""
         self.check_params(params)
         text, ids = self._tokenize(prompt)
         self.check_ids(ids)
@@ -45,6 +46,12 @@ class InputProcessor:
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
+            unknown = [k for k in prompt if k not in PROMPT_KEYS]
+            if unknown:
+                raise ValueError(
+                    f"a prompt dict may hold {' or '.join(PROMPT_KEYS)}; {unknown[0]!r} is not "
+                    "supported by this package"
+                )
             if "prompt_token_ids" in prompt:
                 prompt = prompt["prompt_token_ids"]
                 if not isinstance(prompt, list | tuple):

@@ -4,6 +4,10 @@ The fallback serves models without tokenizer files (dummy weights, test models):
 ``b % vocab_size`` for each UTF-8 byte ``b`` of the text, and id ``t`` decodes to byte
 ``t % 256`` (invalid UTF-8 shows as U+FFFD). It round-trips text when ``vocab_size >= 256``;
 it has no end-of-sequence token, so generation ends by ``max_tokens`` or ``stop``.
+
+``decode(ids, skip_special_tokens=True, spaces_between_special_tokens=True)``: the
+SamplingParams of the same names reach it through the output processor (the fallback has no
+special tokens, so both change nothing there).
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ class ByteTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [b % self.vocab_size for b in text.encode("utf-8")]
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(
+        self,
+        token_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
         return bytes(t % 256 for t in token_ids).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
@@ -52,8 +61,17 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens)
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self._tok.decode(token_ids, skip_special_tokens=True)
+    def decode(
+        self,
+        token_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
+        return self._tok.decode(
+            token_ids,
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         """The messages rendered as the prompt text (ValueError without a template)."""
@@ -84,8 +102,10 @@ class IncrementalDetokenizer:
     part once it no longer ends in U+FFFD (an unfinished character).
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int]):
+    def __init__(self, tokenizer, prompt_token_ids: list[int], **decode_kwargs):
+        """``decode_kwargs``: ``skip_special_tokens`` / ``spaces_between_special_tokens``."""
         self.tokenizer = tokenizer
+        self.decode_kwargs = decode_kwargs
         # A few prompt tokens give the first output token its left context (spacing).
         self.prefix = max(0, len(prompt_token_ids) - 4)
         self.read = len(prompt_token_ids)
@@ -94,9 +114,9 @@ class IncrementalDetokenizer:
         """New text after ``token_ids[:end]`` grew (the full prompt + output list; ``end``
         None: all of it)."""
         end = len(token_ids) if end is None else end
-        decode = self.tokenizer.decode
-        before = decode(token_ids[self.prefix : self.read])
-        after = decode(token_ids[self.prefix : end])
+        decode, kwargs = self.tokenizer.decode, self.decode_kwargs
+        before = decode(token_ids[self.prefix : self.read], **kwargs)
+        after = decode(token_ids[self.prefix : end], **kwargs)
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
         self.prefix, self.read = self.read, end

@@ -11,9 +11,130 @@ from tqdm.auto import tqdm
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
+from vllm.logger import init_logger
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+logger = init_logger(__name__)
+
+
+def _one(name: str, what: str):
+    def check(value):
+        if value not in (None, 1):
+            raise ValueError(f"{name}={value!r}: {what} is not supported yet (give 1)")
+
+    return check
+
+
+def _none(name: str, why: str):
+    def check(value):
+        if value is not None:
+            raise ValueError(f"{name}={value!r}: {why}")
+
+    return check
+
+
+def _false(name: str, why: str):
+    def check(value):
+        if value not in (None, False):
+            raise ValueError(f"{name}={value!r}: {why}")
+
+    return check
+
+
+def _fraction(value):
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1
+    ):
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {value!r}")
+
+
+def _non_negative(value):
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+    ):
+        raise ValueError(f"swap_space must be a number of GiB >= 0, got {value!r}")
+
+
+def _bool(name: str):
+    def check(value):
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+
+    return check
+
+
+def _tokenizer_mode(value):
+    if value not in (None, "auto"):
+        raise ValueError(
+            f"tokenizer_mode={value!r} is not supported: the engine decodes with the model's "
+            "fast tokenizer (give 'auto')"
+        )
+
+
+def _prefix_caching(value):
+    _bool("enable_prefix_caching")(value)
+    if value:
+        logger.warning(
+            "enable_prefix_caching: not implemented here, every prompt is computed in full "
+            "(the outputs are the same, only repeated prefixes are not reused)"
+        )
+
+
+_LOCAL_ONLY = "this package loads local model directories only, so no revision can be chosen"
+_NO_LORA = "LoRA adapters are not supported by this package"
+
+# vLLM's LLM keywords that are not EngineArgs fields (yet). Each either runs as asked or is
+# refused: a check that passes means the value changes nothing here (documented per entry).
+# A keyword that becomes an EngineArgs field is passed to EngineArgs instead.
+_VLLM_OPTIONS = {
+    "tensor_parallel_size": _one("tensor_parallel_size", "tensor parallelism"),
+    "pipeline_parallel_size": _one("pipeline_parallel_size", "pipeline parallelism"),
+    # Pure Mamba2 keeps no KV cache: its memory is the weights and the state pool, which
+    # max_num_seqs sizes; there is no cache for a memory fraction to size.
+    "gpu_memory_utilization": _fraction,
+    # CPU swap space for preempted sequences' KV blocks: this engine never preempts.
+    "swap_space": _non_negative,
+    "quantization": _none("quantization", "quantized models are not supported"),
+    "revision": _none("revision", _LOCAL_ONLY),
+    "tokenizer_revision": _none("tokenizer_revision", _LOCAL_ONLY),
+    "code_revision": _none("code_revision", _LOCAL_ONLY),
+    # Permission only: the model classes are this package's, and the tokenizer loads without
+    # remote code (a tokenizer that needs it fails to load, saying so).
+    "trust_remote_code": _bool("trust_remote_code"),
+    "tokenizer_mode": _tokenizer_mode,
+    "enable_lora": _false("enable_lora", _NO_LORA),
+    # They size LoRA, which is off.
+    "max_lora_rank": lambda value: None,
+    "max_loras": lambda value: None,
+    "max_cpu_loras": lambda value: None,
+    "enable_prefix_caching": _prefix_caching,
+}
+
+
+def _engine_kwargs(kwargs: dict) -> dict:
+    """The EngineArgs keywords of ``LLM(**kwargs)``; vLLM's other keywords checked (and
+    dropped when they change nothing here, refused otherwise)."""
+    engine_fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
+    out, unknown = {}, []
+    for key, value in kwargs.items():
+        field = engine_fields.get(key)
+        if field is not None:
+            if value is None and field.default is not None:
+                continue  # vLLM's None: the default (lm-eval passes max_num_seqs=None)
+            out[key] = None if key == "dtype" and value == "auto" else value
+        elif key in _VLLM_OPTIONS:
+            _VLLM_OPTIONS[key](value)
+        else:
+            unknown.append(key)
+    if unknown:
+        known = sorted({*engine_fields, *_VLLM_OPTIONS} - {"model"})
+        raise TypeError(
+            f"LLM() got unknown keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"it takes: {', '.join(known)}"
+        )
+    return out
 
 
 class LLM:
@@ -21,11 +142,26 @@ class LLM:
     ``load_format="dummy"``. Other keyword arguments are ``EngineArgs`` fields
     (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``max_model_len``, ``enforce_eager``,
-    ``mamba_ssm_cache_dtype``, ...), the options ``vllm serve`` takes."""
+    ``mamba_ssm_cache_dtype``, ...), the options ``vllm serve`` takes, or vLLM's other
+    ``LLM`` keywords (``tensor_parallel_size``, ``gpu_memory_utilization``, ``swap_space``,
+    ``quantization``, ``trust_remote_code``, ``revision``, ``tokenizer_mode``,
+    ``enable_lora``, ``enable_prefix_caching``, ...): each is either run as asked or
+    refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As in vLLM, None
+    for an option means its default, and ``dtype="auto"`` the config's dtype."""
 
     def __init__(self, model: str | os.PathLike | Mamba2ModelConfig, **kwargs):
-        self.engine = LLMEngine(EngineArgs(model=model, **kwargs).create_engine_config())
+        args = EngineArgs(model=model, **_engine_kwargs(kwargs))
+        self.engine = LLMEngine(args.create_engine_config())
+        # vLLM's llm_engine.model_config: lm-eval reads its max_model_len (EngineConfig holds
+        # vLLM's ModelConfig fields here). Set here until LLMEngine has the attribute itself.
+        if not hasattr(self.engine, "model_config"):
+            self.engine.model_config = self.engine.config
         self._ids = itertools.count()
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for the engine (``self.engine``)."""
+        return self.engine
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -35,12 +171,20 @@ class LLM:
         prompts,
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request=None,
     ) -> list[RequestOutput]:
         """Outputs in the prompts' order; a prompt is a string, a list of token ids, or
-        ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``. Every prompt and every
-        SamplingParams is checked before any is queued: a call that raises leaves nothing
-        behind. A request that fails while running comes back with finish reason "error"
-        and its message in ``RequestOutput.error``; the others are unaffected."""
+        a ``TextPrompt`` / ``TokensPrompt`` (``{"prompt": ...}`` /
+        ``{"prompt_token_ids": [...]}``). Every prompt and every SamplingParams is checked
+        before any is queued: a call that raises leaves nothing behind. A request that fails
+        while running comes back with finish reason "error" and its message in
+        ``RequestOutput.error``; the others are unaffected. ``lora_request`` must be None
+        (or a list of None): this package serves no LoRA adapters."""
+        requested = lora_request if isinstance(lora_request, list | tuple) else [lora_request]
+        if any(r is not None for r in requested):
+            raise ValueError(
+                "LoRA adapters are not supported by this package: lora_request must be None"
+            )
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list | tuple) and prompts and isinstance(prompts[0], int)
         ):

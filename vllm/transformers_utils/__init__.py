@@ -1,0 +1,1 @@
+"""Helpers around HF transformers, where vLLM keeps them (``vllm.transformers_utils``)."""
