@@ -54,6 +54,8 @@ class _SamplingFields(RequestModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -113,7 +115,8 @@ def _check_prompt(prompt: Any) -> str | list[int] | list[str] | list[list[int]]:
 class CompletionRequest(_SamplingFields):
     # Any, checked by _prompt_shape: str | list[int] | list[str] | list[list[int]].
     prompt: Any
-    max_tokens: int | None = Field(default=16, ge=1)
+    # 0: echo without generation (serving_completion refuses it without echo).
+    max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = None

@@ -1,5 +1,13 @@
 """POST /v1/completions: one engine request per prompt, choices indexed prompt_i * n + j (as
-vLLM numbers them), a whole response or an SSE stream of deltas."""
+vLLM numbers them), a whole response or an SSE stream of deltas.
+
+``echo`` puts the prompt in front of each choice's text; with ``logprobs`` k its tokens get
+logprobs too (None for the first, which nothing predicts; then the token's and the k best),
+which is how lm-eval's ``local-completions`` scores loglikelihood tasks
+(``{prompt, max_tokens: 1, logprobs: 1, echo: true}``). ``max_tokens: 0`` is allowed with
+echo only, as in vLLM: the prompt comes back scored with no completion (the engine
+generates one token, which is dropped; finish reason "length", no completion tokens).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ from contextlib import aclosing
 
 from fastapi import Request
 
-from vllm.entrypoints.openai.errors import APIError
+from vllm.entrypoints.openai.errors import APIError, bad_request
 from vllm.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
@@ -46,13 +54,20 @@ class _Prompt:
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: CompletionRequest, raw_request: Request):
         model = self.models.check_model(request.model)
+        if request.max_tokens == 0 and not request.echo:
+            raise bad_request(
+                "max_tokens must be at least 1; 0 is allowed with echo only (the prompt back, "
+                "with its logprobs, and no completion)",
+                param="max_tokens",
+            )
         prompts = self._prompts(request)
         # With echo, the prompt's own logprobs come first (what lm-eval's loglikelihood reads).
         prompt_logprobs = request.logprobs if request.echo else None
+        max_tokens = 1 if request.max_tokens == 0 else request.max_tokens
         params = [
             self.sampling_params(
                 request,
-                self.check_length(len(p.token_ids), request.max_tokens),
+                self.check_length(len(p.token_ids), max_tokens),
                 request.logprobs,
                 prompt_logprobs,
             )
@@ -117,8 +132,8 @@ class OpenAIServingCompletion(OpenAIServing):
         choices, generated = [], 0
         for i, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
             for out in sorted(final.outputs, key=lambda o: o.index):
-                generated += len(out.token_ids)
-                text, token_ids, positions = out.text, list(out.token_ids), out.logprobs
+                text, token_ids, positions, finish, stop = _shown(request, out)
+                generated += len(token_ids)
                 if request.echo:
                     positions = _echo_positions(prompt, final, positions, len(token_ids))
                     text = prompt.text + text
@@ -131,8 +146,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         index=i * request.n + out.index,
                         text=text,
                         logprobs=logprobs,
-                        finish_reason=out.finish_reason,
-                        stop_reason=out.stop_reason,
+                        finish_reason=finish,
+                        stop_reason=stop,
                     )
                 )
         num_prompt = sum(len(p.token_ids) for p in prompts)
@@ -153,7 +168,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 async for i, res in outputs:
                     for out in res.outputs:
                         index = i * request.n + out.index
-                        text, token_ids, positions = out.text, list(out.token_ids), out.logprobs
+                        text, token_ids, positions, finish, stop = _shown(request, out)
                         generated[index] += len(token_ids)
                         if request.echo and index not in echoed:
                             echoed.add(index)
@@ -163,7 +178,7 @@ class OpenAIServingCompletion(OpenAIServing):
                             token_ids = prompt.token_ids + token_ids
                         if (
                             not text
-                            and out.finish_reason is None
+                            and finish is None
                             and not (request.logprobs is not None and token_ids)
                         ):
                             continue  # nothing to show yet (an unfinished character)
@@ -175,8 +190,8 @@ class OpenAIServingCompletion(OpenAIServing):
                             index=index,
                             text=text,
                             logprobs=logprobs,
-                            finish_reason=out.finish_reason,
-                            stop_reason=out.stop_reason,
+                            finish_reason=finish,
+                            stop_reason=stop,
                         )
                         chunk = CompletionStreamResponse(
                             id=request_id, created=created, model=model, choices=[choice]
@@ -201,6 +216,16 @@ class OpenAIServingCompletion(OpenAIServing):
             logger.exception("stream %s failed", request_id)
             yield sse_error(APIError("Internal server error", 500))
         yield DONE
+
+
+def _shown(request: CompletionRequest, out):
+    """What a choice shows of a sample's output: (text, token ids, logprob positions,
+    finish reason, stop reason); nothing of it for max_tokens 0 (echo only), which the
+    engine ran as 1."""
+    if request.max_tokens == 0:
+        finish = None if out.finish_reason is None else "length"
+        return "", [], None, finish, None
+    return out.text, list(out.token_ids), out.logprobs, out.finish_reason, out.stop_reason
 
 
 def _echo_positions(prompt: _Prompt, res: RequestOutput, positions, num_generated: int):

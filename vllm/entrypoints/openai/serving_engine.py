@@ -100,6 +100,8 @@ class OpenAIServing:
                 stop=request.stop,
                 stop_token_ids=request.stop_token_ids,
                 ignore_eos=request.ignore_eos,
+                skip_special_tokens=request.skip_special_tokens,
+                spaces_between_special_tokens=request.spaces_between_special_tokens,
                 max_tokens=max_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
