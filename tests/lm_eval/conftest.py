@@ -1,0 +1,31 @@
+"""Fixtures of the lm-eval tests: the tiny model (its own copy: tests/entrypoints' fixtures
+are that directory's), the local tasks written for it, and the HF reference model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lm_eval.harness import MAX_GEN_TOKS, NUM_FEWSHOT
+from tests.lm_eval.tasks import write_tasks
+from tests.tiny_model import make_tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("lm_eval_tiny"))
+
+
+@pytest.fixture(scope="session")
+def task_dir(tmp_path_factory):
+    return write_tasks(
+        tmp_path_factory.mktemp("lm_eval_tasks"),
+        num_fewshot=NUM_FEWSHOT,
+        max_gen_toks=MAX_GEN_TOKS,
+    )
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model_dir):
+    from tests.lm_eval.reference import Reference
+
+    return Reference(tiny_model_dir)
