@@ -1,0 +1,68 @@
+"""Running a test function on several ranks: one spawned process per rank, each joined to
+a real torch.distributed group (gloo on CPU, NCCL on GPUs), with a bound on the run."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+from vllm.distributed import parallel_state
+
+# Tests bound their collectives well below pytest's timeout, so a bug fails, not hangs.
+COLLECTIVE_TIMEOUT_S = 30.0
+RUN_TIMEOUT_S = 90.0
+GPU2_SKIP_REASON = (
+    "needs 2 CUDA GPUs (the nvidia-h200-x2 kind): multi-GPU machines are withheld now; "
+    "the lead runs these when one is lent"
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def set_multicast_off() -> None:
+    """NVLink multicast off for NCCL and PyTorch (the GPU hosts are shared)."""
+    os.environ.update(parallel_state.MULTICAST_OFF_ENV)
+
+
+def _rank_main(rank, fn, world_size, backend, init_method, args) -> None:
+    if backend == "nccl":
+        set_multicast_off()
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons at 1e-5
+    torch.set_num_threads(1)  # two ranks share the CI machine's cores
+    parallel_state.init_distributed(
+        world_size, rank, backend, init_method, timeout_s=COLLECTIVE_TIMEOUT_S
+    )
+    try:
+        fn(*args)
+    finally:
+        parallel_state.destroy()
+
+
+def run_ranks(fn, *args, world_size: int = 2, backend: str = "gloo") -> None:
+    """``fn(*args)`` on every rank of a fresh ``world_size``-rank group; a rank's exception
+    (an assertion) is re-raised here with its traceback. ``fn`` must be a module-level
+    function (it is pickled by name into the spawned processes)."""
+    if backend == "nccl":
+        set_multicast_off()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.start_processes(
+        _rank_main,
+        args=(fn, world_size, backend, init_method, args),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{fn.__name__} did not finish on {world_size} ranks")
