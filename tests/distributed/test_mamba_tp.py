@@ -1,0 +1,310 @@
+"""The Mamba2 head/group sharding (``mamba_tp``): its index math against an independent
+derivation, and a tiny mixer (in_proj, conv, SSM scan, gated norm, out_proj, composed from
+the PyTorch reference ops) on two gloo ranks equal to one rank, output and states, over a
+prefill step and a decode step, for n_groups 1 (replicated, the norm reduces across
+ranks), 2 and 4."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.distributed.utils import GPU2_SKIP_REASON, run_ranks
+from vllm.distributed import get_tp_group
+from vllm.model_executor.layers.layernorm import rms_norm_gated_ref
+from vllm.model_executor.layers.linear import RowParallelLinear
+from vllm.model_executor.layers.mamba.mamba_tp import (
+    Mamba2InProj,
+    Mamba2Shard,
+    load_row_blocks,
+    mamba2_shard,
+    mamba2_weight_loaders,
+    sharded_gated_rmsnorm,
+)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
+    causal_conv1d_ref,
+    causal_conv1d_update_ref,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
+    chunk_scan_varlen,
+    plan_chunked_scan,
+    selective_state_update_torch,
+)
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+EPS = 1e-5
+HIDDEN, HEADS, HEAD_DIM, STATE, WIDTH, CHUNK = 16, 4, 4, 8, 4, 4
+SEQ_LENS = (5, 3)
+
+
+# -- the index math --------------------------------------------------------------------
+
+
+def _expected_in_proj_rows(s: Mamba2Shard) -> torch.Tensor:
+    """The checkpoint rows rank ``s`` needs, derived from the unsharded layer's split."""
+    inter, gn = s.num_heads * s.head_dim, s.n_groups * s.state_size
+    rows = torch.arange(2 * inter + 2 * gn + s.num_heads)
+    z, x, B, C, dt = rows.split([inter, inter, gn, gn, s.num_heads])
+    heads = torch.tensor(list(s.heads))
+    hpg = s.num_heads // s.n_groups
+    groups = torch.unique(heads // hpg)  # the groups these heads read
+    chan = lambda t: t.view(s.num_heads, s.head_dim)[heads].flatten()  # noqa: E731
+    grp = lambda t: t.view(s.n_groups, s.state_size)[groups].flatten()  # noqa: E731
+    return torch.cat([chan(z), chan(x), grp(B), grp(C), dt[heads]])
+
+
+@pytest.mark.parametrize(
+    "heads, groups, tp",
+    [(8, 1, 2), (8, 2, 2), (8, 4, 2), (8, 2, 4), (8, 1, 4), (8, 8, 4), (16, 2, 8)],
+    ids=lambda v: str(v),
+)
+def test_shard_rows_match_the_unsharded_split(heads, groups, tp):
+    read_by = torch.zeros(2 * heads * 2 + 2 * groups * 3 + heads, dtype=torch.long)
+    for rank in range(tp):
+        s = Mamba2Shard(heads, 2, 3, groups, WIDTH, tp, rank)
+        full = torch.arange(read_by.numel(), dtype=torch.float32)[:, None].expand(-1, 5)
+        local = torch.empty(s.local_in_proj_size, 5)
+        load_row_blocks(local, full, s.in_proj_blocks(), read_by.numel())
+        want = _expected_in_proj_rows(s)
+        assert torch.equal(local[:, 0].long(), want)
+        read_by[want] += 1
+        spec = s.state_spec()
+        assert spec.ssm_shape == (heads // tp, 2, 3)
+        assert spec.conv_shape == (heads // tp * 2 + 2 * len(s.groups) * 3, WIDTH - 1)
+        assert len(s.groups) == (groups // tp if groups >= tp else 1)
+        assert s.norm_spans_ranks == (groups < tp)
+    # every row is read; with groups split, by one rank; replicated B and C by tp / G
+    assert bool((read_by >= 1).all())
+    bc = slice(4 * heads, 4 * heads + 6 * groups)
+    assert bool((read_by[bc] == max(1, tp // groups)).all())
+    assert read_by.sum() - read_by[bc].sum() == read_by.numel() - 6 * groups
+
+
+@pytest.mark.parametrize(
+    "heads, groups, tp, match",
+    [
+        (6, 3, 2, "n_groups=3 neither divides tp_size=2"),
+        (6, 1, 4, "num_heads=6 is not divisible by tp_size=4"),
+        (4, 4, 3, "num_heads=4 is not divisible by tp_size=3; n_groups=4 neither"),
+    ],
+    ids=["groups_3_tp_2", "heads_6_tp_4", "both"],
+)
+def test_shards_that_cannot_align_are_refused(heads, groups, tp, match):
+    with pytest.raises(ValueError, match=match):
+        Mamba2Shard(heads, 2, 3, groups, WIDTH, tp, 0)
+
+
+# -- the tiny mixer --------------------------------------------------------------------
+
+
+def full_params(n_groups: int, device) -> dict[str, torch.Tensor]:
+    """HF-named full tensors of a tiny mixer with the scales of a trained one."""
+    g = torch.Generator().manual_seed(n_groups)
+    inter, conv_dim = HEADS * HEAD_DIM, HEADS * HEAD_DIM + 2 * n_groups * STATE
+    u = lambda *shape, lo=-1.0, hi=1.0: torch.rand(*shape, generator=g) * (hi - lo) + lo  # noqa: E731
+    dt = u(HEADS, lo=-3.0, hi=-0.7).exp()  # 0.05 .. 0.5: states that matter
+    p = {
+        "in_proj.weight": u(2 * inter + 2 * n_groups * STATE + HEADS, HIDDEN) * HIDDEN**-0.5,
+        "in_proj.bias": u(2 * inter + 2 * n_groups * STATE + HEADS) * 0.1,
+        "conv1d.weight": u(conv_dim, 1, WIDTH) * 0.5,
+        "conv1d.bias": u(conv_dim) * 0.1,
+        "A_log": u(HEADS, lo=0.0, hi=1.5),
+        "D": u(HEADS, lo=0.5, hi=1.5),
+        "dt_bias": dt + torch.log(-torch.expm1(-dt)),
+        "norm.weight": u(inter, lo=0.8, hi=1.2),
+        "out_proj.weight": u(HIDDEN, inter) * inter**-0.5,
+        "out_proj.bias": u(HIDDEN) * 0.1,
+    }
+    return {k: v.to(device) for k, v in p.items()}
+
+
+def mixer_steps(p, in_proj, norm, out_proj, heads, groups, conv_state, ssm_state, inputs):
+    """A prefill of SEQ_LENS tokens, then one decode token per sequence: the outputs of
+    both steps; updates the states. ``p``: conv and SSM parameters (whole or one rank's)."""
+    inter, gn = heads * HEAD_DIM, groups * STATE
+    w, b = p["conv1d.weight"].squeeze(1), p["conv1d.bias"]
+    A = -torch.exp(p["A_log"])
+    scan = dict(D=p["D"], dt_bias=p["dt_bias"], dt_softplus=True)
+    slots = torch.arange(len(SEQ_LENS), dtype=torch.int32, device=conv_state.device)
+
+    def split(xbc, dt):
+        x, B, C = xbc.split([inter, gn, gn], dim=-1)
+        by_group = (groups, STATE)
+        return (
+            x.unflatten(-1, (heads, HEAD_DIM)),
+            B.unflatten(-1, by_group),
+            C.unflatten(-1, by_group),
+            dt,
+        )
+
+    outs = []
+    prefill, decode = inputs
+    z, xbc, dt = in_proj(prefill).split([inter, inter + 2 * gn, heads], dim=-1)
+    qsl = torch.tensor([0, SEQ_LENS[0], sum(SEQ_LENS)], dtype=torch.int32, device=slots.device)
+    no_init = torch.zeros(len(SEQ_LENS), dtype=torch.bool, device=slots.device)
+    xbc = causal_conv1d_ref(xbc.t(), w, b, conv_state, qsl, slots, no_init, "silu").t()
+    x, B, C, dt = split(xbc, dt)
+    layout = plan_chunked_scan(torch.tensor(SEQ_LENS), CHUNK).to(slots.device)
+    y, final = chunk_scan_varlen(x, dt, A, B, C, layout, **scan)
+    ssm_state[: len(SEQ_LENS)] = final
+    outs.append(out_proj(norm(y.flatten(1), z)))
+
+    z, xbc, dt = in_proj(decode).split([inter, inter + 2 * gn, heads], dim=-1)
+    xbc = causal_conv1d_update_ref(xbc, conv_state, w, b, "silu", slots)
+    x, B, C, dt = split(xbc, dt)
+    y = selective_state_update_torch(ssm_state, x, dt, A, B, C, state_batch_indices=slots, **scan)
+    outs.append(out_proj(norm(y.flatten(1), z)))
+    return outs
+
+
+def _inputs(device):
+    g = torch.Generator().manual_seed(100)
+    n = sum(SEQ_LENS)
+    return torch.randn(n, HIDDEN, generator=g).to(device), torch.randn(2, HIDDEN, generator=g).to(
+        device
+    )
+
+
+def run_unsharded(n_groups: int, device):
+    p = full_params(n_groups, device)
+    conv_dim = HEADS * HEAD_DIM + 2 * n_groups * STATE
+    conv_state = torch.zeros(len(SEQ_LENS) + 1, conv_dim, WIDTH - 1, device=device)
+    ssm_state = torch.zeros(len(SEQ_LENS) + 1, HEADS, HEAD_DIM, STATE, device=device)
+    group_size = HEADS * HEAD_DIM // n_groups
+    outs = mixer_steps(
+        p,
+        lambda h: F.linear(h, p["in_proj.weight"], p["in_proj.bias"]),
+        lambda y, z: rms_norm_gated_ref(y, z, p["norm.weight"], EPS, group_size),
+        lambda y: F.linear(y, p["out_proj.weight"], p["out_proj.bias"]),
+        HEADS,
+        n_groups,
+        conv_state,
+        ssm_state,
+        _inputs(device),
+    )
+    return outs, conv_state, ssm_state
+
+
+@torch.no_grad()
+def _sharded_equals_unsharded() -> None:
+    tp = get_tp_group()
+    dev = tp.device
+    for n_groups in (1, 2, 4):
+        want, conv_full, ssm_full = run_unsharded(n_groups, dev)
+        full = full_params(n_groups, dev)
+        shard = mamba2_shard(
+            num_heads=HEADS,
+            head_dim=HEAD_DIM,
+            state_size=STATE,
+            n_groups=n_groups,
+            conv_kernel=WIDTH,
+        )
+        loaders = mamba2_weight_loaders(shard)
+        with torch.device(dev):
+            in_proj = Mamba2InProj(shard, HIDDEN, bias=True)
+            out_proj = RowParallelLinear(HEADS * HEAD_DIM, HIDDEN, bias=True)
+        for name in ("in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias"):
+            layer, leaf = name.split(".")
+            param = getattr(in_proj if layer == "in_proj" else out_proj, leaf)
+            param.weight_loader(param, full[name])
+            # the mixer's own loader table agrees with the layers' loaders
+            twin = torch.empty_like(param)
+            loaders[name](twin, full[name])
+            assert torch.equal(twin, param), name
+        p = {}
+        local_rows = {
+            "conv1d.weight": shard.local_conv_dim,
+            "conv1d.bias": shard.local_conv_dim,
+            "norm.weight": shard.local_intermediate_size,
+        }
+        for name in ("conv1d.weight", "conv1d.bias", "A_log", "D", "dt_bias", "norm.weight"):
+            n = local_rows.get(name, shard.local_num_heads)
+            shape = (n, WIDTH) if name == "conv1d.weight" else (n,)
+            p[name] = torch.empty(shape, device=dev)
+            loaders[name](p[name], full[name])
+        p["conv1d.weight"] = p["conv1d.weight"].unsqueeze(1)
+
+        spec = shard.state_spec()
+        conv_state = torch.zeros(len(SEQ_LENS) + 1, *spec.conv_shape, device=dev)
+        ssm_state = torch.zeros(len(SEQ_LENS) + 1, *spec.ssm_shape, device=dev)
+        got = mixer_steps(
+            p,
+            in_proj,
+            lambda y, z: sharded_gated_rmsnorm(y, z, p["norm.weight"], EPS, shard),  # noqa: B023
+            out_proj,
+            shard.local_num_heads,
+            shard.local_n_groups,
+            conv_state,
+            ssm_state,
+            _inputs(dev),
+        )
+        for step, (g, w) in enumerate(zip(got, want, strict=True)):
+            torch.testing.assert_close(g, w, **TOL, msg=lambda m: f"G={n_groups} step {step}: {m}")  # noqa: B023
+        # this rank's state lines are the unsharded state's rows and heads
+        for block in shard.conv_blocks():
+            torch.testing.assert_close(conv_state[:, block.dst], conv_full[:, block.src], **TOL)
+        torch.testing.assert_close(ssm_state, ssm_full[:, shard.head_slice], **TOL)
+        # the norm alone: replicated groups reduce across ranks, split groups do not
+        y = torch.randn(3, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(7)).to(dev)
+        zg = torch.randn(3, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(8)).to(dev)
+        whole = rms_norm_gated_ref(y, zg, full["norm.weight"], EPS, HEADS * HEAD_DIM // n_groups)
+        c = shard.channel_slice
+        part = sharded_gated_rmsnorm(y[:, c], zg[:, c], p["norm.weight"], EPS, shard)
+        torch.testing.assert_close(part, whole[:, c], **TOL)
+
+
+@pytest.mark.timeout(120)
+def test_two_rank_mixer_equals_one_rank_gloo():
+    run_ranks(_sharded_equals_unsharded, world_size=2, backend="gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=GPU2_SKIP_REASON)
+def test_two_rank_mixer_equals_one_rank_nccl():
+    run_ranks(_sharded_equals_unsharded, world_size=2, backend="nccl")
+
+
+@torch.no_grad()
+def test_the_composed_reference_is_the_real_mixer():
+    """The one-rank composition above computes what MambaMixer2 computes (its kernels under
+    the interpreter on CPU), so the layout mamba_tp shards is the layer's."""
+    from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStatePool
+
+    n_groups = 2
+    want, conv_want, ssm_want = run_unsharded(n_groups, "cpu")
+    mixer = MambaMixer2(
+        hidden_size=HIDDEN,
+        num_heads=HEADS,
+        head_dim=HEAD_DIM,
+        state_size=STATE,
+        n_groups=n_groups,
+        conv_kernel=WIDTH,
+        use_bias=True,
+        use_conv_bias=True,
+        rms_norm_eps=EPS,
+        time_step_limit=(0.0, float("inf")),
+    )
+    for name, tensor in full_params(n_groups, "cpu").items():
+        param = mixer.get_parameter(name)
+        param.copy_(tensor.squeeze(1) if name == "conv1d.weight" else tensor)
+    pool = MambaStatePool(mixer.spec, 1, len(SEQ_LENS), mixer.backend, torch.float32)
+    builder = Mamba2MetadataBuilder(CHUNK, "cpu")
+    slots = torch.arange(len(SEQ_LENS), dtype=torch.int32)
+    prefill, decode = _inputs("cpu")
+    qsl = torch.tensor([0, SEQ_LENS[0], sum(SEQ_LENS)], dtype=torch.int32)
+    md = builder.build(qsl, slots, torch.zeros(len(SEQ_LENS), dtype=torch.bool))
+    got = [mixer(prefill, *pool.layer(0), md)]
+    md = builder.build(torch.arange(3, dtype=torch.int32), slots, torch.ones(2, dtype=torch.bool))
+    got.append(mixer(decode, *pool.layer(0), md))
+    # the kernels sum in another order than the references: a looser bound than TOL
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    conv, ssm = pool.layer(0)
+    torch.testing.assert_close(conv[: len(SEQ_LENS)], conv_want[: len(SEQ_LENS)], **TOL)
+    torch.testing.assert_close(
+        ssm[: len(SEQ_LENS)], ssm_want[: len(SEQ_LENS)], atol=1e-4, rtol=1e-4
+    )
