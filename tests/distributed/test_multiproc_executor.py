@@ -1,0 +1,252 @@
+"""MultiprocExecutor on two gloo ranks: a sharded MLP driven step by step equals the
+unsharded one; a worker that raises, is killed mid-step or between steps, or fails to
+build makes the driver raise WorkerFailedError naming the rank and the cause, within
+seconds; a configuration that does not shard fails before any process starts."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.distributed.utils import GPU2_SKIP_REASON, set_multicast_off
+from vllm.distributed import (
+    get_tp_group,
+    is_initialized,
+    tensor_model_parallel_all_reduce,
+)
+from vllm.executor import MultiprocExecutor, WorkerFailedError, check_tp_divisibility
+from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+TIMEOUT_S = 30.0  # every collective; a failure must surface far sooner
+FAST = 15.0  # seconds within which a failure must be reported
+
+
+def _mlp_weights():
+    g = torch.Generator().manual_seed(0)
+    return (
+        torch.randn(8, 4, generator=g),
+        torch.randn(4, 8, generator=g),
+        torch.randn(4, generator=g),
+    )
+
+
+class MLPWorker:
+    """A column- then row-parallel MLP over the group, built from the full weights."""
+
+    def __init__(self, fail_rank: int | None = None, fail_how: str | None = None):
+        tp = get_tp_group()
+        self.rank, self.device = tp.rank, tp.device
+        self.fail_rank, self.fail_how = fail_rank, fail_how
+        w1, w2, b2 = _mlp_weights()
+        with torch.device(self.device):
+            self.up = ColumnParallelLinear(4, 8, bias=False)
+            self.down = RowParallelLinear(8, 4)
+        self.up.weight.weight_loader(self.up.weight, w1)
+        self.down.weight.weight_loader(self.down.weight, w2)
+        self.down.bias.weight_loader(self.down.bias, b2)
+        if fail_how == "build" and self.rank == fail_rank:
+            raise RuntimeError("no weights on this rank")
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, step: int) -> tuple[int, torch.Tensor]:
+        if step == 2 and self.rank == self.fail_rank:
+            if self.fail_how == "raise":
+                raise ValueError(f"bad input at step {step}")
+            if self.fail_how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.fail_how == "hang":
+                time.sleep(600)
+        y = self.down(F.relu(self.up(x.to(self.device))))
+        return self.rank, y.cpu()
+
+    def rank_sum(self) -> float:
+        one = torch.tensor([self.rank + 1.0], device=self.device)  # NCCL's path on GPUs
+        return tensor_model_parallel_all_reduce(one).item()
+
+
+def _reference(x):
+    w1, w2, b2 = _mlp_weights()
+    return F.linear(F.relu(F.linear(x, w1)), w2, b2)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    yield
+    assert not is_initialized(), "the executor left this process in a group"
+    assert not multiprocessing.active_children(), "worker processes outlived the test"
+
+
+def _executor(factory=MLPWorker, backend="gloo", **kw) -> MultiprocExecutor:
+    return MultiprocExecutor(2, factory, backend=backend, timeout_s=TIMEOUT_S, **kw)
+
+
+def _steps_then_kill_between_steps(backend: str) -> None:
+    with _executor(backend=backend) as ex:
+        assert ex.run("rank_sum") == 3.0
+        for step in range(3):
+            x = torch.randn(5, 4)
+            rank, y = ex.run("forward", x, step)
+            assert rank == 0
+            torch.testing.assert_close(y, _reference(x), atol=1e-5, rtol=1e-5)
+        with pytest.raises(AttributeError, match="MLPWorker has no method 'nope'"):
+            ex.run("nope")
+        assert ex.run("rank_sum") == 3.0, "an unknown method must not break the executor"
+        (pid,) = ex.worker_pids.values()
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailedError, match="rank 1 was killed by SIGKILL"):
+            ex.run("rank_sum")  # noticed before the call, or when its all-reduce breaks
+        assert time.monotonic() - t0 < FAST
+        with pytest.raises(RuntimeError, match="has failed before"):
+            ex.run("rank_sum")
+
+
+@pytest.mark.timeout(90)
+def test_steps_equal_unsharded_then_a_killed_worker_is_reported():
+    _steps_then_kill_between_steps("gloo")
+
+
+MID_STEP = {
+    "raises": ("raise", r"rank 1 raised ValueError: bad input at step 2"),
+    "killed_mid_step": ("kill", r"rank 1 was killed by SIGKILL \(exit code -9\)"),
+}
+
+
+def _fail_mid_step(how: str, match: str, backend: str) -> None:
+    factory = functools.partial(MLPWorker, fail_rank=1, fail_how=how)
+    with _executor(factory, backend=backend) as ex:
+        x = torch.randn(3, 4)
+        ex.run("forward", x, 0)
+        ex.run("forward", x, 1)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailedError, match=match) as info:
+            ex.run("forward", x, 2)  # rank 0's all-reduce waits on the dead rank
+        assert time.monotonic() - t0 < FAST
+        assert info.value.rank == 1
+        if how == "raise":
+            assert "in forward" in info.value.worker_traceback
+            assert "--- worker rank 1 traceback ---" in str(info.value)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case", list(MID_STEP))
+def test_a_worker_failing_mid_step_is_a_clear_error(case):
+    _fail_mid_step(*MID_STEP[case], backend="gloo")
+
+
+@pytest.mark.timeout(90)
+def test_a_stuck_worker_times_out_instead_of_hanging():
+    factory = functools.partial(MLPWorker, fail_rank=1, fail_how="hang")
+    ex = MultiprocExecutor(2, factory, backend="gloo", timeout_s=3.0, grace_s=1.0)
+    with ex:
+        x = torch.randn(3, 4)
+        ex.run("forward", x, 0)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError) as info:
+            ex.run("forward", x, 2)  # rank 1 sleeps: rank 0's all-reduce times out
+        assert 3.0 <= time.monotonic() - t0 < FAST
+        assert "every worker process was alive" in "".join(info.value.__notes__)
+    # (the fixture checks that the stuck worker was stopped)
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_fails_to_build_fails_the_start():
+    t0 = time.monotonic()
+    factory = functools.partial(MLPWorker, fail_rank=1, fail_how="build")
+    with pytest.raises(WorkerFailedError, match="rank 1 raised RuntimeError: no weights"):
+        _executor(factory)
+    assert time.monotonic() - t0 < FAST + 10  # two interpreters start first
+
+
+def test_a_config_that_does_not_shard_fails_before_any_process_starts():
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_size=3 .* num_heads=128 is not divisible"
+    ):
+        MultiprocExecutor(3, MLPWorker, config=Mamba2ModelConfig(), backend="gloo")
+    assert not multiprocessing.active_children()
+    with pytest.raises(ValueError, match="worker_factory must be picklable"):
+        MultiprocExecutor(2, lambda: None, backend="gloo")
+    assert not multiprocessing.active_children()
+    check_tp_divisibility(Mamba2ModelConfig(), 2)  # 128 heads, 8 groups: fine
+
+
+BAMBA_LIKE = dict(
+    mamba_n_heads=128,
+    mamba_n_groups=1,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=14336,
+)
+
+
+@pytest.mark.parametrize(
+    "config, tp, match",
+    [
+        (dict(num_heads=128, n_groups=8), 16, None),
+        (dict(num_heads=128, n_groups=1), 8, None),  # one group replicated on 8 ranks
+        (dict(num_heads=24, n_groups=3), 2, "n_groups=3 neither divides tp_size=2"),
+        (BAMBA_LIKE, 4, None),
+        (dict(n_mamba_heads=6, num_attention_heads=32), 4, "n_mamba_heads=6 is not divisible"),
+        (dict(num_attention_heads=32, num_key_value_heads=3), 4, "num_key_value_heads=3 is fewer"),
+        (dict(num_attention_heads=32, num_key_value_heads=12), 8, "num_key_value_heads=12 is not"),
+        (dict(num_attention_heads=32, intermediate_size=100), 8, "intermediate_size=100"),
+    ],
+    ids=[
+        "mamba2_tp16",
+        "one_group_tp8",
+        "groups_3",
+        "bamba_like",
+        "zamba2_heads",
+        "kv_3",
+        "kv_12",
+        "mlp",
+    ],
+)
+def test_check_tp_divisibility_names_the_field(config, tp, match):
+    if match is None:
+        check_tp_divisibility(config, tp)
+    else:
+        with pytest.raises(ValueError, match=match):
+            check_tp_divisibility(config, tp)
+
+
+def _nccl_scenarios(results) -> None:
+    try:
+        set_multicast_off()
+        _steps_then_kill_between_steps("nccl")
+        for case in MID_STEP:
+            _fail_mid_step(*MID_STEP[case], backend="nccl")
+        results.put("ok")
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put(traceback.format_exc())
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=GPU2_SKIP_REASON)
+def test_nccl_worker_failures_are_reported():
+    """Under NCCL a dead peer does not break the driver's collective at once: the liveness
+    poll while rank 0 waits reports it. Run in a child process of its own, because NCCL's
+    watchdog may still end a process whose collective lost its peer (not yet run on a
+    2-GPU machine)."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=_nccl_scenarios, args=(results,))
+    child.start()
+    try:
+        outcome = results.get(timeout=150)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert outcome == "ok", outcome

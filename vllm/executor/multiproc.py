@@ -1,0 +1,383 @@
+"""MultiprocExecutor: one process per tensor-parallel rank, driven from the engine's process.
+
+    executor = MultiprocExecutor(2, functools.partial(MyWorker, config), config=model_config)
+    result = executor.run("execute_model", step_inputs)   # rank 0's result
+    executor.shutdown()
+
+Rank 0 is the driver: it lives in the caller's process; ranks 1 .. N-1 are processes
+started with torch.multiprocessing (spawn). Every rank joins the torch.distributed group
+(``parallel_state.init_distributed``) and then builds its worker with ``worker_factory()``
+(picklable: a top-level class or function, or a functools.partial of one; the worker reads
+its rank from ``parallel_state``). ``run(method, *args, **kwargs)`` pickles the call once
+and writes the bytes to every worker's pipe, then calls the method on rank 0's worker and
+returns its result; the workers call the same method with the same arguments and keep
+their results (the layers' collectives tie the ranks together). The call goes over pipes,
+not a collective, so an idle engine waits for its next step without any timeout running.
+
+Failures: a worker that raises reports its traceback through its pipe and exits; one that
+is killed just dies. The driver notices either way and raises ``WorkerFailedError`` naming
+the rank and the cause, instead of hanging:
+
+- the driver's own collectives fail when a peer is gone (gloo at once; every backend after
+  ``timeout_s``, the bound on any collective, which also catches a worker that hangs);
+- while rank 0's part of a call runs (on the driver thread, below), the calling thread
+  checks every ``poll_s`` that the workers are alive, so a death is reported even when
+  the driver is blocked where no collective returns (a CUDA sync behind an NCCL kernel);
+- start-up (joining the group, building the workers) is watched the same way.
+
+Rank 0's work (joining the group, its worker, every call) runs on one daemon thread, always
+the same one (the CUDA device, CUDA graphs and grad mode stay consistent), so the calling
+thread can stop waiting on it. After any failure the executor is broken: the ranks may be
+out of step, so it kills the workers and every later call raises the first error.
+Configuration errors come before any process starts: ``config`` goes through
+``check_tp_divisibility`` and the factory must pickle.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pickle
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vllm.distributed import parallel_state
+from vllm.executor.tp_checks import check_tp_divisibility
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_SHUTDOWN = b"shutdown"
+
+
+class WorkerFailedError(RuntimeError):
+    """A tensor-parallel worker process failed; ``rank`` and ``cause`` say which and why,
+    ``worker_traceback`` is its traceback when it raised (None when it was killed)."""
+
+    def __init__(self, rank: int, cause: str, worker_traceback: str | None = None):
+        self.rank, self.cause, self.worker_traceback = rank, cause, worker_traceback
+        message = f"tensor-parallel worker rank {rank} {cause}"
+        if worker_traceback:
+            message += f"\n--- worker rank {rank} traceback ---\n{worker_traceback}"
+        super().__init__(message)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(rank, world_size, backend, init_method, timeout_s, factory, conn) -> None:
+    """A worker process: join, build, then serve calls from the pipe until shutdown."""
+    try:
+        parallel_state.init_distributed(world_size, rank, backend, init_method, timeout_s)
+        worker = factory()
+        conn.send(("ready",))
+        while True:
+            try:
+                payload = conn.recv_bytes()
+            except EOFError:
+                return  # the driver is gone: nobody to serve or to report to
+            if payload == _SHUTDOWN:
+                return
+            method, args, kwargs = pickle.loads(payload)
+            getattr(worker, method)(*args, **kwargs)
+    except BaseException as err:
+        summary = f"{type(err).__name__}: {err}"
+        try:
+            conn.send(("error", summary, traceback.format_exc()))
+        except OSError:
+            pass
+        raise SystemExit(1) from None
+    finally:
+        parallel_state.destroy()
+
+
+class _DriverThread:
+    """Rank 0's thread: runs submitted callables one at a time, in order."""
+
+    def __init__(self):
+        self._calls: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="vllm-tp-driver", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, future = self._calls.get()
+            if fn is None:
+                return
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as err:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(err)
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((fn, future))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put((None, None))
+
+
+def _abort_nccl() -> None:
+    """Abort this process's NCCL communicators, so that rank 0's thread, blocked behind an
+    NCCL kernel whose peer is gone, returns and can leave the group. torch's
+    ``_abort_process_group`` is experimental; where it is missing or fails, NCCL's watchdog
+    ends the wait after the group's timeout. (Not yet run on a multi-GPU machine.)"""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is None or not dist.is_initialized():
+        return
+    try:
+        abort()
+    except Exception as err:  # noqa: BLE001 - best effort on a path that is failing anyway
+        logger.warning("aborting the NCCL communicators failed: %s", err)
+
+
+class MultiprocExecutor:
+    def __init__(
+        self,
+        world_size: int,
+        worker_factory: Callable[[], Any],
+        *,
+        backend: str | None = None,
+        config: Any = None,
+        timeout_s: float = parallel_state.DEFAULT_TIMEOUT_S,
+        poll_s: float = 0.05,
+        grace_s: float = 5.0,
+    ):
+        """Start ``world_size - 1`` worker processes and join them as rank 0.
+
+        ``backend``: "nccl" or "gloo" (None: NCCL when CUDA is available). ``config``: a
+        model config checked by ``check_tp_divisibility`` first. ``timeout_s`` bounds
+        every collective and the start-up; ``grace_s`` is how long a failed call waits for
+        a worker's report before raising without it.
+        """
+        if config is not None:
+            check_tp_divisibility(config, world_size)
+        elif isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl" and torch.cuda.device_count() < world_size:
+            raise ValueError(
+                f"tensor_parallel_size={world_size} needs {world_size} GPUs, "
+                f"{torch.cuda.device_count()} are visible"
+            )
+        if parallel_state.is_initialized():
+            raise RuntimeError("this process is already a rank of a tensor-parallel group")
+        try:
+            pickle.dumps(worker_factory)
+        except Exception as err:
+            raise ValueError(
+                f"worker_factory must be picklable (a top-level class or function, or a "
+                f"functools.partial of one) to reach the worker processes: {err}"
+            ) from err
+        if backend == "nccl":
+            for key, value in parallel_state.MULTICAST_OFF_ENV.items():
+                os.environ.setdefault(key, value)  # inherited by the spawned workers
+
+        self.world_size = world_size
+        self.timeout_s, self.poll_s, self.grace_s = timeout_s, poll_s, grace_s
+        self._error: BaseException | None = None
+        self._closed = False
+        self._procs: dict[int, mp.Process] = {}
+        self._conns: dict[int, Any] = {}
+        self._reports: dict[int, tuple] = {}
+        self._driver = _DriverThread()
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = mp.get_context("spawn")
+        for rank in range(1, world_size):
+            ours, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, world_size, backend, init_method, timeout_s, worker_factory, theirs),
+                name=f"vllm-tp-worker-{rank}",
+                daemon=True,
+            )
+            proc.start()
+            theirs.close()
+            self._procs[rank], self._conns[rank] = proc, ours
+
+        def start_driver():
+            parallel_state.init_distributed(world_size, 0, backend, init_method, timeout_s)
+            return worker_factory()
+
+        try:
+            self.driver_worker = self._wait(self._driver.submit(start_driver), timeout_s)
+            self._wait_ready(time.monotonic() + timeout_s)
+        except BaseException as err:
+            self._fail(err)
+            self.shutdown()
+            raise
+
+    @property
+    def worker_pids(self) -> dict[int, int]:
+        return {rank: proc.pid for rank, proc in self._procs.items()}
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def run(self, method: str, *args, **kwargs) -> Any:
+        """Call ``method(*args, **kwargs)`` on every rank's worker; rank 0's result."""
+        if self._error is not None:
+            raise RuntimeError("the tensor-parallel executor has failed before") from self._error
+        if self._closed:
+            raise RuntimeError("the tensor-parallel executor is shut down")
+        if not callable(getattr(self.driver_worker, method, None)):
+            raise AttributeError(f"{type(self.driver_worker).__name__} has no method {method!r}")
+        payload = pickle.dumps((method, args, kwargs))
+        bound = getattr(self.driver_worker, method)
+        try:
+            try:
+                self._check_workers()
+                for conn in self._conns.values():
+                    conn.send_bytes(payload)
+            except OSError as err:  # a pipe to a worker that is gone
+                failure = self._failure_after(err)
+                if failure is err:
+                    raise
+                raise failure from err
+            return self._wait(self._driver.submit(lambda: bound(*args, **kwargs)), None)
+        except BaseException as err:
+            self._fail(err)
+            raise
+
+    def _wait(self, future: concurrent.futures.Future, timeout_s: float | None) -> Any:
+        """Rank 0's result, checking the workers every ``poll_s`` while it runs. When rank
+        0's part raises, a worker failure found within ``grace_s`` (the usual cause of a
+        broken collective) is raised instead, chained to it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            done, _ = concurrent.futures.wait([future], timeout=self.poll_s)
+            if done:
+                break
+            self._check_workers()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank 0 did not finish within {timeout_s} s while every worker process "
+                    "is alive"
+                )
+        err = future.exception()
+        if err is None:
+            return future.result()
+        failure = self._failure_after(err)
+        if failure is err:
+            err.add_note(
+                f"tensor-parallel: every worker process was alive {self.grace_s} s after "
+                f"rank 0's call failed (collectives time out after {self.timeout_s} s: a "
+                "worker may be stuck, or the call failed on rank 0 itself)"
+            )
+            raise err
+        raise failure from err
+
+    def _failure_after(self, err: BaseException) -> BaseException:
+        """The worker failure behind ``err`` if one shows within ``grace_s``, else ``err``."""
+        if isinstance(err, WorkerFailedError):
+            return err
+        deadline = time.monotonic() + self.grace_s
+        while True:
+            try:
+                self._check_workers()
+            except WorkerFailedError as failure:
+                return failure
+            if time.monotonic() > deadline:
+                return err
+            time.sleep(self.poll_s)
+
+    def _wait_ready(self, deadline: float) -> None:
+        pending = set(self._conns)
+        while pending:
+            self._check_workers()
+            for rank in list(pending):
+                if rank in self._reports and self._reports[rank][0] == "ready":
+                    pending.discard(rank)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tensor-parallel workers {sorted(pending)} did not start")
+            time.sleep(self.poll_s if pending else 0)
+
+    # -- failures ------------------------------------------------------------------------
+
+    def _read_reports(self) -> None:
+        for rank, conn in self._conns.items():
+            try:
+                while conn.poll():
+                    self._reports[rank] = conn.recv()
+            except (EOFError, OSError):
+                pass
+
+    def _failure_of(self, rank: int) -> WorkerFailedError | None:
+        report = self._reports.get(rank)
+        if report is not None and report[0] == "error":
+            return WorkerFailedError(rank, f"raised {report[1]}", report[2])
+        code = self._procs[rank].exitcode
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return WorkerFailedError(rank, f"was killed by {name} (exit code {code})")
+        return WorkerFailedError(rank, f"exited with code {code}")
+
+    def _check_workers(self) -> None:
+        self._read_reports()
+        for rank in self._procs:
+            failure = self._failure_of(rank)
+            if failure is not None:
+                raise failure
+
+    def _fail(self, err: BaseException) -> None:
+        if self._error is None:
+            self._error = err
+        self._stop_workers(graceful=False)
+        if parallel_state.get_tp_group().backend == "nccl":
+            _abort_nccl()
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def _stop_workers(self, graceful: bool) -> None:
+        if graceful:
+            for conn in self._conns.values():
+                try:
+                    conn.send_bytes(_SHUTDOWN)
+                except OSError:
+                    pass
+            for proc in self._procs.values():
+                proc.join(self.grace_s)
+        for proc in self._procs.values():
+            if proc.is_alive():
+                proc.kill()
+        for proc in self._procs.values():
+            proc.join(self.grace_s)
+
+    def shutdown(self) -> None:
+        """Stop the workers (politely when the executor is healthy, by SIGKILL otherwise)
+        and leave the group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_workers(graceful=self._error is None)
+        # Rank 0 leaves the group on its own thread, unless a failed call still holds it.
+        concurrent.futures.wait([self._driver.submit(parallel_state.destroy)], self.grace_s)
+        self._driver.stop()
+        for conn in self._conns.values():
+            conn.close()
+
+    def __enter__(self) -> MultiprocExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
