@@ -115,7 +115,9 @@ def init_distributed(
         _TP, _INITIALIZED = _SINGLE_RANK, True
         return _TP
 
-    if backend is None:
+    if backend is None and dist.is_initialized():
+        backend = dist.get_backend()  # joining a group made by someone else (torchrun)
+    elif backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
