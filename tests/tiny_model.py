@@ -104,6 +104,16 @@ def _build_tokenizer(vocab_size: int, seed: int, chat_template: str | None):
     return fast
 
 
+def save_tiny_tokenizer(path, vocab_size: int = 512, seed: int = 0, chat_template=_DEFAULT):
+    """Write the tiny byte-level BPE tokenizer (``vocab_size`` tokens, the specials first)
+    into ``path``, beside a model another tool saved there (a transformers model's
+    ``save_pretrained``); returns the tokenizer."""
+    template = CHAT_TEMPLATE if chat_template is _DEFAULT else chat_template
+    tokenizer = _build_tokenizer(vocab_size, seed, template)
+    tokenizer.save_pretrained(str(path))
+    return tokenizer
+
+
 def _write_weights(path: Path, shape: dict, seed: int) -> None:
     import torch
     from safetensors.torch import save_file

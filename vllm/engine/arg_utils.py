@@ -11,16 +11,16 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, fields
+from typing import Any
 
 from vllm.engine.config import EngineConfig
-from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 _DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
 
 
 @dataclass
 class EngineArgs:
-    model: str | os.PathLike | Mamba2ModelConfig
+    model: str | os.PathLike | Any  # a directory, or a registered model config (dummy)
     tokenizer: str | os.PathLike | None = None
     served_model_name: str | None = None
     load_format: str = "auto"
@@ -33,6 +33,9 @@ class EngineArgs:
     enforce_eager: bool = False
     mamba_ssm_cache_dtype: str = "float32"
     async_scheduling: bool = True
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
 
     def create_engine_config(self) -> EngineConfig:
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -86,6 +89,25 @@ class EngineArgs:
             choices=("float32", "bfloat16", "float16"),
             default=d["mamba_ssm_cache_dtype"],
             help="dtype of the SSM state pool",
+        )
+        g.add_argument(
+            "--block-size",
+            type=int,
+            default=d["block_size"],
+            help="tokens per KV-cache block (models with attention layers)",
+        )
+        g.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            default=d["gpu_memory_utilization"],
+            help="fraction of GPU memory the engine may use; sizes the KV cache (unused "
+            "for models without attention layers, such as pure Mamba2)",
+        )
+        g.add_argument(
+            "--num-gpu-blocks-override",
+            type=int,
+            default=None,
+            help="KV-cache blocks to allocate, instead of sizing them from memory",
         )
         g.add_argument(
             "--no-async-scheduling",

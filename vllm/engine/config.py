@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 
-from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.model_executor.models.registry import is_model_config, load_model_config
 
 _SSM_CACHE_DTYPES = {
     "float32": torch.float32,
@@ -19,7 +20,9 @@ _SSM_CACHE_DTYPES = {
 
 @dataclass
 class EngineConfig:
-    """``model`` is an HF model directory or a ``Mamba2ModelConfig`` (dummy weights).
+    """``model`` is an HF model directory of a registered architecture
+    (``vllm/model_executor/models/registry.py``) or a registered config such as
+    ``Mamba2ModelConfig`` (dummy weights).
 
     ``max_num_seqs`` is both the most sequences in a step and the number of state slots: a
     running sequence always owns a slot, so admission never needs preemption.
@@ -34,9 +37,17 @@ class EngineConfig:
     generation stops there with finish reason "length"); None takes the config's
     ``max_position_embeddings``, else 2048 (vLLM's fallback). ``served_model_name`` is the
     name the server answers to (default: the model argument).
+
+    The KV cache of models with attention layers (Bamba, NemotronH, Zamba2) is paged in
+    blocks of ``block_size`` tokens. The block count is ``num_gpu_blocks_override`` when
+    set; else on CUDA what ``gpu_memory_utilization`` (the fraction of the GPU's memory the
+    engine may use in all) leaves after the weights, the state pool and the activations
+    of a full step; else (CPU) enough for ``max_num_seqs`` sequences of ``max_model_len``
+    tokens, at most 4 GiB. It must hold one sequence of ``max_model_len`` tokens. Models
+    without attention layers (pure Mamba2) have no KV cache: the three are then unused.
     """
 
-    model: str | os.PathLike | Mamba2ModelConfig
+    model: str | os.PathLike | Any
     tokenizer: str | os.PathLike | None = None
     load_format: str = "auto"
     dtype: str | None = None
@@ -49,6 +60,9 @@ class EngineConfig:
     async_scheduling: bool = True
     max_model_len: int | None = None
     served_model_name: str | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
 
     def __post_init__(self):
         if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):
@@ -58,10 +72,22 @@ class EngineConfig:
                 f"mamba_ssm_cache_dtype must be one of {', '.join(_SSM_CACHE_DTYPES)}, got "
                 f"{self.mamba_ssm_cache_dtype!r}"
             )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "seed"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "seed", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
+        override = self.num_gpu_blocks_override
+        if override is not None and (
+            isinstance(override, bool) or not isinstance(override, int) or override < 1
+        ):
+            raise ValueError(
+                f"num_gpu_blocks_override must be a positive integer or None, got {override!r}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -71,7 +97,7 @@ class EngineConfig:
             )
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        if self.tokenizer is None and not isinstance(self.model, Mamba2ModelConfig):
+        if self.tokenizer is None and not is_model_config(self.model):
             self.tokenizer = self.model
         if self.max_model_len is None:
             self.max_model_len = self.model_config.max_position_embeddings or 2048
@@ -83,16 +109,22 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be a positive integer, got {self.max_model_len!r}"
             )
+        rope_positions = getattr(self.model_config, "rope_positions", None)
+        if rope_positions is not None and self.max_model_len > rope_positions:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the {rope_positions} positions "
+                "the model's rotary embedding covers (max_position_embeddings in its config)"
+            )
         if self.served_model_name is None:
             self.served_model_name = (
-                "mamba2" if isinstance(self.model, Mamba2ModelConfig) else str(self.model)
+                self.model.model_type if is_model_config(self.model) else str(self.model)
             )
 
     @cached_property
-    def model_config(self) -> Mamba2ModelConfig:
-        if isinstance(self.model, Mamba2ModelConfig):
-            return self.model
-        return Mamba2ModelConfig.from_pretrained(self.model)
+    def model_config(self):
+        """The registered config of the model (``Mamba2ModelConfig``, ``BambaModelConfig``,
+        ...), read from its config.json once."""
+        return load_model_config(self.model)
 
     @property
     def ssm_state_dtype(self) -> torch.dtype:

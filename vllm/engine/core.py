@@ -1,11 +1,13 @@
 """EngineCore: scheduler + runner + sampler; each step returns the new tokens of every
 running request (deltas), not only the finished ones.
 
-A step: the scheduler picks one mixed batch, the runner computes the logits of the rows
-that end a sequence's known tokens, the sampler draws one token for each, and each of those
-sequences takes its token and may finish (EOS, a stop token id, max_tokens, max_model_len),
-which frees its slot at once. The core knows token ids only: text, stop strings and the
-``n > 1`` fan-out are the output processor's.
+A step: the scheduler picks one mixed batch (and, for a model with attention layers, the
+KV blocks its tokens go to: ``KVCacheManager``, sized by the runner), the runner computes
+the logits of the rows that end a sequence's known tokens, the sampler draws one token
+for each, and each of those sequences takes its token and may finish (EOS, a stop token
+id, max_tokens, max_model_len), which frees its slot (and its blocks) at once. The core
+knows token ids only: text, stop strings and the ``n > 1`` fan-out are the output
+processor's.
 
 Async scheduling (``EngineConfig.async_scheduling``, on by default, as vLLM's
 ``--async-scheduling``): a step is dispatched before the host has read the previous
@@ -79,7 +81,14 @@ class EngineCore:
         self.config = config
         self.runner = ModelRunner(config)
         self.vocab_size = self.runner.model.config.vocab_size
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
+        kv = None
+        if self.runner.cache.has_attention:
+            from vllm.engine.kv_cache_manager import KVCacheManager
+
+            kv = KVCacheManager(self.runner.cache.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            config.max_num_seqs, config.max_num_batched_tokens, kv, config.max_model_len
+        )
         self.sampler = Sampler(self.runner.device, config.seed)
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0

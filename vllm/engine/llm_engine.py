@@ -143,4 +143,9 @@ def startup_line(s: dict) -> str:
         f"in a warm-up of "
         f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
         f"({s['num_graphs']} graphs)"
+        + (
+            f", KV cache {s['num_kv_blocks']} blocks ({s['kv_cache_gib']:.2f} GiB)"
+            if s.get("num_kv_blocks")
+            else ""
+        )
     )

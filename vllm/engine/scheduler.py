@@ -2,16 +2,28 @@
 
 Each step takes, in this order and under ``max_num_batched_tokens`` and ``max_num_seqs``:
 
-1. every running sequence that decodes (one token each; they come first so the model
-   needs no reordering gather, see ``Mamba2Metadata``), unless it has all its tokens
+1. every running sequence that decodes (one token each), unless it has all its tokens
    (the last of them still pending on the device: it finishes when the host reads it);
 2. running sequences whose prompt is still being prefilled, the next chunk of each;
 3. waiting requests in arrival order, each given a slot and a first chunk, while a slot
-   is free and budget is left. The head of the queue is never skipped (FCFS).
+   is free, the KV cache can take it (below) and budget is left. The head of the queue is
+   never skipped (FCFS).
+
+The batch's rows are in the canonical order of ``Mamba2Metadata``: first every one-token
+row that continues a sequence (the decodes, and a prefill chunk the budget cut to one
+token), then the others; so the model needs no reordering gather, and the attention
+metadata, built in the same order, matches.
 
 A running sequence always owns its slot and ``max_num_batched_tokens >= max_num_seqs``, so
-every running decode fits in every step: admission never preempts. ``finish`` frees the
-slot at once, so the next step can admit a waiting request into it.
+every running decode fits in every step: admission never preempts. With a KV cache
+(``kv``: the ``KVCacheManager`` of a model with attention layers) admission also reserves
+the sequence's worst case, prompt + max_tokens capped at ``max_model_len``
+(``kv.reserve``), and admits only while that fits beside the reservations of all running
+sequences (``kv.can_reserve``); the blocks themselves are taken (``kv.allocate``) only as
+a step is about to write the tokens, so a sequence never holds blocks for tokens it does
+not have, and no step ever runs out of blocks. ``finish``
+frees the slot, the blocks and the reservation at once, so the next step can admit a
+waiting request in their place.
 """
 
 from __future__ import annotations
@@ -25,11 +37,14 @@ from vllm.engine.state_manager import SlotManager
 
 @dataclass
 class ScheduledBatch:
-    """One step: ``seqs[i]`` computes its next ``num_tokens[i]`` tokens; decodes first."""
+    """One step: ``seqs[i]`` computes its next ``num_tokens[i]`` tokens. The first
+    ``num_decodes`` rows are one-token continuations (decodes). ``block_tables[i]`` (with a
+    KV cache) lists the blocks that hold ``seqs[i]``'s tokens, this step's included."""
 
     seqs: list[Sequence]
     num_tokens: list[int]
     num_decodes: int
+    block_tables: list[list[int]] | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -40,12 +55,21 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        kv=None,
+        max_model_len: int | None = None,
+    ):
+        """``kv``: the ``KVCacheManager`` of a model with attention layers (None: none)."""
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.slots = SlotManager(max_num_seqs)
+        self.kv = kv
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -56,42 +80,62 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def worst_case_tokens(self, seq: Sequence) -> int:
+        """Tokens the sequence can ever hold: prompt + max_tokens, capped at max_model_len."""
+        tokens = seq.num_prompt_tokens + seq.max_tokens
+        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
+
+    def _admissible(self, seq: Sequence) -> bool:
+        return self.kv is None or self.kv.can_reserve(seq.request_id, self.worst_case_tokens(seq))
+
     def schedule(self) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
-        seqs: list[Sequence] = []
-        counts: list[int] = []
+        rows: list[tuple[Sequence, int]] = []
         for seq in self.running:
             if seq.is_decode and seq.wants_tokens:
-                seqs.append(seq)
-                counts.append(1)
+                rows.append((seq, 1))
                 budget -= 1
-        num_decodes = len(seqs)
         for seq in self.running:
             if budget == 0:
                 break
             if not seq.is_decode and seq.num_uncomputed > 0:
                 n = min(seq.num_uncomputed, budget)
-                seqs.append(seq)
-                counts.append(n)
+                rows.append((seq, n))
                 budget -= n
-        while self.waiting and budget > 0 and self.slots.num_free > 0:
+        while (self.waiting and budget > 0 and self.slots.num_free > 0) and self._admissible(
+            self.waiting[0]
+        ):
             seq = self.waiting.popleft()
             seq.slot = self.slots.allocate()
             seq.status = SequenceStatus.RUNNING
+            if self.kv is not None:
+                self.kv.reserve(seq.request_id, self.worst_case_tokens(seq))
             self.running.append(seq)
             n = min(seq.num_uncomputed, budget)
-            seqs.append(seq)
-            counts.append(n)
+            rows.append((seq, n))
             budget -= n
-        return ScheduledBatch(seqs, counts, num_decodes)
+        # Canonical order: one-token continuations first (stable).
+        first = [(s, n) for s, n in rows if n == 1 and s.num_computed_tokens > 0]
+        rest = [(s, n) for s, n in rows if not (n == 1 and s.num_computed_tokens > 0)]
+        rows = first + rest
+        batch = ScheduledBatch([s for s, _ in rows], [n for _, n in rows], len(first))
+        if self.kv is not None:
+            # Within the reservation by construction, so this never runs out of blocks.
+            batch.block_tables = [
+                self.kv.allocate(s.request_id, s.num_computed_tokens + n) for s, n in rows
+            ]
+        return batch
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """End a sequence, running or waiting; a running one gives its slot back now."""
+        """End a sequence, running or waiting; a running one gives its slot, its KV blocks
+        and its reservation back now."""
         if seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         else:
             self.running.remove(seq)
             self.slots.free(seq.slot)
+            if self.kv is not None:
+                self.kv.free(seq.request_id)  # its blocks and its reservation
         seq.slot = None
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -7,12 +7,19 @@ the graph captured stay where they are: a replay only copies the step's input id
 slots into them. Graphs are captured on first use, with every row padded, so capturing
 never touches a sequence's state; ``capture`` takes them ahead of time (a benchmark does, so
 that no capture falls inside its timed run).
+
+With attention layers (``attn_builder``: the runner's ``AttentionMetadataBuilder``, whose
+device buffers persist across builds) a graph also captures the attention metadata built
+with every row padded to its size, and a persistent positions buffer; a replay rebuilds
+the metadata for the step's rows into the same buffers (padded to the graph's size) and
+copies the positions (each decode token sits at its sequence's cached length) in.
 """
 
 from __future__ import annotations
 
 import torch
 
+from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import PAD_SLOT_ID
 
 
@@ -30,7 +37,7 @@ def buckets_covering(buckets: list[int], max_batch: int) -> list[int]:
 
 
 class _Graph:
-    def __init__(self, model, pool, size: int, mempool):
+    def __init__(self, model, pool, size: int, mempool, attn_builder=None):
         self.size = size
         self.builder = model.metadata_builder()
         device = self.builder.device
@@ -40,27 +47,41 @@ class _Graph:
             torch.ones(size, dtype=torch.bool),
         )
         self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)
+        self.positions = None
+        attn_md = None
+        if attn_builder is not None:
+            self.positions = torch.zeros(size, dtype=torch.int64, device=device)
+            attn_md = attn_builder.build([], [], [], 0, pad_tokens_to=size, pad_seqs_to=size)
+        context = ForwardContext(mamba2_metadata=self.md, attn_metadata=attn_md)
+
+        def step():
+            with set_forward_context(context):
+                hidden = model(self.input_ids, state=pool, positions=self.positions)
+            return model.compute_logits(hidden)
+
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            model.compute_logits(model(self.input_ids, self.md, pool))  # warm-up
+            step()  # warm-up
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=mempool):
-            self.logits = model.compute_logits(model(self.input_ids, self.md, pool))
+            self.logits = step()
 
 
 class DecodeGraphs:
-    def __init__(self, model, pool, max_batch: int):
+    def __init__(self, model, pool, max_batch: int, attn_builder=None):
         self.model = model
         self.pool = pool
+        self.attn_builder = attn_builder
         self.buckets = graph_buckets(max_batch)
         self._graphs: dict[int, _Graph] = {}
         self._mempool = torch.cuda.graph_pool_handle()
         top = self.buckets[-1]
-        # Input ids, slots, then the rows of pending input tokens and their source rows.
-        self._host = torch.zeros(4 * top, dtype=torch.int64, pin_memory=True)
-        self._dev = torch.zeros(4 * top, dtype=torch.int64, device="cuda")
+        # Input ids, slots, positions, then the rows of pending input tokens and their
+        # source rows.
+        self._host = torch.zeros(5 * top, dtype=torch.int64, pin_memory=True)
+        self._dev = torch.zeros(5 * top, dtype=torch.int64, device="cuda")
         self._copied: torch.cuda.Event | None = None
 
     def fits(self, batch_size: int) -> bool:
@@ -79,7 +100,9 @@ class DecodeGraphs:
         size = next(b for b in self.buckets if b >= batch_size)
         graph = self._graphs.get(size)
         if graph is None:
-            graph = self._graphs[size] = _Graph(self.model, self.pool, size, self._mempool)
+            graph = self._graphs[size] = _Graph(
+                self.model, self.pool, size, self._mempool, self.attn_builder
+            )
         return graph
 
     @torch.no_grad()
@@ -88,30 +111,42 @@ class DecodeGraphs:
         input_ids: list[int],
         slots: list[int],
         pending: tuple[list[int], list[int], torch.Tensor] | None = None,
+        attn: tuple[list[int], list[list[int]]] | None = None,
     ) -> torch.Tensor:
         """Logits (len(input_ids), vocab) of a decode-only step; rows in input order.
         ``pending`` = (rows, source rows, tokens): input ``rows`` take ``tokens[source
-        rows]`` (tokens the previous step sampled, still on the device)."""
+        rows]`` (tokens the previous step sampled, still on the device). ``attn`` =
+        (cached lengths, block tables) of the rows, for a model with attention layers."""
         b = len(input_ids)
         g = self._graph(b)
         if self._copied is not None:
             self._copied.synchronize()
         n_fill = len(pending[0]) if pending else 0
-        host = self._host[: 2 * g.size + 2 * n_fill]
+        fill_at = 3 * g.size if attn is not None else 2 * g.size
+        host = self._host[: fill_at + 2 * n_fill]
         host[: g.size] = 0
         host[g.size : 2 * g.size] = PAD_SLOT_ID
         host[:b] = torch.tensor(input_ids)
         host[g.size : g.size + b] = torch.tensor(slots)
+        if attn is not None:
+            host[2 * g.size : 3 * g.size] = 0
+            host[2 * g.size : 2 * g.size + b] = torch.tensor(attn[0])
         if n_fill:
-            host[2 * g.size :] = torch.tensor(pending[0] + pending[1])
+            host[fill_at:] = torch.tensor(pending[0] + pending[1])
         dev = self._dev[: host.numel()]
         dev.copy_(host, non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
         g.input_ids.copy_(dev[: g.size])
         if n_fill:
-            fill = dev[2 * g.size :]
+            fill = dev[fill_at:]
             g.input_ids.index_copy_(0, fill[:n_fill], pending[2].index_select(0, fill[n_fill:]))
         g.md.state_indices.copy_(dev[g.size : 2 * g.size])
+        if attn is not None:
+            g.positions.copy_(dev[2 * g.size : 3 * g.size])
+            contexts, tables = attn
+            self.attn_builder.build(
+                [1] * b, contexts, tables, b, pad_tokens_to=g.size, pad_seqs_to=g.size
+            )
         g.graph.replay()
         return g.logits[:b]

@@ -1,14 +1,19 @@
 """ModelRunner: turns a scheduled batch into the model's inputs, runs it, returns logits.
 
-Once per step it fills host buffers (pinned on CUDA) with the input ids, the rows whose
-logits are needed, and the metadata's host data, copies them to the device without a
-sync, builds the Mamba2 metadata once, and runs the model. Decode-only steps on CUDA replay
-a captured graph instead (``cuda_graph.py``) unless ``enforce_eager``.
+Once per step it fills host buffers (pinned on CUDA) with the input ids, the token
+positions (models with attention layers), the rows whose logits are needed, and the
+metadata's host data, copies them to the device without a sync, builds the step's
+metadata once (the Mamba2 metadata; the attention metadata from the batch's block tables),
+and runs the model inside ``set_forward_context``, where each layer reads the part it
+needs. Decode-only steps on CUDA replay a captured graph instead (``cuda_graph.py``)
+unless ``enforce_eager``.
 
 Start-up (``__init__``) does all the one-time work before the first request: weights,
-the state pool, every Triton kernel variant a step within the limits can select
-(``warmup.py``), and the decode CUDA graphs of every batch-size bucket; ``startup`` records
-the seconds each part took.
+the caches the model's specs describe (``cache_engine.py``: the state pool, and the KV
+cache, first a small one for the start-up steps), every Triton kernel variant a step
+within the limits can select (``warmup.py``), on CUDA a profile step of a full token budget
+for the activations' peak, the KV cache sized from it, and the decode CUDA graphs of every
+batch-size bucket; ``startup`` records the seconds each part took.
 """
 
 from __future__ import annotations
@@ -22,9 +27,14 @@ from vllm.engine.config import EngineConfig
 from vllm.engine.sampler import _small
 from vllm.engine.scheduler import ScheduledBatch
 from vllm.engine.sequence import PENDING_TOKEN
+from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.model_loader import get_model
+from vllm.worker.cache_engine import CacheEngine
 from vllm.worker.cuda_graph import DecodeGraphs
-from vllm.worker.warmup import compile_kernels
+from vllm.worker.warmup import compile_kernels, dummy_steps
+
+# Tokens a start-up dummy row that continues a sequence has in the cache already.
+_DUMMY_CONTEXT = 2
 
 
 @dataclass
@@ -43,6 +53,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = torch.device(config.device)
+        n_tok, n_seq = config.max_num_batched_tokens, config.max_num_seqs
         t0 = time.perf_counter()
         self.model = get_model(
             config.model,
@@ -54,25 +65,53 @@ class ModelRunner:
         self._sync()
         t1 = time.perf_counter()
         self.builder = self.model.metadata_builder(self.device)
-        self.pool = self.model.allocate_state_pool(
-            config.max_num_seqs, ssm_dtype=config.ssm_state_dtype
+        self.cache = CacheEngine(
+            self.model,
+            num_slots=n_seq,
+            block_size=config.block_size,
+            ssm_dtype=config.ssm_state_dtype,
+            device=self.device,
         )
+        self.pool = self.cache.mamba_pool
+        self.attn_builder = None
+        if self.cache.has_attention:
+            from vllm.model_executor.layers.attention import AttentionMetadataBuilder
+
+            self.attn_builder = AttentionMetadataBuilder(
+                config.block_size,
+                n_seq,
+                n_tok,
+                self.cache.blocks_for(config.max_model_len),
+                self.device,
+            )
         pin = self.device.type == "cuda"
-        n_tok, n_seq = config.max_num_batched_tokens, config.max_num_seqs
-        # One int64 host buffer: input ids, the rows to sample, then the positions of
-        # pending input tokens and their rows in the previous step's tokens; one copy.
-        self._host = torch.zeros(n_tok + 3 * n_seq, dtype=torch.int64, pin_memory=pin)
-        self._dev = torch.zeros(n_tok + 3 * n_seq, dtype=torch.int64, device=self.device)
+        # One int64 host buffer: input ids, positions, the rows to sample, then the
+        # positions of pending input tokens and their rows in the previous step's
+        # tokens; one copy.
+        self._host = torch.zeros(2 * n_tok + 3 * n_seq, dtype=torch.int64, pin_memory=pin)
+        self._dev = torch.zeros(2 * n_tok + 3 * n_seq, dtype=torch.int64, device=self.device)
         self._copied: torch.cuda.Event | None = None
         self._sync()
         t2 = time.perf_counter()
-        kernels = compile_kernels(
-            self.model, self.builder, self.pool, n_seq, config.max_num_batched_tokens
-        )
+        profile_rows = self._profile_rows()
+        self.cache.allocate_kv(self._startup_blocks(profile_rows))
+        kernels = compile_kernels(self.dummy_step, self._zero_state, n_seq, n_tok, self.device)
+        peak = self._activation_peak(profile_rows) if profile_rows else 0
+        if self.cache.has_attention:
+            self.cache.allocate_kv(
+                self.cache.num_kv_blocks(
+                    override=config.num_gpu_blocks_override,
+                    gpu_memory_utilization=config.gpu_memory_utilization,
+                    max_num_seqs=n_seq,
+                    max_model_len=config.max_model_len,
+                    peak_activation_bytes=peak,
+                )
+            )
+        self._sync()
         t3 = time.perf_counter()
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
-            self.graphs = DecodeGraphs(self.model, self.pool, config.max_num_seqs)
+            self.graphs = DecodeGraphs(self.model, self.pool, n_seq, self.attn_builder)
             self.graphs.capture()
             self._sync()
         t4 = time.perf_counter()
@@ -86,12 +125,89 @@ class ModelRunner:
             "num_kernels_compiled": kernels.num_new,
             "kernel_variants": kernels.variants,
             "num_graphs": 0 if self.graphs is None else len(self.graphs.buckets),
-            "state_pool_gib": self.pool.nbytes() / 2**30,
+            "state_pool_gib": 0.0 if self.pool is None else self.pool.nbytes() / 2**30,
+            "num_kv_blocks": self.cache.num_blocks,
+            "kv_cache_gib": self.cache.kv_nbytes() / 2**30,
         }
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def _profile_rows(self) -> list[tuple[int, bool]]:
+        """Fresh prompts filling the token budget: the step whose activations peak, run on
+        CUDA to size the KV cache from memory (none needed otherwise)."""
+        c = self.config
+        if not (self.cache.has_attention and self.device.type == "cuda"):
+            return []
+        if c.num_gpu_blocks_override is not None:
+            return []
+        total = min(c.max_num_batched_tokens, c.max_num_seqs * c.max_model_len)
+        rows = []
+        while total > 0:
+            n = min(total, c.max_model_len)
+            rows.append((n, False))
+            total -= n
+        return rows
+
+    def _startup_blocks(self, profile_rows) -> int:
+        """KV blocks the start-up steps use (distinct blocks per row)."""
+        steps = dummy_steps(self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        return max(sum(len(t) for t in self._dummy_tables(rows)) for rows in [*steps, profile_rows])
+
+    def _dummy_tables(self, rows) -> list[list[int]]:
+        tables, first = [], 0
+        for n, init in rows:
+            count = self.cache.blocks_for((_DUMMY_CONTEXT if init else 0) + n)
+            tables.append(list(range(first, first + count)))
+            first += count
+        return tables
+
+    def _activation_peak(self, rows) -> int:
+        """Bytes a full-budget step allocates beyond what is resident (CUDA)."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        with torch.no_grad():
+            self.dummy_step(rows)
+        torch.cuda.synchronize(self.device)
+        self._zero_state(len(rows))
+        return torch.cuda.max_memory_allocated(self.device) - base
+
+    def _zero_state(self, num_slots: int) -> None:
+        if self.pool is not None:
+            self.pool.conv_state[:, :num_slots].zero_()
+            self.pool.ssm_state[:, :num_slots].zero_()
+
+    def dummy_step(self, rows: list[tuple[int, bool]]) -> torch.Tensor:
+        """One forward over (tokens, has_initial_state) rows in state slots 0 ..
+        len(rows) - 1 and distinct KV blocks from 0 (a row with an initial state has
+        ``_DUMMY_CONTEXT`` cached tokens); the logits of the last row."""
+        lens = [n for n, _ in rows]
+        contexts = [_DUMMY_CONTEXT if init else 0 for _, init in rows]
+        qsl = torch.zeros(len(rows) + 1, dtype=torch.int32)
+        torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
+        md = self.builder.build(
+            qsl,
+            torch.arange(len(rows), dtype=torch.int32),
+            torch.tensor([init for _, init in rows]),
+        )
+        positions, attn_md = None, None
+        if self.attn_builder is not None:
+            pos = [p for c, n in zip(contexts, lens, strict=True) for p in range(c, c + n)]
+            positions = torch.tensor(pos, dtype=torch.int64).to(self.device)
+            attn_md = self.attn_builder.build(
+                lens, contexts, self._dummy_tables(rows), md.num_decode_tokens
+            )
+        ids = torch.zeros(sum(lens), dtype=torch.int64, device=self.device)
+        with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
+            hidden = self.model(ids, state=self.pool, positions=positions)
+        return self.model.compute_logits(hidden[-1:])
+
+    # -- steps ---------------------------------------------------------------------------
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch, prev_tokens: torch.Tensor | None = None) -> StepResult:
@@ -105,7 +221,9 @@ class ModelRunner:
         sampled tokens, at row ``seq.pending_row``; a device gather, no sync.
         """
         lens = batch.num_tokens
+        attention = self.attn_builder is not None
         ids: list[int] = []
+        positions: list[int] = []
         sample_seqs: list[int] = []
         sample_rows: list[int] = []
         fill_dst: list[int] = []
@@ -125,42 +243,54 @@ class ModelRunner:
                 fill_dst.append(len(ids) + n - 1)
                 fill_src.append(seq.pending_row)
             ids.extend(chunk)
+            if attention:
+                positions.extend(range(start, start + n))
             if start + n == len(seq.token_ids):
                 sample_seqs.append(i)
                 sample_rows.append(len(ids) - 1)
         num_tokens, num_rows = len(ids), len(sample_rows)
         slots = [seq.slot for seq in batch.seqs]
+        contexts = [seq.num_computed_tokens for seq in batch.seqs]
         if (
             self.graphs is not None
             and batch.num_decodes == len(batch)
+            and num_rows == len(batch)
             and self.graphs.fits(len(batch))
         ):
             pending = (fill_dst, fill_src, prev_tokens) if fill_dst else None
-            # Every row of a decode-only step ends its sequence's known tokens: all sample.
-            return StepResult(self.graphs.run(ids, slots, pending), sample_seqs)
+            attn = (contexts, batch.block_tables) if attention else None
+            # Every row of this step ends its sequence's known tokens: all sample.
+            return StepResult(self.graphs.run(ids, slots, pending, attn), sample_seqs)
 
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy out of the host buffer
-        n_fill = len(fill_dst)
-        used = num_tokens + num_rows + 2 * n_fill
-        self._host[:used] = torch.tensor(ids + sample_rows + fill_dst + fill_src)
+        n_fill, n_pos = len(fill_dst), len(positions)
+        used = num_tokens + n_pos + num_rows + 2 * n_fill
+        self._host[:used] = torch.tensor(ids + positions + sample_rows + fill_dst + fill_src)
         self._dev[:used].copy_(self._host[:used], non_blocking=True)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
         input_ids = self._dev[:num_tokens]
+        tail = num_tokens + n_pos
         if n_fill:
-            fill = self._dev[num_tokens + num_rows : used]
+            fill = self._dev[tail + num_rows : used]
             input_ids.index_copy_(0, fill[:n_fill], prev_tokens.index_select(0, fill[n_fill:]))
         qsl = torch.zeros(len(batch) + 1, dtype=torch.int32)
         torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
         md = self.builder.build(
             qsl,
             torch.tensor(slots, dtype=torch.int32),
-            torch.tensor([seq.num_computed_tokens > 0 for seq in batch.seqs]),
+            torch.tensor([c > 0 for c in contexts]),
         )
-        hidden = self.model(input_ids, md, self.pool)
-        rows = self._dev[num_tokens : num_tokens + num_rows]
+        attn_md = None
+        if attention:
+            attn_md = self.attn_builder.build(lens, contexts, batch.block_tables, batch.num_decodes)
+        with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
+            hidden = self.model(
+                input_ids, state=self.pool, positions=self._dev[num_tokens:tail] if n_pos else None
+            )
+        rows = self._dev[tail : tail + num_rows]
         result = StepResult(self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs)
         if prompt_spans:
             rows = _small(prompt_rows, self.device, dtype=torch.long)

@@ -13,9 +13,13 @@ fit is decided by the engine's limits.
 Then one dummy step runs for real (as vLLM's profile run: any launch failure shows at
 start-up, and lazy library initialisation happens here), and the state lines it used are
 zeroed again. CUDA graphs of decode-only steps are captured afterwards by the runner.
+The dummy steps go through the runner's own step path (``ModelRunner.dummy_step``), so
+attention layers see the same metadata and KV cache a real step gives them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -24,9 +28,11 @@ from vllm.triton_utils.launch import PrecompileReport, precompile
 
 def dummy_steps(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[tuple[int, bool]]]:
     """Steps as (tokens, has_initial_state) rows, within the limits, that together reach
-    every launch site of the model: a decode-only step, and a step with a decode, a
-    chunked-prefill continuation and a fresh prompt (the rows that fit; with one slot, a
-    fresh prompt alone)."""
+    every launch site of the model: decode-only steps of one and of two sequences (a
+    batch of one has size-1 views whose strides PyTorch may report otherwise, and Triton
+    keys its variants on them), and a step with a decode, a chunked-prefill continuation
+    and a fresh prompt (the rows that fit; with one slot, a fresh prompt alone). The mixed
+    step comes last: it is the one run for real."""
     rows: list[tuple[int, bool]] = []
     budget, slots = max_num_batched_tokens, max_num_seqs
     if slots >= 2:
@@ -37,46 +43,35 @@ def dummy_steps(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[tup
     if slots >= 1 and budget >= 2:
         rows.append((2, True))  # a chunked-prefill continuation (one token would decode)
     rows.append((fresh, False))
-    return [[(1, True)], rows]
-
-
-def run_dummy_step(model, builder, pool, rows: list[tuple[int, bool]]) -> torch.Tensor:
-    """One forward over ``rows`` in state slots 0 .. len(rows) - 1; the logits of the last row."""
-    lens = torch.tensor([n for n, _ in rows], dtype=torch.int32)
-    qsl = torch.zeros(len(rows) + 1, dtype=torch.int32)
-    torch.cumsum(lens, 0, out=qsl[1:])
-    md = builder.build(
-        qsl,
-        torch.arange(len(rows), dtype=torch.int32),
-        torch.tensor([init for _, init in rows]),
-    )
-    device = builder.device
-    ids = torch.zeros(int(qsl[-1]), dtype=torch.int64, device=device)
-    hidden = model(ids, md, pool)
-    return model.compute_logits(hidden[-1:])
-
-
-def _zero_slots(pool, num_slots: int) -> None:
-    pool.conv_state[:, :num_slots].zero_()
-    pool.ssm_state[:, :num_slots].zero_()
+    decodes = [[(1, True)]] + ([[(1, True), (1, True)]] if max_num_seqs >= 2 else [])
+    return [*decodes, rows]
 
 
 @torch.no_grad()
 def compile_kernels(
-    model, builder, pool, max_num_seqs: int, max_num_batched_tokens: int
+    run_step: Callable[[list[tuple[int, bool]]], torch.Tensor],
+    zero_state: Callable[[int], None],
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    device: torch.device,
 ) -> PrecompileReport:
     """Compile every kernel variant a step within the limits can select, then run one
-    dummy step for real; leaves the state pool as it found it (zeros)."""
+    dummy step for real; leaves the state lines it used as it found them (zeros).
+
+    ``run_step(rows)`` runs one forward over (tokens, has_initial_state) rows in state
+    slots 0 .. len(rows) - 1 (the runner's dummy step: its metadata, its forward context);
+    ``zero_state(n)`` zeroes the first n state slots.
+    """
     steps = dummy_steps(max_num_seqs, max_num_batched_tokens)
     used = max(len(rows) for rows in steps)
     with precompile() as report:
         for rows in steps:
-            run_dummy_step(model, builder, pool, rows)
+            run_step(rows)
     # No kernel ran in there, but PyTorch code (the CPU scan) may have written its
     # garbage into the slots: the real step starts from zeros.
-    _zero_slots(pool, used)
-    run_dummy_step(model, builder, pool, steps[-1])
-    if builder.device.type == "cuda":
+    zero_state(used)
+    run_step(steps[-1])
+    if device.type == "cuda":
         torch.cuda.synchronize()
-    _zero_slots(pool, used)
+    zero_state(used)
     return report

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -11,8 +10,7 @@ from vllm.model_executor.model_loader.weight_utils import (
     initialize_dummy_weights,
     iterate_safetensors,
 )
-from vllm.model_executor.models.mamba2 import Mamba2ForCausalLM
-from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
@@ -28,7 +26,7 @@ _DTYPES = {
 }
 
 
-def resolve_dtype(dtype: torch.dtype | str | None, config: Mamba2ModelConfig) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str | None, config) -> torch.dtype:
     """None or "auto": the config's dtype (fp32 when it names none)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
@@ -45,24 +43,25 @@ def resolve_dtype(dtype: torch.dtype | str | None, config: Mamba2ModelConfig) ->
 
 
 def get_model(
-    model: str | os.PathLike | Mamba2ModelConfig,
+    model,
     *,
     load_format: str = "auto",
     dtype: torch.dtype | str | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
-) -> Mamba2ForCausalLM:
-    """A ``Mamba2ForCausalLM`` in eval mode on ``device``.
+):
+    """The registered model (``registry.py``: Mamba2, Bamba, NemotronH, Zamba2) in eval
+    mode on ``device``.
 
-    ``model`` is an HF model directory (``config.json`` with Mamba2Config fields, plus
-    ``*.safetensors`` unless ``load_format="dummy"``), or a ``Mamba2ModelConfig`` (dummy
-    weights only). ``seed`` seeds the dummy weights. The conv backend is the one
-    ``VLLM_USE_TRITON_CONV1D`` selects now.
+    ``model`` is an HF model directory (``config.json`` naming a registered architecture,
+    plus ``*.safetensors`` unless ``load_format="dummy"``), or a registered config such as
+    ``Mamba2ModelConfig`` (dummy weights only). ``seed`` seeds the dummy weights. The conv
+    backend is the one ``VLLM_USE_TRITON_CONV1D`` selects now.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
-    if isinstance(model, Mamba2ModelConfig):
-        config, model_dir = model, None
+    if is_model_config(model):
+        model_dir = None
         if load_format != "dummy":
             raise ValueError(
                 "a config without a model directory has no weights to load: pass "
@@ -70,10 +69,10 @@ def get_model(
             )
     else:
         model_dir = Path(model)
-        config = Mamba2ModelConfig.from_pretrained(model_dir)
+    config = load_model_config(model)
     torch_dtype = resolve_dtype(dtype, config)
     with torch.device(device):
-        net = Mamba2ForCausalLM(config, dtype=torch_dtype)
+        net = model_class(config)(config, dtype=torch_dtype)
     if load_format == "dummy":
         initialize_dummy_weights(net, seed)
     else:

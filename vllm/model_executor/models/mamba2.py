@@ -2,13 +2,18 @@
 
 One forward step runs a whole continuous-batching step: the tokens of every sequence,
 concatenated, with the step's ``Mamba2Metadata`` (built once by the runner through
-``metadata_builder``) and the ``MambaStatePool`` (from ``allocate_state_pool``)::
+``metadata_builder``, passed in or read from the forward context) and the
+``MambaStatePool`` the engine allocated from ``get_cache_specs``::
 
     builder = model.metadata_builder(device)
-    pool = model.allocate_state_pool(num_slots)
+    pool = model.allocate_state_pool(num_slots)  # = MambaStatePool.from_specs(specs, ...)
     md = builder.build(query_start_loc_cpu, state_indices_cpu, has_initial_state_cpu)
     hidden = model(input_ids, md, pool)          # (num_tokens, hidden), input order
     logits = model.compute_logits(hidden[last_token_rows])
+
+The engine runs ``model(input_ids, state=pool, positions=positions)`` inside
+``set_forward_context(ForwardContext(mamba2_metadata=md))``, as it runs every model of the
+registry (``registry.py``).
 
 The residual stream is fp32 when ``residual_in_fp32`` (as in HF transformers). Parameter
 names are HF transformers' (``backbone.layers.{i}.mixer.in_proj.weight``, ...), with the
@@ -20,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.mamba.mamba2_metadata import (
     Mamba2Metadata,
@@ -36,6 +41,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     mamba2_state_spec,
 )
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.model_executor.models.utils import cache_specs, lm_logits, load_named_weights
 
 
 class Mamba2DecoderLayer(nn.Module):
@@ -108,9 +114,21 @@ class Mamba2ForCausalLM(nn.Module):
         self.conv_backend = self.backbone.layers[0].mixer.backend
 
     def forward(
-        self, input_ids: torch.Tensor, metadata: Mamba2Metadata, state: MambaStatePool
+        self,
+        input_ids: torch.Tensor,
+        metadata: Mamba2Metadata | None = None,
+        state: MambaStatePool | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final hidden states (num_tokens, hidden) in the model dtype, in input order."""
+        """Final hidden states (num_tokens, hidden) in the model dtype, in input order.
+
+        ``metadata`` None: the forward context's ``mamba2_metadata``. ``positions`` is not
+        read (Mamba2 has no position input); the runner passes it to every model alike.
+        """
+        if metadata is None:
+            metadata = get_forward_context().mamba2_metadata
+        if state is None:
+            raise ValueError("Mamba2ForCausalLM needs the state pool (state=...)")
         if input_ids.dim() != 1 or input_ids.shape[0] != metadata.num_tokens:
             raise ValueError(
                 f"input_ids must be (num_tokens={metadata.num_tokens},), "
@@ -139,7 +157,11 @@ class Mamba2ForCausalLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """fp32 logits (rows, vocab) of final hidden states."""
         weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden_states.to(weight.dtype), weight).float()
+        return lm_logits(hidden_states, weight)
+
+    def get_cache_specs(self, block_size: int, mamba_ssm_dtype: torch.dtype) -> dict:
+        """One ``MambaStateSpec`` per layer (no attention: ``block_size`` finds nothing)."""
+        return cache_specs(self, block_size, mamba_ssm_dtype)
 
     def state_spec(self) -> Mamba2StateSpec:
         c = self.config
@@ -157,18 +179,13 @@ class Mamba2ForCausalLM(nn.Module):
         device: torch.device | str | None = None,
         ssm_dtype: torch.dtype = torch.float32,
     ) -> MambaStatePool:
-        """States for ``num_slots`` sequences; conv states in the model dtype and backend layout."""
+        """A pool for ``num_slots`` sequences from this model's cache specs, in its conv
+        backend's layout, for callers that drive the model without the engine (tests,
+        benchmarks); the engine allocates from ``get_cache_specs`` itself."""
         if device is None:
             device = self.backbone.embeddings.weight.device
-        return MambaStatePool(
-            self.state_spec(),
-            num_layers=self.config.num_hidden_layers,
-            num_slots=num_slots,
-            backend=self.conv_backend,
-            conv_dtype=self.dtype,
-            ssm_dtype=ssm_dtype,
-            device=device,
-        )
+        specs = list(self.get_cache_specs(block_size=1, mamba_ssm_dtype=ssm_dtype).values())
+        return MambaStatePool.from_specs(specs, num_slots, self.conv_backend, device)
 
     def metadata_builder(self, device: torch.device | str | None = None) -> Mamba2MetadataBuilder:
         if device is None:
@@ -183,35 +200,9 @@ class Mamba2ForCausalLM(nn.Module):
             return None  # tied: the embeddings serve as the head
         return name
 
-    @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (name, tensor) pairs of an HF checkpoint into the parameters.
 
         Raises ValueError for a shape mismatch, an unknown name, or a missing parameter.
         """
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        unknown: list[str] = []
-        for ckpt_name, tensor in weights:
-            name = self.hf_to_param_name(ckpt_name)
-            if name is None:
-                continue
-            param = params.get(name)
-            if param is None:
-                unknown.append(ckpt_name)
-                continue
-            if name.endswith("conv1d.weight") and tensor.dim() == 3 and tensor.shape[1] == 1:
-                tensor = tensor.squeeze(1)  # HF's nn.Conv1d layout (dim, 1, width)
-            if tuple(tensor.shape) != tuple(param.shape):
-                raise ValueError(
-                    f"weight {ckpt_name!r} has shape {tuple(tensor.shape)} in the checkpoint, "
-                    f"but the config makes {name!r} {tuple(param.shape)}: the weights do not "
-                    "belong to this config.json"
-                )
-            param.copy_(tensor)
-            loaded.add(name)
-        if unknown:
-            raise ValueError(f"checkpoint has weights this model does not know: {sorted(unknown)}")
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"checkpoint lacks weights the model needs: {missing}")
+        load_named_weights(self, weights, self.hf_to_param_name)

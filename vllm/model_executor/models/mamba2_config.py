@@ -9,29 +9,22 @@ of 64, state 128, 8 groups, conv 4). ``from_dict`` reads a ``config.json`` writt
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from vllm.model_executor.models.config_utils import as_float, read_config_json
 
 _ARCHITECTURE = "Mamba2ForCausalLM"
 _MODEL_TYPE = "mamba2"
 
 
-def _float(name: str, value: Any) -> float:
-    # save_pretrained writes inf as {"__float__": "Infinity"}; plain JSON may say "Infinity".
-    if isinstance(value, dict) and set(value) == {"__float__"}:
-        value = value["__float__"]
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"config field {name}: expected a number, got {value!r}") from None
-
-
 @dataclass(frozen=True)
 class Mamba2ModelConfig:
+    architecture: ClassVar[str] = _ARCHITECTURE
+    model_type: ClassVar[str] = _MODEL_TYPE
+
     vocab_size: int = 32768
     hidden_size: int = 4096
     num_hidden_layers: int = 64
@@ -130,25 +123,13 @@ class Mamba2ModelConfig:
                     raise ValueError(
                         f"config field time_step_limit must be [min, max], got {value}"
                     )
-                value = (_float("time_step_limit", value[0]), _float("time_step_limit", value[1]))
+                value = tuple(as_float("time_step_limit", v) for v in value)
             elif f.name == "layer_norm_epsilon":
-                value = _float(f.name, value)
+                value = as_float(f.name, value)
             kwargs[f.name] = value
         return cls(**kwargs)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike) -> Mamba2ModelConfig:
         """From ``model_dir/config.json``."""
-        path = Path(model_dir)
-        if not path.is_dir():
-            raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(f"no config.json in model directory {str(path)!r}")
-        try:
-            raw = json.loads(config_file.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{config_file} is not valid JSON: {err}") from err
-        if not isinstance(raw, dict):
-            raise ValueError(f"{config_file} must hold a JSON object")
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(model_dir))

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from vllm.cache_spec import MambaStateSpec
 from vllm.model_executor.layers.layernorm import RMSNormGated
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata
 from vllm.model_executor.layers.mamba.mamba_utils import (
@@ -146,6 +147,12 @@ class MambaMixer2(nn.Module):
         self.out_proj = nn.Linear(self.intermediate_size, hidden_size, bias=use_bias, dtype=dtype)
 
         self.set_conv_backend(conv_backend_from_env())
+
+    def get_state_spec(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> MambaStateSpec:
+        """What one state slot of this layer holds, for the engine to allocate: the conv
+        state (dim, W-1) in ``conv_dtype`` (the model's) and the SSM state (nheads, headdim,
+        dstate) in ``ssm_dtype`` (``mamba_ssm_cache_dtype``)."""
+        return MambaStateSpec(self.spec.conv_shape, conv_dtype, self.spec.ssm_shape, ssm_dtype)
 
     def set_conv_backend(self, backend: ConvBackend) -> None:
         """Use ``backend`` for the conv from now on; the weights serve both backends, the

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm import envs
+from vllm.cache_spec import MambaStateSpec
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,28 @@ class MambaStatePool:
         self.ssm_state = torch.zeros(
             num_layers, lines, *spec.ssm_shape, dtype=ssm_dtype, device=device
         )
+
+    @classmethod
+    def from_specs(
+        cls,
+        specs: list[MambaStateSpec],
+        num_slots: int,
+        backend: ConvBackend,
+        device: torch.device | str = "cpu",
+    ) -> MambaStatePool:
+        """The pool of the Mamba layers ``specs`` describe (``get_cache_specs``' Mamba
+        entries, in the model's layer order: pool layer i is ``specs[i]``'s layer). The
+        layers of one model share one shape, so they stack into one tensor per state."""
+        if not specs:
+            raise ValueError("no Mamba layer specs: a model without Mamba layers has no pool")
+        first = specs[0]
+        if any(s != first for s in specs):
+            differ = sorted(set(map(str, specs)))
+            raise ValueError(f"the Mamba layers' state specs differ: {differ}")
+        conv_dim, conv_len = first.conv_shape
+        num_heads, head_dim, state_size = first.ssm_shape
+        spec = Mamba2StateSpec(conv_dim, conv_len, num_heads, head_dim, state_size)
+        return cls(spec, len(specs), num_slots, backend, first.conv_dtype, first.ssm_dtype, device)
 
     @property
     def pad_line(self) -> int:

@@ -1,0 +1,239 @@
+"""Helpers of the hybrid-model tests (Bamba, NemotronH, Zamba2): tiny HF checkpoints made
+with transformers' own classes, HF's logits and greedy tokens, a one-step driver of our
+model over the engine's caches, and the engine-level checks every hybrid shares.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from pathlib import Path
+
+import torch
+
+from tests.models.mamba2_utils import BF16_ERROR_VS_HF_BF16, assert_close, gen_for
+from tests.tiny_model import save_tiny_tokenizer
+from vllm import LLM, SamplingParams
+from vllm.forward_context import ForwardContext, set_forward_context
+from vllm.worker.cache_engine import CacheEngine
+
+VOCAB = 320  # the tiny tokenizer's size: every id the model can sample decodes
+
+
+@torch.no_grad()
+def perturb(model, seed: int):
+    """Every parameter random and non-trivial (HF initialises norms to 1, D to 1, biases
+    to 0: a test on those could not see a swapped or dropped term). dt_bias stays so that
+    dt = softplus(dt + dt_bias) sits far above any floor (time_step_min)."""
+    gen = gen_for("hybrid-weights", seed)
+    for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=gen)
+        if name.endswith("A_log"):
+            p.copy_(torch.empty(p.shape).uniform_(0.0, 2.5, generator=gen))
+        elif name.endswith("dt_bias"):
+            p.copy_(0.3 * noise - 0.5)
+        elif name.endswith("norm.weight") or "layernorm" in name or name.endswith("norm_f.weight"):
+            p.copy_(1.0 + 0.2 * noise)
+        elif name.endswith(".D") or name.endswith("conv1d.bias") or name.endswith("conv1d.weight"):
+            p.copy_(0.5 * noise)
+        else:
+            p.copy_(0.2 * noise)
+    return model.eval()
+
+
+def save_checkpoint(hf, path: Path) -> Path:
+    """``save_pretrained`` of an HF model plus the tiny tokenizer, as a model directory."""
+    path.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(path)
+    save_tiny_tokenizer(path, VOCAB)
+    return path
+
+
+def tokens(n: int, *key) -> list[int]:
+    return torch.randint(5, VOCAB, (n,), generator=gen_for(*key)).tolist()
+
+
+@torch.no_grad()
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    """(len(ids), vocab) fp32 logits of one sequence, HF's full forward."""
+    return hf(torch.tensor([ids]), use_cache=False).logits[0].float()
+
+
+@torch.no_grad()
+def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """HF ``generate``'s greedy tokens (n of them; EOS never ends it early)."""
+    out = hf.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+class HybridDriver:
+    """Our model over the engine's caches (``CacheEngine``), one mixed step at a time.
+
+    ``step(rows)``: rows of (sequence id, new tokens) in canonical order (one-token
+    continuations first); each sequence keeps its state slot, its cached length and its
+    KV blocks across steps. Blocks are handed out in a shuffled order, so block tables are
+    never contiguous. Returns each row's logits (len(tokens), vocab).
+    """
+
+    def __init__(self, model, num_slots: int = 6, block_size: int = 4, num_blocks: int = 96):
+        from vllm.model_executor.layers.attention import AttentionMetadataBuilder
+
+        self.model = model
+        self.device = model.head_weight().device
+        self.block_size = block_size
+        self.cache = CacheEngine(
+            model,
+            num_slots=num_slots,
+            block_size=block_size,
+            ssm_dtype=torch.float32,
+            device=self.device,
+        )
+        self.cache.allocate_kv(num_blocks)
+        self.builder = model.metadata_builder(self.device)
+        self.attn = AttentionMetadataBuilder(block_size, num_slots, 512, 64, self.device)
+        self.free = list(range(num_blocks))
+        random.Random(num_blocks).shuffle(self.free)
+        self.free_slots = list(range(num_slots))
+        self.seqs: dict[str, dict] = {}
+
+    @torch.no_grad()
+    def step(self, rows: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
+        lens, slots, contexts, tables, positions = [], [], [], [], []
+        for sid, toks in rows:
+            if sid not in self.seqs:
+                self.seqs[sid] = {"slot": self.free_slots.pop(0), "len": 0, "blocks": []}
+            seq = self.seqs[sid]
+            need = -(-(seq["len"] + len(toks)) // self.block_size)
+            while len(seq["blocks"]) < need:
+                seq["blocks"].append(self.free.pop())
+            lens.append(len(toks))
+            slots.append(seq["slot"])
+            contexts.append(seq["len"])
+            tables.append(list(seq["blocks"]))
+            positions += range(seq["len"], seq["len"] + len(toks))
+        qsl = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+        md = self.builder.build(
+            qsl, torch.tensor(slots, dtype=torch.int32), torch.tensor([c > 0 for c in contexts])
+        )
+        assert md.token_perm is None, "rows must come in canonical order"
+        attn_md = self.attn.build(lens, contexts, tables, md.num_decode_tokens)
+        ids = torch.tensor([t for _, toks in rows for t in toks], device=self.device)
+        with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
+            hidden = self.model(
+                ids,
+                state=self.cache.mamba_pool,
+                positions=torch.tensor(positions, device=self.device),
+            )
+        logits = self.model.compute_logits(hidden).cpu()
+        out, start = [], 0
+        for (sid, _), n in zip(rows, lens, strict=True):
+            self.seqs[sid]["len"] += n
+            out.append(logits[start : start + n])
+            start += n
+        return out
+
+
+def check_mixed_steps_match_hf(model, hf) -> None:
+    """Three mixed steps (fresh prompts, a chunked prefill continued, decodes beside them,
+    sequences ending mid-block) against HF's full-sequence logits, row by row."""
+    a, b, c = tokens(13, "A"), tokens(6, "B"), tokens(4, "C")
+    nb, nc = tokens(2, "B+"), tokens(1, "C+")
+    driver = HybridDriver(model)
+    got = {"a": [], "b": [], "c": []}
+    steps = [
+        [("a", a[:5]), ("b", b)],  # two fresh prompts, a's first chunk
+        [("b", nb[:1]), ("a", a[5:11]), ("c", c)],  # a decode, a continuation, a fresh one
+        [("b", nb[1:]), ("c", nc), ("a", a[11:])],  # two decodes, the continuation's end
+    ]
+    for rows in steps:
+        for (sid, _), logits in zip(rows, driver.step(rows), strict=True):
+            got[sid].append(logits)
+    for sid, full in (("a", a), ("b", b + nb), ("c", c + nc)):
+        assert_close(torch.cat(got[sid]), hf_logits(hf, full), "vs_hf", msg=f"sequence {sid}")
+
+
+def engine(path, device="cpu", **kwargs) -> LLM:
+    """An fp32 engine with small limits: chunked prefill beside decodes, small blocks."""
+    options = dict(
+        dtype="float32",
+        device=str(device),
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        max_model_len=96,
+        block_size=4,
+        enforce_eager=True,
+    )
+    return LLM(str(path), **{**options, **kwargs})
+
+
+def check_generate_matches_hf(path, hf, device="cpu", max_tokens: int = 6) -> LLM:
+    """LLM.generate's greedy tokens on prompts of several lengths sent together (chunked
+    prefill beside decodes under a 16-token budget) equal HF generate's, prompt by prompt;
+    every KV block is free again at the end."""
+    llm = engine(path, device)
+    prompts = [tokens(n, "gen", n) for n in (3, 21, 9, 1, 14)]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outs, strict=True):
+        expected = hf_greedy(hf, prompt, max_tokens)
+        assert out.outputs[0].token_ids == expected, f"prompt of {len(prompt)} tokens"
+    check_no_kv_leak(llm)
+    return llm
+
+
+def check_no_kv_leak(llm: LLM) -> None:
+    sched = llm.engine.scheduler
+    assert sched.kv is not None, "a hybrid model must get a KV cache"
+    assert not sched.running and not sched.waiting
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks and sched.kv.num_reserved == 0
+
+
+def hf_norms_per_group(norm_cls) -> bool:
+    """Whether a transformers gated-norm class normalises per group (``group_size``);
+    older releases (Bamba's in 5.17) normalise the whole inner width, so with n_groups > 1
+    they are no oracle."""
+    return "group_size" in inspect.signature(norm_cls.__init__).parameters
+
+
+@torch.no_grad()
+def check_bf16_tracks_hf(hf32, hf16, path, device) -> None:
+    """bf16 weights and activations on ``device``: our logits of a prefill and three
+    decode steps vs HF's fp32 logits of the same weights, within the bf16 bounds and at
+    most BF16_ERROR_VS_HF_BF16 x HF's own bf16 error."""
+    from vllm.model_executor.model_loader import get_model
+
+    model = get_model(path, dtype="bfloat16", device=device)
+    prompt, nexts = tokens(19, "bf16-prompt"), tokens(3, "bf16-next")
+    driver = HybridDriver(model)
+    got = [driver.step([("s", prompt)])[0]]
+    for t in nexts:
+        got.append(driver.step([("s", [t])])[0])
+    got = torch.cat(got)
+    full = prompt + nexts
+    expected = hf_logits(hf32, full)[: len(full)]
+    hf_err = (hf_logits(hf16, full).float() - expected).abs().max().item()
+    assert_close(got, expected, "vs_hf", torch.bfloat16)
+    ours_err = (got - expected).abs().max().item()
+    assert ours_err <= BF16_ERROR_VS_HF_BF16 * hf_err, (ours_err, hf_err)
+
+
+def check_graphs_match_eager(path, device) -> None:
+    """Decode steps through the CUDA graphs (attention layers inside) give the tokens the
+    eager path gives, and the graphs did run."""
+    prompts = [tokens(n, "graph", n) for n in (5, 17, 2, 9, 30, 3)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for eager in (True, False):
+        llm = engine(path, device=device, enforce_eager=eager, max_num_seqs=8)
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        if not eager:
+            assert llm.engine.runner.graphs._graphs, "no decode step ran through a graph"
+        check_no_kv_leak(llm)
+    assert outs[True] == outs[False]

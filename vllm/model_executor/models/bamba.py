@@ -1,0 +1,154 @@
+"""BambaForCausalLM: Mamba2 and attention layers, each followed by a SwiGLU MLP.
+
+As transformers' ``modeling_bamba`` defines it (5.17 and 5.24 compute the same, but for
+the gated norm, below)::
+
+    h = embed_tokens(ids)
+    for each layer:  r = h; h = r + mixer(input_layernorm(h))       # mixer: Mamba2 | attention
+                     r = h; h = r + feed_forward(pre_ff_layernorm(h))
+    logits = lm_head(final_layernorm(h))
+
+- Mamba2 layers are ``MambaMixer2`` (any conv backend); in_proj/out_proj biases are
+  ``mamba_proj_bias``, the conv bias ``mamba_conv_bias``, the gated norm's epsilon
+  ``rms_norm_eps``. The gated norm normalises each of the ``mamba_n_groups`` groups
+  separately, as transformers 5.24 does (``BambaRMSNormGated(group_size=...)``) and as the
+  Mamba2 reference does; transformers 5.17 normalises the whole inner width at once. The
+  two agree for ``mamba_n_groups == 1`` (every released Bamba checkpoint).
+- ``time_step_limit`` clamps dt in the decode update as in the chunked scan; transformers
+  clamps in the chunked scan only. They differ only outside the limit (never with the
+  default (0, inf)).
+- Attention layers: q/k/v/o projections (``attention_bias``), RoPE (neox style) on the
+  first ``partial_rotary_factor`` of each head, GQA, scale head_dim^-0.5, the paged KV
+  cache through ``Attention``.
+- The residual stream is in the model dtype (transformers adds in it too); the adds are
+  fused into the next norm.
+
+Parameter names are transformers' (``model.layers.{i}.mamba.in_proj.weight``,
+``model.layers.{i}.self_attn.q_proj.weight``, ``model.layers.{i}.feed_forward.gate_proj``,
+...), so a checkpoint loads by name; the conv weight is stored as (dim, width).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vllm.model_executor.layers.activation import get_act_fn
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.models.bamba_config import BambaModelConfig
+from vllm.model_executor.models.hybrid_base import MambaHybridForCausalLM, residual_norm
+
+
+class BambaMLP(nn.Module):
+    def __init__(self, config: BambaModelConfig, dtype: torch.dtype):
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
+        self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
+        self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        self.act_fn = get_act_fn(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class BambaAttention(nn.Module):
+    def __init__(self, config: BambaModelConfig, dtype: torch.dtype, prefix: str):
+        super().__init__()
+        heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        h, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(h, heads * d, bias=bias, dtype=dtype)
+        self.k_proj = nn.Linear(h, kv_heads * d, bias=bias, dtype=dtype)
+        self.v_proj = nn.Linear(h, kv_heads * d, bias=bias, dtype=dtype)
+        self.o_proj = nn.Linear(heads * d, h, bias=bias, dtype=dtype)
+        self.rotary_emb = RotaryEmbedding(
+            d,
+            config.rotary_dim,
+            config.rope_positions,
+            config.rope_theta,
+            is_neox_style=True,
+        )
+        self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q, k = self.rotary_emb(positions, self.q_proj(x), self.k_proj(x))
+        return self.o_proj(self.attn(q, k, self.v_proj(x)))
+
+
+class BambaDecoderLayer(nn.Module):
+    def __init__(self, config: BambaModelConfig, layer_idx: int, dtype: torch.dtype, prefix: str):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        eps = config.rms_norm_eps
+        if self.layer_type == "mamba":
+            self.mamba = MambaMixer2(
+                hidden_size=config.hidden_size,
+                num_heads=config.mamba_n_heads,
+                head_dim=config.mamba_d_head,
+                state_size=config.mamba_d_state,
+                n_groups=config.mamba_n_groups,
+                conv_kernel=config.mamba_d_conv,
+                use_bias=config.mamba_proj_bias,
+                use_conv_bias=config.mamba_conv_bias,
+                rms_norm_eps=eps,
+                time_step_limit=config.time_step_limit,
+                dtype=dtype,
+                layer_idx=layer_idx,
+            )
+        else:
+            self.self_attn = BambaAttention(config, dtype, prefix=f"{prefix}.self_attn")
+        self.feed_forward = BambaMLP(config, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
+        self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
+
+    def forward(self, hidden, residual, positions, layer_state, metadata):
+        normed, residual = residual_norm(self.input_layernorm, hidden, residual)
+        if self.layer_type == "mamba":
+            out = self.mamba(normed, *layer_state, metadata)
+        else:
+            out = self.self_attn(normed, positions)
+        normed, residual = self.pre_ff_layernorm(out, residual)
+        return self.feed_forward(normed), residual
+
+
+class BambaModel(nn.Module):
+    def __init__(self, config: BambaModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            BambaDecoderLayer(config, i, dtype, prefix=f"model.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
+        self.final_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+
+    def forward(self, input_ids, positions, state, metadata):
+        hidden, residual, k = self.embed_tokens(input_ids), None, 0
+        for layer in self.layers:
+            layer_state = None
+            if layer.layer_type == "mamba":
+                layer_state, k = state.layer(k), k + 1
+            hidden, residual = layer(hidden, residual, positions, layer_state, metadata)
+        return self.final_layernorm(hidden, residual)[0]
+
+
+class BambaForCausalLM(MambaHybridForCausalLM):
+    def __init__(self, config: BambaModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__(config, dtype)
+        self.model = BambaModel(config, dtype)
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+
+    def _run(self, input_ids, positions, state, metadata):
+        return self.model(input_ids, positions, state, metadata)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def hf_to_param_name(self, name: str) -> str | None:
+        if name == "lm_head.weight" and self.lm_head is None:
+            return None  # tied: the embeddings serve as the head
+        return name

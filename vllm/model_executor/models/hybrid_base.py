@@ -1,0 +1,142 @@
+"""The face the hybrid models (Bamba, NemotronH, Zamba2) share with ``Mamba2ForCausalLM``.
+
+A subclass builds its layers and defines ``_run(input_ids, positions, state, metadata)``
+(final hidden states) and ``head_weight()``; this base checks a step's inputs, reads the
+Mamba2 metadata from the forward context, and gives the engine the rest of the registry's
+interface: ``get_cache_specs``, ``metadata_builder``, ``set_conv_backend``,
+``compute_logits`` and ``load_weights`` (through the subclass's ``hf_to_param_name``).
+
+A step's tokens come in the canonical order of ``Mamba2Metadata`` (decode rows first, as
+the scheduler batches them), because the attention metadata is built in the same order:
+a batch the Mamba2 metadata would have to permute is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.mamba.mamba2_metadata import (
+    Mamba2Metadata,
+    Mamba2MetadataBuilder,
+)
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend, MambaStatePool
+from vllm.model_executor.models.utils import (
+    cache_specs,
+    lm_logits,
+    load_named_weights,
+)
+
+
+class MambaHybridForCausalLM(nn.Module):
+    def __init__(self, config, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+
+    # -- what a subclass defines ---------------------------------------------------------
+
+    def _run(self, input_ids, positions, state: MambaStatePool, metadata: Mamba2Metadata):
+        raise NotImplementedError
+
+    def head_weight(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def hf_to_param_name(self, name: str) -> str | None:
+        raise NotImplementedError
+
+    # -- the registry's interface --------------------------------------------------------
+
+    def mixers(self) -> list[MambaMixer2]:
+        """The Mamba mixers in layer order (pool layer i is ``mixers()[i]``'s)."""
+        if "_mixers" not in self.__dict__:  # a plain list: not registered as submodules
+            self.__dict__["_mixers"] = [m for m in self.modules() if isinstance(m, MambaMixer2)]
+        return self.__dict__["_mixers"]
+
+    @property
+    def conv_backend(self) -> ConvBackend:
+        return self.mixers()[0].backend
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        metadata: Mamba2Metadata | None = None,
+        state: MambaStatePool | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states (num_tokens, hidden) in the model dtype.
+
+        ``metadata`` None: the forward context's ``mamba2_metadata``; attention layers read
+        the context's ``attn_metadata``. ``positions`` (num_tokens,) int64: each token's
+        position in its sequence, for models whose attention uses RoPE (the runner passes
+        them whenever the model has attention layers). ``state``: the engine's pool of the
+        Mamba layers.
+        """
+        if metadata is None:
+            metadata = get_forward_context().mamba2_metadata
+        name = type(self).__name__
+        if state is None:
+            raise ValueError(f"{name} needs the state pool (state=...)")
+        if input_ids.dim() != 1 or input_ids.shape[0] != metadata.num_tokens:
+            raise ValueError(
+                f"input_ids must be (num_tokens={metadata.num_tokens},), "
+                f"got {tuple(input_ids.shape)}"
+            )
+        if positions is not None and tuple(positions.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"positions must be (num_tokens={metadata.num_tokens},), "
+                f"got {tuple(positions.shape)}"
+            )
+        mixers = self.mixers()
+        if state.num_layers != len(mixers) or state.spec != mixers[0].spec:
+            raise ValueError("the state pool was allocated for another model shape")
+        if state.backend is not self.conv_backend:
+            raise ValueError(
+                f"the state pool has the {state.backend.value} conv layout but the model "
+                f"uses the {self.conv_backend.value} backend"
+            )
+        if metadata.token_perm is not None:
+            raise ValueError(
+                f"{name}: the step's rows are not in canonical order (decode rows first); "
+                "the attention metadata could not follow a reordering"
+            )
+        if metadata.num_tokens == 0:
+            return torch.empty(
+                0, self.config.hidden_size, dtype=self.dtype, device=input_ids.device
+            )
+        return self._run(input_ids, positions, state, metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """fp32 logits (rows, vocab) of final hidden states."""
+        return lm_logits(hidden_states, self.head_weight())
+
+    def get_cache_specs(self, block_size: int, mamba_ssm_dtype: torch.dtype) -> dict:
+        """Per-layer specs (module name -> ``MambaStateSpec`` | ``AttentionSpec``), layer order."""
+        return cache_specs(self, block_size, mamba_ssm_dtype)
+
+    def metadata_builder(self, device: torch.device | str | None = None) -> Mamba2MetadataBuilder:
+        if device is None:
+            device = self.head_weight().device
+        return Mamba2MetadataBuilder(self.config.chunk_size, device)
+
+    def set_conv_backend(self, backend: ConvBackend) -> None:
+        """Switch every mixer's conv backend; pools allocated before are then rejected."""
+        for mixer in self.mixers():
+            mixer.set_conv_backend(backend)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy an HF checkpoint's (name, tensor) pairs into the parameters (ValueError for
+        a shape mismatch, an unknown name, or a missing parameter)."""
+        load_named_weights(self, weights, self.hf_to_param_name)
+
+
+def residual_norm(norm, hidden: torch.Tensor, residual: torch.Tensor | None):
+    """(norm(hidden + residual), hidden + residual), the sum written into ``residual`` in
+    place (the fused add-norm); the first layer (``residual`` None) starts the stream."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)

@@ -1,0 +1,136 @@
+"""CacheEngine: the engine side of the caches a model describes.
+
+The model gives per-layer specs (``model.get_cache_specs(block_size, ssm_dtype)``: module
+name -> ``MambaStateSpec`` | ``AttentionSpec``, in layer order); the engine allocates:
+
+- the Mamba state pool: every Mamba layer's conv and SSM state for ``max_num_seqs`` slots
+  (+ the pad sink line), one ``MambaStatePool`` in the conv backend's layout, layer i of
+  the pool being the i-th Mamba spec's; the runner passes it to the model each step;
+- the paged KV cache: per attention layer a (2, num_blocks, block_size, num_kv_heads,
+  head_size) tensor of its spec's dtype, bound to that layer's ``kv_cache`` attribute.
+  It is a view of a block-major (num_blocks, 2, ...) allocation: K and V of a block sit
+  together, and no stride depends on the block count, so the small cache of the start-up
+  steps and the sized one select the same kernel variants (Triton specialises integer
+  arguments, strides included, on their size class).
+  ``num_kv_blocks`` sizes it from a memory budget (``gpu_memory_utilization``) or takes the
+  configured count; ``allocate_kv`` may run twice (a small cache for the start-up steps,
+  then the sized one), rebinding every layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vllm.cache_spec import AttentionSpec, MambaStateSpec
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStatePool
+
+# CPU KV cache budget when neither the override nor a GPU sizes it (vLLM's CPU default).
+CPU_KV_CACHE_BYTES = 4 << 30
+
+
+class CacheEngine:
+    def __init__(
+        self,
+        model,
+        *,
+        num_slots: int,
+        block_size: int,
+        ssm_dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        specs = model.get_cache_specs(block_size, ssm_dtype)
+        self.mamba_specs = {n: s for n, s in specs.items() if isinstance(s, MambaStateSpec)}
+        self.attn_specs = {n: s for n, s in specs.items() if isinstance(s, AttentionSpec)}
+        unknown = set(specs) - set(self.mamba_specs) - set(self.attn_specs)
+        if unknown:
+            raise ValueError(f"cache specs of an unknown kind for layers {sorted(unknown)}")
+        for name, spec in self.attn_specs.items():
+            if spec.block_size != block_size:
+                raise ValueError(f"layer {name} asks for blocks of {spec.block_size} tokens")
+        self.mamba_pool: MambaStatePool | None = None
+        if self.mamba_specs:
+            self.mamba_pool = MambaStatePool.from_specs(
+                list(self.mamba_specs.values()), num_slots, model.conv_backend, device
+            )
+        self.kv_caches: dict[str, torch.Tensor] = {}
+        self.num_blocks = 0
+
+    @property
+    def has_attention(self) -> bool:
+        return bool(self.attn_specs)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V of one block, over every attention layer."""
+        return sum(spec.bytes_per_block for spec in self.attn_specs.values())
+
+    def kv_nbytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """(Re)allocate every attention layer's KV cache with ``num_blocks`` blocks and bind
+        it to the layer (the old tensors are dropped first, so their memory is reused)."""
+        if not self.has_attention:
+            return
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        for name in self.kv_caches:
+            self.model.get_submodule(name).kv_cache = None
+        self.kv_caches = {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        for name, spec in self.attn_specs.items():
+            shape = (num_blocks, 2, spec.block_size, spec.num_kv_heads, spec.head_size)
+            cache = torch.zeros(shape, dtype=spec.dtype, device=self.device).transpose(0, 1)
+            self.model.get_submodule(name).kv_cache = cache
+            self.kv_caches[name] = cache
+        self.num_blocks = num_blocks
+
+    def num_kv_blocks(
+        self,
+        *,
+        override: int | None,
+        gpu_memory_utilization: float,
+        max_num_seqs: int,
+        max_model_len: int,
+        peak_activation_bytes: int = 0,
+    ) -> int:
+        """The KV cache's block count (see ``EngineConfig``); ValueError when it cannot hold
+        one sequence of ``max_model_len`` tokens."""
+        need = self.blocks_for(max_model_len)
+        if override is not None:
+            num = override
+            source = f"num_gpu_blocks_override={override}"
+        elif self.device.type == "cuda":
+            num = self._blocks_from_gpu_memory(gpu_memory_utilization, peak_activation_bytes)
+            source = f"gpu_memory_utilization={gpu_memory_utilization}"
+        else:
+            cap = max(CPU_KV_CACHE_BYTES // self.bytes_per_block, need)
+            num = min(max_num_seqs * need, cap)
+            source = "the CPU default"
+        if num < need:
+            raise ValueError(
+                f"the KV cache from {source} has {num} blocks of {self.block_size} tokens "
+                f"({num * self.block_size} tokens), fewer than one sequence of max_model_len="
+                f"{max_model_len} needs ({need} blocks): lower max_model_len, or give the KV "
+                "cache more memory (gpu_memory_utilization, num_gpu_blocks_override)"
+            )
+        return num
+
+    def _blocks_from_gpu_memory(self, utilization: float, peak_activation_bytes: int) -> int:
+        """Blocks that fit in ``utilization`` of the GPU's memory next to what is there now
+        (weights, state pool, other processes' memory), the activations' peak, and the
+        KV cache allocated for start-up (dropped before the sized one is made)."""
+        torch.cuda.empty_cache()  # what the allocator caches but does not use is free
+        free, total = torch.cuda.mem_get_info(self.device)
+        in_use = total - free - self.kv_nbytes()
+        budget = total * utilization - in_use - peak_activation_bytes
+        return max(0, math.floor(budget / self.bytes_per_block))
