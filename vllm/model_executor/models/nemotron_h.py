@@ -1,0 +1,141 @@
+"""NemotronHForCausalLM: Mamba2, attention and MLP blocks in the pattern the config names.
+
+As transformers' ``modeling_nemotron_h`` defines it (5.17 and 5.24 compute the same for the
+dense models served here)::
+
+    h = embeddings(ids)
+    for each layer:  h = h + mixer(norm(h))    # mixer: Mamba2 ("M") | attention ("*") | MLP ("-")
+    logits = lm_head(norm_f(h))
+
+- Mamba2 blocks are ``MambaMixer2`` (any conv backend): heads ``mamba_num_heads`` of
+  ``mamba_head_dim``, ``n_groups`` groups normalised separately in the gated norm (both
+  releases), projection biases ``use_bias``, epsilon ``layer_norm_epsilon``. dt is floored
+  at ``time_step_min`` (transformers' mixer takes (time_step_min, inf) whatever
+  ``time_step_limit`` says); here the floor also applies in the decode update, where
+  transformers' recurrent step applies none: the two differ only for dt below the floor.
+- Attention blocks: q/k/v/o without bias (transformers ignores ``attention_bias``), no
+  positional encoding at all (NemotronH's attention has no RoPE), GQA, scale
+  head_dim^-0.5, the paged KV cache through ``Attention``.
+- MLP blocks: up_proj, relu2 (squared ReLU), down_proj.
+- MoE blocks ("E") are refused by the config.
+- The lm head is never tied to the embeddings (transformers ties none for NemotronH).
+- The residual stream is in the model dtype (``residual_in_fp32`` is unused, as in
+  transformers); the adds are fused into the next norm.
+
+Parameter names are transformers' (``model.layers.{i}.mixer.in_proj.weight``, ...); the
+original NVIDIA checkpoints' ``backbone.`` prefix is read as ``model.``, and their
+multi-token-prediction weights (``mtp.*``) are skipped, as transformers skips them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vllm.model_executor.layers.activation import get_act_fn
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.models.hybrid_base import MambaHybridForCausalLM, residual_norm
+from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
+
+
+class NemotronHMLP(nn.Module):
+    def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype):
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
+        self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        self.act_fn = get_act_fn(config.mlp_hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.up_proj(x)))
+
+
+class NemotronHAttention(nn.Module):
+    def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype, prefix: str):
+        super().__init__()
+        heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, heads * d, bias=False, dtype=dtype)
+        self.k_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
+        self.v_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(heads * d, h, bias=False, dtype=dtype)
+        self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self.attn(self.q_proj(x), self.k_proj(x), self.v_proj(x)))
+
+
+class NemotronHBlock(nn.Module):
+    def __init__(
+        self, config: NemotronHModelConfig, layer_idx: int, dtype: torch.dtype, prefix: str
+    ):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
+        if self.layer_type == "mamba":
+            self.mixer = MambaMixer2(
+                hidden_size=config.hidden_size,
+                num_heads=config.mamba_num_heads,
+                head_dim=config.mamba_head_dim,
+                state_size=config.ssm_state_size,
+                n_groups=config.n_groups,
+                conv_kernel=config.conv_kernel,
+                use_bias=config.use_bias,
+                use_conv_bias=config.use_conv_bias,
+                rms_norm_eps=config.layer_norm_epsilon,
+                time_step_limit=config.time_step_limit,
+                dtype=dtype,
+                layer_idx=layer_idx,
+            )
+        elif self.layer_type == "attention":
+            self.mixer = NemotronHAttention(config, dtype, prefix=f"{prefix}.mixer")
+        else:
+            self.mixer = NemotronHMLP(config, dtype)
+
+    def forward(self, hidden, residual, layer_state, metadata):
+        normed, residual = residual_norm(self.norm, hidden, residual)
+        if self.layer_type == "mamba":
+            return self.mixer(normed, *layer_state, metadata), residual
+        return self.mixer(normed), residual
+
+
+class NemotronHModel(nn.Module):
+    def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            NemotronHBlock(config, i, dtype, prefix=f"model.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
+
+    def forward(self, input_ids, state, metadata):
+        hidden, residual, k = self.embeddings(input_ids), None, 0
+        for layer in self.layers:
+            layer_state = None
+            if layer.layer_type == "mamba":
+                layer_state, k = state.layer(k), k + 1
+            hidden, residual = layer(hidden, residual, layer_state, metadata)
+        return self.norm_f(hidden, residual)[0]
+
+
+class NemotronHForCausalLM(MambaHybridForCausalLM):
+    def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__(config, dtype)
+        self.model = NemotronHModel(config, dtype)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+
+    def _run(self, input_ids, positions, state, metadata):
+        return self.model(input_ids, state, metadata)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def hf_to_param_name(self, name: str) -> str | None:
+        if name.startswith("mtp."):
+            return None
+        if name.startswith("backbone."):
+            return "model." + name.removeprefix("backbone.")
+        return name
