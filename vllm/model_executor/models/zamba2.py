@@ -1,0 +1,229 @@
+"""Zamba2ForCausalLM: Mamba2 layers, some of them fed by shared transformer blocks.
+
+As transformers' ``modeling_zamba2`` defines it (5.17 and 5.24 compute the same)::
+
+    e = embed_tokens(ids); h = e
+    for layer i:
+        if hybrid (j-th hybrid layer, shared block b = j % num_mem_blocks):
+            x = block_b.input_layernorm(cat(h, e))                 # width 2 * hidden
+            q, k, v = block_b.{q,k,v}_proj(x) + adapter_j(x)       # adapters: optional
+            a = block_b.o_proj(attention_j(rope(q), rope(k), v))   # RoPE: use_mem_rope
+            a = block_b.pre_ff_layernorm(a)
+            g, u = (block_b.gate_up_proj(a) + gate_up_adapter_j(a)).chunk(2)
+            t = linear_j(block_b.down_proj(act(g) * u))
+            h = h + mamba_i(input_layernorm_i(h + t))
+        else:
+            h = h + mamba_i(input_layernorm_i(h))
+    logits = lm_head(final_layernorm(h))                           # tied by default
+
+The shared blocks' weights (norms, q/k/v/o, gate_up, down) exist once per block
+(``model.blocks.{b}``); everything a use owns sits in its hybrid layer: the LoRA-like
+adapters (``q_adapter``, ``k_adapter``, ``v_adapter`` with ``use_shared_attention_adapter``,
+``gate_up_adapter`` always), the output ``linear``, and its own ``Attention`` (so every use
+has its own KV cache, as transformers keeps one cache per hybrid layer). The attention scale
+is (head_dim / 2) ** -0.5, as transformers' Zamba2 has it; the mixers' conv always has a
+bias and their gated norm an epsilon of 1e-5 (both fixed in transformers); dt is floored at
+``time_step_min`` (in the decode update too, where transformers applies no floor: they
+differ only below it).
+
+Checkpoint names are transformers' (``model.layers.{i}.shared_transformer.*`` for a
+hybrid layer's block, with the adapters of use j under ``..._adapter_list.{j}``); every copy
+of a shared weight a checkpoint holds must be equal. (transformers 5.17 and 5.24 tie the
+shared blocks only when ``tie_word_embeddings`` is true, their one tying switch; with it
+false their model keeps an independent block per use, which is not Zamba2's design: such a
+checkpoint holds different copies and is refused with the names of the two that differ.)
+The lm head is untied when ``tie_word_embeddings`` is false, as there.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from vllm.model_executor.layers.activation import get_act_fn
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.models.hybrid_base import MambaHybridForCausalLM
+from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
+
+_ADAPTER = re.compile(
+    r"(self_attn\.linear_(?P<qkv>[qkv])_adapter_list|feed_forward\.gate_up_proj_adapter_list)"
+    r"\.(?P<use>\d+)\.(?P<rest>.+)"
+)
+
+
+def _adapter(width_in: int, rank: int, width_out: int, dtype) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(width_in, rank, bias=False, dtype=dtype),
+        nn.Linear(rank, width_out, bias=False, dtype=dtype),
+    )
+
+
+class Zamba2SharedAttention(nn.Module):
+    def __init__(self, config: Zamba2ModelConfig, dtype):
+        super().__init__()
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        d, width = config.attention_head_dim, config.attention_hidden_size
+        self.q_proj = nn.Linear(width, heads * d, bias=False, dtype=dtype)
+        self.k_proj = nn.Linear(width, kv_heads * d, bias=False, dtype=dtype)
+        self.v_proj = nn.Linear(width, kv_heads * d, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(heads * d, config.hidden_size, bias=False, dtype=dtype)
+
+
+class Zamba2SharedMLP(nn.Module):
+    def __init__(self, config: Zamba2ModelConfig, dtype):
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.add_bias_linear
+        self.gate_up_proj = nn.Linear(h, 2 * i, bias=bias, dtype=dtype)
+        self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+
+
+class Zamba2SharedBlock(nn.Module):
+    """The weights one shared transformer block holds (its uses run it: ``Zamba2HybridLayer``)."""
+
+    def __init__(self, config: Zamba2ModelConfig, dtype):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.attention_hidden_size, eps=eps, dtype=dtype)
+        self.self_attn = Zamba2SharedAttention(config, dtype)
+        self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
+        self.feed_forward = Zamba2SharedMLP(config, dtype)
+
+
+class Zamba2MambaLayer(nn.Module):
+    def __init__(self, config: Zamba2ModelConfig, layer_idx: int, dtype):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.mamba = MambaMixer2(
+            hidden_size=config.hidden_size,
+            num_heads=config.n_mamba_heads,
+            head_dim=config.mamba_headdim,
+            state_size=config.mamba_d_state,
+            n_groups=config.mamba_ngroups,
+            conv_kernel=config.mamba_d_conv,
+            use_bias=config.add_bias_linear,
+            use_conv_bias=True,
+            rms_norm_eps=1e-5,
+            time_step_limit=config.time_step_limit,
+            dtype=dtype,
+            layer_idx=layer_idx,
+        )
+
+    def forward(self, hidden, layer_state, metadata, transformer_out=None):
+        x = hidden if transformer_out is None else hidden + transformer_out
+        return hidden + self.mamba(self.input_layernorm(x), *layer_state, metadata)
+
+
+class Zamba2HybridLayer(nn.Module):
+    """One use of shared block ``block_id``, then this layer's Mamba layer."""
+
+    def __init__(self, config: Zamba2ModelConfig, layer_idx: int, dtype, prefix: str):
+        super().__init__()
+        self.use = config.hybrid_layer_ids.index(layer_idx)
+        self.block_id = self.use % config.num_mem_blocks
+        width, rank = config.attention_hidden_size, config.adapter_rank
+        self.num_heads, self.head_dim = config.num_attention_heads, config.attention_head_dim
+        if config.use_shared_attention_adapter:
+            self.q_adapter = _adapter(width, rank, width, dtype)
+            self.k_adapter = _adapter(width, rank, width, dtype)
+            self.v_adapter = _adapter(width, rank, width, dtype)
+        self.gate_up_adapter = _adapter(
+            config.hidden_size, rank, 2 * config.intermediate_size, dtype
+        )
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            (self.head_dim / 2) ** -0.5,
+            num_kv_heads=config.num_key_value_heads,
+            prefix=f"{prefix}.attn",
+        )
+        self.linear = nn.Linear(config.hidden_size, config.hidden_size, bias=False, dtype=dtype)
+        self.mamba_decoder = Zamba2MambaLayer(config, layer_idx, dtype)
+        self.adapters = config.use_shared_attention_adapter
+
+    def transformer(self, block: Zamba2SharedBlock, hidden, embeds, positions, rope, act_fn):
+        x = block.input_layernorm(torch.cat((hidden, embeds), dim=-1))
+        sa = block.self_attn
+        q, k, v = sa.q_proj(x), sa.k_proj(x), sa.v_proj(x)
+        if self.adapters:
+            q, k, v = q + self.q_adapter(x), k + self.k_adapter(x), v + self.v_adapter(x)
+        if rope is not None:
+            q, k = rope(positions, q, k)
+        a = block.pre_ff_layernorm(sa.o_proj(self.attn(q, k, v)))
+        ff = block.feed_forward
+        gate, up = (ff.gate_up_proj(a) + self.gate_up_adapter(a)).chunk(2, dim=-1)
+        return self.linear(ff.down_proj(act_fn(gate) * up))
+
+
+class Zamba2Model(nn.Module):
+    def __init__(self, config: Zamba2ModelConfig, dtype):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.blocks = nn.ModuleList(
+            Zamba2SharedBlock(config, dtype) for _ in range(config.num_mem_blocks)
+        )
+        self.layers = nn.ModuleList(
+            Zamba2HybridLayer(config, i, dtype, prefix=f"model.layers.{i}")
+            if kind == "hybrid"
+            else Zamba2MambaLayer(config, i, dtype)
+            for i, kind in enumerate(config.layer_types)
+        )
+        self.final_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.rotary_emb = None
+        if config.use_mem_rope:
+            d = config.attention_head_dim
+            self.rotary_emb = RotaryEmbedding(d, d, config.rope_positions, config.rope_theta)
+        self.act_fn = get_act_fn(config.hidden_act)
+
+    def forward(self, input_ids, positions, state, metadata):
+        embeds = self.embed_tokens(input_ids)
+        hidden = embeds
+        for k, layer in enumerate(self.layers):
+            if isinstance(layer, Zamba2HybridLayer):
+                block = self.blocks[layer.block_id]
+                t = layer.transformer(
+                    block, hidden, embeds, positions, self.rotary_emb, self.act_fn
+                )
+                hidden = layer.mamba_decoder(hidden, state.layer(k), metadata, t)
+            else:
+                hidden = layer(hidden, state.layer(k), metadata)
+        return self.final_layernorm(hidden)
+
+
+class Zamba2ForCausalLM(MambaHybridForCausalLM):
+    def __init__(self, config: Zamba2ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__(config, dtype)
+        self.model = Zamba2Model(config, dtype)
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+
+    def _run(self, input_ids, positions, state, metadata):
+        return self.model(input_ids, positions, state, metadata)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def hf_to_param_name(self, name: str) -> str | None:
+        if name == "lm_head.weight" and self.lm_head is None:
+            return None  # tied: the embeddings serve as the head
+        m = re.fullmatch(r"model\.layers\.(\d+)\.shared_transformer\.(.+)", name)
+        if m is None:
+            return name
+        layer_idx, rest = int(m.group(1)), m.group(2)
+        ids = self.config.hybrid_layer_ids
+        if layer_idx not in ids:
+            return name  # not a hybrid layer: reported as unknown
+        block = ids.index(layer_idx) % self.config.num_mem_blocks
+        a = _ADAPTER.fullmatch(rest)
+        if a is None:
+            return f"model.blocks.{block}.{rest}"
+        use = int(a.group("use"))
+        if use >= len(ids) or use % self.config.num_mem_blocks != block:
+            return name  # an adapter slot this block does not own: reported as unknown
+        kind = f"{a.group('qkv')}_adapter" if a.group("qkv") else "gate_up_adapter"
+        return f"model.layers.{ids[use]}.{kind}.{a.group('rest')}"
