@@ -5,6 +5,12 @@
         --num-prompts 128 --input-len 512 --output-len 256 --prefill-run --out r.json
     python benchmarks/benchmark_throughput.py --backend hf --model codestral-7b \
         --dtype bfloat16 --num-prompts 128 --input-len 512 --output-len 256 --prefill-run
+    VLLM_USE_TRITON_CONV1D=0 python benchmarks/benchmark_throughput.py --model bamba-9b \
+        --dtype bfloat16 --num-prompts 200 --output-len 256 --out bamba_cuda_conv.json
+
+Named shapes (dummy weights): the Mamba2 ones of ``NAMED_CONFIGS`` (``codestral-7b``,
+``tiny``) and the hybrids of ``HYBRID_CONFIGS`` (``bamba-9b``: ibm-fms/Bamba-9B's shape,
+``bamba-tiny`` for a CPU run); or a model directory of any registered architecture.
 
 Backends: ``vllm`` (this project's ``vllm.LLM``) and ``hf`` (HF transformers'
 ``Mamba2ForCausalLM.generate`` on the same requests and model shape: hf_generate.py).
@@ -69,10 +75,45 @@ NAMED_CONFIGS = {
 }
 
 
+# Hybrid shapes (Bamba: Mamba2 + attention layers with a paged KV cache), by name. The
+# string names the preset in vllm's bamba_config, read when the run starts (importing vllm
+# loads torch, which must come after the Triton cache is set).
+HYBRID_CONFIGS = {
+    "bamba-9b": "BAMBA_9B",
+    "bamba-tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        attn_layer_indices=(1,),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        max_position_embeddings=4096,
+    ),
+}
+
+
+def named_config(name: str):
+    """The config of a named shape (a ``Mamba2ModelConfig`` or ``BambaModelConfig``)."""
+    if name in NAMED_CONFIGS:
+        from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+        return Mamba2ModelConfig(**NAMED_CONFIGS[name])
+    from vllm.model_executor.models.bamba_config import BAMBA_9B, BambaModelConfig
+
+    shape = HYBRID_CONFIGS[name]
+    return BambaModelConfig(**(BAMBA_9B if shape == "BAMBA_9B" else shape))
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
-    p.add_argument("--model", default="tiny", help=f"a directory or {', '.join(NAMED_CONFIGS)}")
+    names = [*NAMED_CONFIGS, *HYBRID_CONFIGS]
+    p.add_argument("--model", default="tiny", help=f"a directory or {', '.join(names)}")
     p.add_argument(
         "--load-format",
         default=None,
@@ -97,6 +138,17 @@ def parse_args(argv):
         help="the SSM state pool's dtype (default: the engine's)",
     )
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="default: the config's (Bamba-9B: 262144, whose block tables a step copies whole)",
+    )
+    p.add_argument("--block-size", type=int, default=None, help="KV-cache block (hybrids)")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=None, help="sizes the KV cache (hybrids)"
+    )
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
     p.add_argument("--triton-cache-dir", default=None, help="default: a fresh empty one")
     p.add_argument("--no-first-token", action="store_true")
     p.add_argument("--prefill-run", action="store_true", help="also time a 1-token run")
@@ -119,6 +171,8 @@ def parse_args(argv):
         p.error("--input-len needs --output-len and no --dataset")
     if args.backend == "hf" and (args.input_len is None or args.profile):
         p.error("--backend hf needs --input-len and --output-len, and has no --profile")
+    if args.backend == "hf" and args.model in HYBRID_CONFIGS:
+        p.error("--backend hf runs Mamba2 shapes only (hf_generate.py builds a Mamba2)")
     return args
 
 
@@ -139,16 +193,18 @@ def main(argv=None) -> dict:
 def run(args, t_start: float, cache: dict) -> dict:
     import torch
 
-    from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+    from vllm.model_executor.models.registry import load_model_config
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.model in NAMED_CONFIGS:
-        model = config = Mamba2ModelConfig(**NAMED_CONFIGS[args.model])
+    if args.model in NAMED_CONFIGS or args.model in HYBRID_CONFIGS:
+        model = config = named_config(args.model)
         args.load_format = args.load_format or "dummy"
     else:
         model, args.load_format = args.model, args.load_format or "auto"
-        config = Mamba2ModelConfig.from_pretrained(args.model)
+        config = load_model_config(args.model)
+        if args.backend == "hf" and config.architecture != "Mamba2ForCausalLM":
+            raise SystemExit("--backend hf runs Mamba2 models only")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.backend == "hf":
         from hf_generate import run_hf, versions
@@ -220,8 +276,15 @@ def run_vllm(args, model, t_start: float):
     from vllm import LLM, SamplingParams
 
     extra = {}
-    if args.mamba_ssm_cache_dtype:
-        extra["mamba_ssm_cache_dtype"] = args.mamba_ssm_cache_dtype
+    for name in (
+        "mamba_ssm_cache_dtype",
+        "max_model_len",
+        "block_size",
+        "gpu_memory_utilization",
+        "num_gpu_blocks_override",
+    ):
+        if getattr(args, name) is not None:
+            extra[name] = getattr(args, name)
     llm = LLM(
         model,
         load_format=args.load_format,

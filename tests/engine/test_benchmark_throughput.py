@@ -162,3 +162,22 @@ def test_bad_arguments(bench):
     ):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
+
+
+def test_bamba_shape_with_dummy_weights(bench, tmp_path):
+    """The hybrid preset path (bamba-tiny, the CPU stand-in of bamba-9b): a KV cache is
+    sized and recorded, the config is Bamba's."""
+    out = tmp_path / "bamba.json"
+    res = bench.main(
+        ["--model", "bamba-tiny", "--device", "cpu", "--max-num-seqs", "2",
+         "--max-num-batched-tokens", "8", "--num-prompts", "2", "--input-len", "5",
+         "--output-len", "2", "--block-size", "8", "--num-gpu-blocks-override", "1024",
+         "--no-first-token", "--out", str(out)]
+    )  # fmt: skip
+    assert res["output_tokens"] == 4
+    saved = json.loads(out.read_text())
+    assert saved["setup"]["model_config"]["attn_layer_indices"] == [1]
+    assert saved["engine_startup"]["num_kv_blocks"] == 1024
+    with pytest.raises(SystemExit):
+        bench.main(["--model", "bamba-9b", "--backend", "hf", "--input-len", "4",
+                    "--output-len", "2"])  # fmt: skip
