@@ -7,7 +7,7 @@
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
-# e2e_cold_warm, serve, host_cost (see below).
+# e2e_cold_warm, serve, host_cost, lm_eval (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -272,13 +272,45 @@ PY
     [ "$client_rc" = 0 ] && [ "$rc" = 0 ]
 }
 
+# lm-eval (issue 15): the seed's accuracy protocol, `lm_eval --model vllm` once per conv
+# backend on the Codestral-7B shape with random weights, and the per-sample agreement
+# (benchmarks/lm_eval_compare.py; results in OUT/lm_eval/compare.md), after the GPU-marked
+# lm-eval tests on the tiny model; ~4-6 minutes. The box lacks lm-eval and most of what it
+# imports: its run-time wheels come packed as .whl/lmeval.tar.xz and the model directory
+# (config.json + tokenizer, benchmarks/make_model_dir.py) as .whl/codestral, both carried
+# (docs/lm_eval.md); pip installs the wheels into the box's Python, next to what it has.
+lm_eval() {
+    local log="$out/lm_eval.log" wheels=/tmp/lmeval_wheels model=${LM_EVAL_MODEL_DIR:-.whl/codestral} rc
+    : >"$log"
+    if [ ! -f .whl/lmeval.tar.xz ] || [ ! -f "$model/config.json" ]; then
+        echo "lm_eval: carry .whl/lmeval.tar.xz and $model (docs/lm_eval.md)" | tee -a "$log"
+        return 1
+    fi
+    python3 -c 'import importlib.metadata as m
+for name in ("huggingface_hub", "fsspec", "pyarrow", "pandas", "requests", "transformers"):
+    try:
+        print(f"lm_eval: box has {name} {m.version(name)}")
+    except m.PackageNotFoundError:
+        print(f"lm_eval: box lacks {name}")' 2>&1 | tee -a "$log"
+    { python3 benchmarks/lm_eval_compare.py unpack-wheels .whl/lmeval.tar.xz "$wheels" &&
+        python3 -m pip install --no-index --find-links "$wheels" --no-deps lm-eval==0.4.13 &&
+        python3 -m pip install --no-index --find-links "$wheels" datasets pytablewriter \
+            sacrebleu more-itertools dill requests tenacity; } >>"$log" 2>&1 ||
+        { tail -n 30 "$log"; return 1; }
+    python3 -m pytest tests/lm_eval -m gpu -q -p no:cacheprovider 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+    python3 benchmarks/lm_eval_compare.py run --model-dir "$model" --load-format dummy \
+        --out "$out/lm_eval" >>"$log" 2>&1 || { tail -n 40 "$log"; return 1; }
+    [ "$rc" = 0 ]
+}
+
 # GPU_CHECK_STEPS picks a subset (the device's calls are capped at 10 minutes each).
 steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench step_bench}
 for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost) step "$s" "$s" ;;
+        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost | lm_eval) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -303,6 +335,8 @@ fi
     "$out/cold_start.log"
 [ -f "$out/e2e_cold_warm.md" ] && cat "$out/e2e_cold_warm.md"
 [ -f "$out/serve.log" ] && grep -E '^serve: (/health|openai client: first|raw HTTP: first chunk|exit status)' "$out/serve.log"
+[ -f "$out/lm_eval.log" ] && grep -E '^lm_eval: |[0-9]+ (passed|failed|error|skipped)' "$out/lm_eval.log"
+[ -f "$out/lm_eval/compare.md" ] && cat "$out/lm_eval/compare.md"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed step: %s\n' "${failed[@]}"
     exit 1
