@@ -43,13 +43,6 @@ def _false(name: str, why: str):
     return check
 
 
-def _fraction(value):
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1
-    ):
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {value!r}")
-
-
 def _non_negative(value):
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, int | float) or value < 0
@@ -91,9 +84,6 @@ _NO_LORA = "LoRA adapters are not supported by this package"
 _VLLM_OPTIONS = {
     "tensor_parallel_size": _one("tensor_parallel_size", "tensor parallelism"),
     "pipeline_parallel_size": _one("pipeline_parallel_size", "pipeline parallelism"),
-    # Pure Mamba2 keeps no KV cache: its memory is the weights and the state pool, which
-    # max_num_seqs sizes; there is no cache for a memory fraction to size.
-    "gpu_memory_utilization": _fraction,
     # CPU swap space for preempted sequences' KV blocks: this engine never preempts.
     "swap_space": _non_negative,
     "quantization": _none("quantization", "quantized models are not supported"),
@@ -142,8 +132,8 @@ class LLM:
     ``load_format="dummy"``. Other keyword arguments are ``EngineArgs`` fields
     (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``max_model_len``, ``enforce_eager``,
-    ``mamba_ssm_cache_dtype``, ...), the options ``vllm serve`` takes, or vLLM's other
-    ``LLM`` keywords (``tensor_parallel_size``, ``gpu_memory_utilization``, ``swap_space``,
+    ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the options ``vllm serve``
+    takes, or vLLM's other ``LLM`` keywords (``tensor_parallel_size``, ``swap_space``,
     ``quantization``, ``trust_remote_code``, ``revision``, ``tokenizer_mode``,
     ``enable_lora``, ``enable_prefix_caching``, ...): each is either run as asked or
     refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As in vLLM, None
