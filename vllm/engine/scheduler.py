@@ -90,17 +90,27 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
-        rows: list[tuple[Sequence, int]] = []
+        # Canonical order as the rows are made: one-token continuations go to the front.
+        seqs: list[Sequence] = []
+        counts: list[int] = []
+        back: list[Sequence] = []
+        back_counts: list[int] = []
         for seq in self.running:
             if seq.is_decode and seq.wants_tokens:
-                rows.append((seq, 1))
+                seqs.append(seq)
+                counts.append(1)
                 budget -= 1
         for seq in self.running:
             if budget == 0:
                 break
             if not seq.is_decode and seq.num_uncomputed > 0:
                 n = min(seq.num_uncomputed, budget)
-                rows.append((seq, n))
+                if n == 1 and seq.num_computed_tokens > 0:  # a chunk the budget cut to one
+                    seqs.append(seq)
+                    counts.append(1)
+                else:
+                    back.append(seq)
+                    back_counts.append(n)
                 budget -= n
         while (self.waiting and budget > 0 and self.slots.num_free > 0) and self._admissible(
             self.waiting[0]
@@ -112,17 +122,15 @@ class Scheduler:
                 self.kv.reserve(seq.request_id, self.worst_case_tokens(seq))
             self.running.append(seq)
             n = min(seq.num_uncomputed, budget)
-            rows.append((seq, n))
+            back.append(seq)
+            back_counts.append(n)
             budget -= n
-        # Canonical order: one-token continuations first (stable).
-        first = [(s, n) for s, n in rows if n == 1 and s.num_computed_tokens > 0]
-        rest = [(s, n) for s, n in rows if not (n == 1 and s.num_computed_tokens > 0)]
-        rows = first + rest
-        batch = ScheduledBatch([s for s, _ in rows], [n for _, n in rows], len(first))
+        batch = ScheduledBatch(seqs + back, counts + back_counts, len(seqs))
         if self.kv is not None:
             # Within the reservation by construction, so this never runs out of blocks.
             batch.block_tables = [
-                self.kv.allocate(s.request_id, s.num_computed_tokens + n) for s, n in rows
+                self.kv.allocate(s.request_id, s.num_computed_tokens + n)
+                for s, n in zip(batch.seqs, batch.num_tokens, strict=True)
             ]
         return batch
 
