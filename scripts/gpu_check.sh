@@ -7,7 +7,7 @@
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
-# e2e_cold_warm, serve, host_cost, lm_eval (see below).
+# e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -304,13 +304,26 @@ for name in ("huggingface_hub", "fsspec", "pyarrow", "pandas", "requests", "tran
     [ "$rc" = 0 ]
 }
 
+# Bamba-9B's shape (dummy bf16 weights) through benchmark_throughput.py, each conv backend
+# (issue 13): HYBRID_BENCH_PROMPTS prompts (default 200) x 512 + 256 tokens, ~1-2 minutes each.
+hybrid_bench() {
+    local b rc=0
+    for b in 1 0; do
+        VLLM_USE_TRITON_CONV1D=$b python3 benchmarks/benchmark_throughput.py --model bamba-9b \
+            --dtype bfloat16 --num-prompts "${HYBRID_BENCH_PROMPTS:-200}" --input-len 512 \
+            --output-len 256 --max-model-len 2048 --out "$out/bamba9b_conv$b.json" 2>&1 |
+            tr '\r' '\n' | grep -v '^Generating' | tee "$out/bamba9b_conv$b.log" || rc=1
+    done
+    return $rc
+}
+
 # GPU_CHECK_STEPS picks a subset (the device's calls are capped at 10 minutes each).
 steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench step_bench}
 for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost | lm_eval) step "$s" "$s" ;;
+        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -328,6 +341,7 @@ fi
 [ -f "$out/demo.log" ] && sed -n '/^case /,$p' "$out/demo.log"
 [ -f "$out/bench.log" ] && sed -n '/^# Causal-conv1d benchmark/,$p' "$out/bench.log"
 [ -f "$out/host_cost.md" ] && cat "$out/host_cost.md"
+for f in "$out"/bamba9b_conv*.log; do [ -f "$f" ] && grep -H '^Throughput' "$f"; done
 [ -f "$out/wheels.log" ] && tail -n 1 "$out/wheels.log"
 [ -f "$out/ssd/ssd_bench.md" ] && cat "$out/ssd/ssd_bench.md"
 [ -f "$out/vs_hf.md" ] && cat "$out/vs_hf.md"
