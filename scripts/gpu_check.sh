@@ -61,7 +61,9 @@ parallel=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")
 gpu_tests() {
     # tests/entrypoints import the server's packages at collection (carried as wheels).
     serve_wheels "$out/serve_wheels.log" || echo "(tests/entrypoints will fail to import)"
-    python3 -m pytest tests -m gpu $parallel -q -p no:cacheprovider --durations=12 --junitxml "$out/gpu_tests.xml" 2>&1 |
+    # GPU_TEST_PATHS narrows the run (default: the whole suite's GPU tests).
+    # shellcheck disable=SC2086
+    python3 -m pytest ${GPU_TEST_PATHS:-tests} -m gpu $parallel -q -p no:cacheprovider --durations=12 --junitxml "$out/gpu_tests.xml" 2>&1 |
         tee "$out/tests.log"
 }
 other_tests() {

@@ -55,9 +55,10 @@ class RotaryEmbedding(nn.Module):
         self.base = float(base)
         self.is_neox_style = bool(is_neox_style)
         self.dtype = dtype
-        self.register_buffer("cos_sin_cache", self._table(torch.device("cpu")), persistent=False)
+        # Built on the default device (a `with torch.device(...)` block the loader opens).
+        self.register_buffer("cos_sin_cache", self._table(None), persistent=False)
 
-    def _table(self, device: torch.device) -> torch.Tensor:
+    def _table(self, device: torch.device | None) -> torch.Tensor:
         """(max_position_embeddings, rotary_dim) fp32: cos of the angles, then sin."""
         r = self.rotary_dim
         inv_freq = 1.0 / (
@@ -110,6 +111,10 @@ class RotaryEmbedding(nn.Module):
         if positions.dtype.is_floating_point or positions.dtype == torch.bool:
             raise ValueError(f"positions must be an integer tensor, got {positions.dtype}")
         num_tokens = positions.shape[0]
+        if self.cos_sin_cache.device != positions.device:
+            # A module built off the positions' device and never moved: once, before any
+            # graph capture (start-up's warm-up runs every layer eagerly first).
+            self.cos_sin_cache = self._table(positions.device)
         table = self.cos_sin_cache[positions]  # (T, rotary_dim)
         dtype = self.dtype or query.dtype
         half = self.rotary_dim // 2
