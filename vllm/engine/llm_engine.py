@@ -58,6 +58,12 @@ class LLMEngine:
         return self.core.sampler
 
     @property
+    def model_config(self):
+        """vLLM's ``llm_engine.model_config`` (lm-eval reads its ``max_model_len``): the
+        EngineConfig, which holds those fields here."""
+        return self.config
+
+    @property
     def num_steps(self) -> int:
         return self.core.num_steps
 

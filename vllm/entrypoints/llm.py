@@ -142,10 +142,6 @@ class LLM:
     def __init__(self, model: str | os.PathLike | Mamba2ModelConfig, **kwargs):
         args = EngineArgs(model=model, **_engine_kwargs(kwargs))
         self.engine = LLMEngine(args.create_engine_config())
-        # vLLM's llm_engine.model_config: lm-eval reads its max_model_len (EngineConfig holds
-        # vLLM's ModelConfig fields here). Set here until LLMEngine has the attribute itself.
-        if not hasattr(self.engine, "model_config"):
-            self.engine.model_config = self.engine.config
         self._ids = itertools.count()
 
     @property
