@@ -137,18 +137,4 @@ class BambaModel(nn.Module):
 class BambaForCausalLM(MambaHybridForCausalLM):
     def __init__(self, config: BambaModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__(config, dtype)
-        self.model = BambaModel(config, dtype)
-        self.lm_head = None
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
-
-    def _run(self, input_ids, positions, state, metadata):
-        return self.model(input_ids, positions, state, metadata)
-
-    def head_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def hf_to_param_name(self, name: str) -> str | None:
-        if name == "lm_head.weight" and self.lm_head is None:
-            return None  # tied: the embeddings serve as the head
-        return name
+        self._set_model(BambaModel(config, dtype))

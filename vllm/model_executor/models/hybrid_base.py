@@ -38,16 +38,28 @@ class MambaHybridForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
 
-    # -- what a subclass defines ---------------------------------------------------------
+    # -- what a subclass defines (the defaults serve a model set by ``_set_model``) -------
+
+    def _set_model(self, model: nn.Module) -> None:
+        """``self.model`` (its ``embed_tokens`` are the embeddings) and the head: those
+        embeddings when ``config.tie_word_embeddings``, else a linear of its own."""
+        self.model = model
+        self.lm_head = None
+        if not self.config.tie_word_embeddings:
+            self.lm_head = nn.Linear(
+                self.config.hidden_size, self.config.vocab_size, bias=False, dtype=self.dtype
+            )
 
     def _run(self, input_ids, positions, state: MambaStatePool, metadata: Mamba2Metadata):
-        raise NotImplementedError
+        return self.model(input_ids, positions, state, metadata)
 
     def head_weight(self) -> torch.Tensor:
-        raise NotImplementedError
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def hf_to_param_name(self, name: str) -> str | None:
-        raise NotImplementedError
+        if name == "lm_head.weight" and self.lm_head is None:
+            return None  # tied: the embeddings serve as the head
+        return name
 
     # -- the registry's interface --------------------------------------------------------
 
