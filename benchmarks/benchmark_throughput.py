@@ -8,9 +8,10 @@
     VLLM_USE_TRITON_CONV1D=0 python benchmarks/benchmark_throughput.py --model bamba-9b \
         --dtype bfloat16 --num-prompts 200 --output-len 256 --out bamba_cuda_conv.json
 
-Named shapes (dummy weights): the Mamba2 ones of ``NAMED_CONFIGS`` (``codestral-7b``,
-``tiny``) and the hybrids of ``HYBRID_CONFIGS`` (``bamba-9b``: ibm-fms/Bamba-9B's shape,
-``bamba-tiny`` for a CPU run); or a model directory of any registered architecture.
+Named shapes (dummy weights; model_shapes.py): the Mamba2 ones of ``NAMED_CONFIGS``
+(``codestral-7b``, ``tiny``) and the hybrids of ``HYBRID_CONFIGS`` (``bamba-9b``:
+ibm-fms/Bamba-9B's shape, ``bamba-tiny`` for a CPU run); or a model directory of any
+registered architecture.
 
 Backends: ``vllm`` (this project's ``vllm.LLM``) and ``hf`` (HF transformers'
 ``Mamba2ForCausalLM.generate`` on the same requests and model shape: hf_generate.py).
@@ -54,59 +55,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Neither imports torch or triton: the Triton cache is set before either is loaded.
 from bench_setup import make_requests, triton_cache  # noqa: E402
+from model_shapes import HYBRID_CONFIGS, NAMED_CONFIGS, named_config  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
 PROFILE_PREFIX = "engine:"
-
-NAMED_CONFIGS = {
-    # Mamba-Codestral-7B's shape: Mamba2ModelConfig's defaults.
-    "codestral-7b": {},
-    # Small enough for a CPU run in seconds.
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_heads=8,
-        head_dim=16,
-        state_size=16,
-        n_groups=1,
-        chunk_size=16,
-    ),
-}
-
-
-# Hybrid shapes (Bamba: Mamba2 + attention layers with a paged KV cache), by name. The
-# string names the preset in vllm's bamba_config, read when the run starts (importing vllm
-# loads torch, which must come after the Triton cache is set).
-HYBRID_CONFIGS = {
-    "bamba-9b": "BAMBA_9B",
-    "bamba-tiny": dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        attn_layer_indices=(1,),
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        mamba_n_heads=8,
-        mamba_d_head=16,
-        mamba_d_state=16,
-        mamba_chunk_size=16,
-        max_position_embeddings=4096,
-    ),
-}
-
-
-def named_config(name: str):
-    """The config of a named shape (a ``Mamba2ModelConfig`` or ``BambaModelConfig``)."""
-    if name in NAMED_CONFIGS:
-        from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-
-        return Mamba2ModelConfig(**NAMED_CONFIGS[name])
-    from vllm.model_executor.models.bamba_config import BAMBA_9B, BambaModelConfig
-
-    shape = HYBRID_CONFIGS[name]
-    return BambaModelConfig(**(BAMBA_9B if shape == "BAMBA_9B" else shape))
 
 
 def parse_args(argv):
