@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
+from model_shapes import NAMED_CONFIGS  # noqa: E402
 from run_info import cuda_skip_reason, git_sha, write_results  # noqa: E402
 from step_profile import MARKDOWN_HEADER, markdown_rows  # noqa: E402
 

@@ -54,7 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 
-from benchmark_throughput import NAMED_CONFIGS  # noqa: E402
+from model_shapes import NAMED_CONFIGS  # noqa: E402
 from run_info import cuda_skip_reason, git_sha  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
