@@ -46,6 +46,18 @@ class ByteTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         raise _no_template()
 
+    def info(self) -> dict:
+        """What ``GET /tokenizer_info`` reports: no special tokens, no template."""
+        return {
+            "tokenizer_class": type(self).__name__,
+            "vocab_size": self.vocab_size,
+            "bos_token": None,
+            "eos_token": None,
+            "pad_token": None,
+            "unk_token": None,
+            "chat_template": None,
+        }
+
 
 class HFTokenizer:
     """The calls the engine and the server need from a transformers tokenizer."""
@@ -72,6 +84,22 @@ class HFTokenizer:
             skip_special_tokens=skip_special_tokens,
             spaces_between_special_tokens=spaces_between_special_tokens,
         )
+
+    def info(self) -> dict:
+        """What ``GET /tokenizer_info`` reports (vLLM's endpoint, which lm-eval's remote
+        tokenizer reads): the class, the special tokens as text and the chat template."""
+        tok = self._tok
+        return {
+            "tokenizer_class": type(tok).__name__,
+            "vocab_size": self.vocab_size,
+            "model_max_length": tok.model_max_length,
+            "bos_token": tok.bos_token,
+            "eos_token": tok.eos_token,
+            "pad_token": tok.pad_token,
+            "unk_token": tok.unk_token,
+            "add_bos_token": getattr(tok, "add_bos_token", None),
+            "chat_template": self.chat_template,
+        }
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         """The messages rendered as the prompt text (ValueError without a template)."""

@@ -161,6 +161,12 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
         body = await raw_request.body()
         return tokenization.detokenize(_validate(body, DetokenizeRequest))
 
+    if getattr(args, "enable_tokenizer_info_endpoint", False):
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info():
+            return tokenization.tokenizer_info()
+
     @app.get("/metrics")
     async def metrics():
         if stat_logger is None:
@@ -194,6 +200,12 @@ def make_arg_parser(parser: argparse.ArgumentParser, positional_model: bool):
         type=float,
         default=3.0,
         help="seconds in-flight requests get to finish after SIGTERM before they are aborted",
+    )
+    g.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action="store_true",
+        help="serve GET /tokenizer_info (the tokenizer's special tokens and chat template; "
+        "lm-eval's tokenizer_backend=remote reads it)",
     )
     EngineArgs.add_cli_args(parser)
     return parser

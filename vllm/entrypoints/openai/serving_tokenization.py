@@ -1,5 +1,7 @@
 """POST /tokenize and /detokenize (vLLM's extra endpoints): the served tokenizer, with the
-same chat rendering and special-token defaults as the generation endpoints."""
+same chat rendering and special-token defaults as the generation endpoints; GET
+/tokenizer_info (with ``--enable-tokenizer-info-endpoint``, as in vLLM): its class, special
+tokens and chat template."""
 
 from __future__ import annotations
 
@@ -31,3 +33,6 @@ class OpenAIServingTokenization(OpenAIServing):
         self.models.check_model(request.model)
         self.check_token_ids(request.tokens, param="tokens")
         return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))
+
+    def tokenizer_info(self) -> dict:
+        return self.tokenizer.info()
