@@ -74,7 +74,8 @@ def replicated_weight_loader(param: nn.Parameter, loaded_weight, shard_id=None) 
 
 class LinearBase(nn.Module):
     """weight (out_local, in_local), bias (bias_size,) or None; sizes are this rank's.
-    Subclasses define ``weight_loader`` (set on both parameters) and ``forward``."""
+    Subclasses define ``weight_loader`` (set on both parameters) and ``forward``. Each
+    parameter's ``full_shape`` is the checkpoint tensor's (what its loader takes)."""
 
     def __init__(self, input_size, output_size, in_local, out_local, bias, bias_size, dtype):
         super().__init__()
@@ -83,10 +84,12 @@ class LinearBase(nn.Module):
         self.input_size, self.output_size = input_size, output_size
         self.weight = nn.Parameter(torch.empty(out_local, in_local, dtype=dtype))
         self.weight.weight_loader = self.weight_loader
+        self.weight.full_shape = (output_size, input_size)
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(bias_size, dtype=dtype))
             self.bias.weight_loader = self.weight_loader
+            self.bias.full_shape = (output_size,)
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         raise NotImplementedError

@@ -72,6 +72,7 @@ class VocabParallelEmbedding(nn.Module):
             torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=dtype)
         )
         self.weight.weight_loader = self.weight_loader
+        self.weight.full_shape = (num_embeddings, embedding_dim)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight, shard_id=None) -> None:
         """Rows ``[vocab_start, vocab_end)`` of the full (vocab, dim) table, or of a (vocab,)
@@ -118,6 +119,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if bias:
             self.bias = nn.Parameter(torch.empty(self.num_embeddings_per_partition, dtype=dtype))
             self.bias.weight_loader = self.weight_loader
+            self.bias.full_shape = (num_embeddings,)
 
     def tie_weights(self, embedding: VocabParallelEmbedding) -> ParallelLMHead:
         """Use ``embedding``'s table as this head's weight (tied word embeddings)."""

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from vllm.distributed.parallel_state import get_tp_group
+from vllm.model_executor.model_loader.tp_weight_utils import iterate_checkpoint_slices
 from vllm.model_executor.model_loader.weight_utils import (
     initialize_dummy_weights,
     iterate_safetensors,
@@ -42,6 +44,17 @@ def resolve_dtype(dtype: torch.dtype | str | None, config) -> torch.dtype:
     return _DTYPES[key]
 
 
+def check_tensor_parallel_support(cls, tp_size: int) -> None:
+    """Refuse a model class that does not shard its layers (the hybrids' attention and MLPs
+    are not sharded yet) for ``tp_size`` > 1 ranks."""
+    if tp_size > 1 and not getattr(cls, "supports_tensor_parallel", False):
+        raise ValueError(
+            f"tensor_parallel_size={tp_size}: {cls.__name__} does not support tensor "
+            "parallelism yet (only Mamba2ForCausalLM is sharded; the hybrids' attention and "
+            "MLP layers are not); use tensor_parallel_size=1"
+        )
+
+
 def get_model(
     model,
     *,
@@ -56,7 +69,10 @@ def get_model(
     ``model`` is an HF model directory (``config.json`` naming a registered architecture,
     plus ``*.safetensors`` unless ``load_format="dummy"``), or a registered config such as
     ``Mamba2ModelConfig`` (dummy weights only). ``seed`` seeds the dummy weights. The conv
-    backend is the one ``VLLM_USE_TRITON_CONV1D`` selects now.
+    backend is the one ``VLLM_USE_TRITON_CONV1D`` selects now. In a tensor-parallel
+    group of more than one rank (``vllm.distributed``) the model is this rank's shard:
+    checkpoint tensors are read as lazy slices (each rank reads its rows only), dummy
+    weights drawn at full shape and sliced (the same weights at every size).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
@@ -71,10 +87,16 @@ def get_model(
         model_dir = Path(model)
     config = load_model_config(model)
     torch_dtype = resolve_dtype(dtype, config)
+    cls = model_class(config)
+    tp_size = get_tp_group().world_size
+    if tp_size > 1:
+        check_tensor_parallel_support(cls, tp_size)
     with torch.device(device):
-        net = model_class(config)(config, dtype=torch_dtype)
+        net = cls(config, dtype=torch_dtype)
     if load_format == "dummy":
         initialize_dummy_weights(net, seed)
+    elif tp_size > 1:  # each rank reads its slices of the files only
+        net.load_weights(iterate_checkpoint_slices(model_dir))
     else:
         net.load_weights(iterate_safetensors(model_dir))
     # An inference engine: no forward may record an autograd graph (a 7B step that

@@ -38,13 +38,18 @@ def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
     A stays negative with |A| in [1, 16], dt = softplus(dt_bias) in [1e-3, 0.1] (HF's
     initialisation ranges), norm gains near 1, matrices with unit-variance outputs: finite,
-    non-trivial activations at any depth, without touching disk.
+    non-trivial activations at any depth, without touching disk. A parameter with a
+    ``full_shape`` (a tensor-parallel shard) draws at that shape and loads its part
+    through its ``weight_loader``.
     """
     for name, param in model.named_parameters():
         gen = torch.Generator(device=param.device).manual_seed(seed + zlib.crc32(name.encode()))
+        # A tensor-parallel shard draws the full tensor and keeps its part (its loader's),
+        # so every tensor-parallel size gets the same weights.
+        shape = tuple(getattr(param, "full_shape", param.shape))
 
-        def draw(lo: float, hi: float, p=param, g=gen) -> torch.Tensor:
-            t = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+        def draw(lo: float, hi: float, shape=shape, p=param, g=gen) -> torch.Tensor:
+            t = torch.empty(shape, dtype=torch.float32, device=p.device)
             return t.uniform_(lo, hi, generator=g)
 
         leaf = name.rsplit(".", 1)[-1]
@@ -56,7 +61,7 @@ def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
         elif leaf == "D":
             value = draw(0.5, 1.5)
         elif name.endswith("conv1d.weight"):
-            bound = param.shape[-1] ** -0.5
+            bound = shape[-1] ** -0.5
             value = draw(-bound, bound)
         elif leaf == "bias":
             value = draw(-0.1, 0.1)
@@ -65,6 +70,9 @@ def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
         elif "embeddings" in name:
             value = draw(-1.0, 1.0)
         else:  # (out, in) matrices
-            bound = math.sqrt(3.0 / param.shape[1])
+            bound = math.sqrt(3.0 / shape[1])
             value = draw(-bound, bound)
-        param.copy_(value)
+        if shape == tuple(param.shape):
+            param.copy_(value)
+        else:
+            param.weight_loader(param, value)

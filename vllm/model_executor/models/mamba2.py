@@ -27,6 +27,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from vllm.distributed.parallel_state import get_tp_group
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.mamba.mamba2_metadata import (
@@ -38,8 +39,12 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     ConvBackend,
     Mamba2StateSpec,
     MambaStatePool,
-    mamba2_state_spec,
 )
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.model_loader.tp_weight_utils import load_tp_weights
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.model_executor.models.utils import cache_specs, lm_logits, load_named_weights
 
@@ -78,7 +83,12 @@ class Mamba2DecoderLayer(nn.Module):
 class Mamba2Model(nn.Module):
     def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        if get_tp_group().world_size > 1:
+            self.embeddings = VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, dtype=dtype
+            )
+        else:  # exactly the table of the checkpoint: no padding rows
+            self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
             Mamba2DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)
         )
@@ -102,12 +112,21 @@ class Mamba2Model(nn.Module):
 
 
 class Mamba2ForCausalLM(nn.Module):
+    # Runs on a tensor-parallel group of any size its heads and groups shard over.
+    supports_tensor_parallel = True
+
     def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.backbone = Mamba2Model(config, dtype)
-        if config.tie_word_embeddings:
+        self.tp_size = get_tp_group().world_size
+        if self.tp_size > 1:
+            head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+            if config.tie_word_embeddings:
+                head.tie_weights(self.backbone.embeddings)
+            self.lm_head = head
+        elif config.tie_word_embeddings:
             self.lm_head = None
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
@@ -154,8 +173,11 @@ class Mamba2ForCausalLM(nn.Module):
             layer.mixer.set_conv_backend(backend)
         self.conv_backend = backend
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """fp32 logits (rows, vocab) of final hidden states."""
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """fp32 logits (rows, vocab) of final hidden states; under tensor parallelism the
+        ranks' vocabulary shards are gathered on rank 0 (None on the others)."""
+        if self.tp_size > 1:
+            return self.lm_head.compute_logits(hidden_states, to_all_ranks=False)
         weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
         return lm_logits(hidden_states, weight)
 
@@ -164,14 +186,8 @@ class Mamba2ForCausalLM(nn.Module):
         return cache_specs(self, block_size, mamba_ssm_dtype)
 
     def state_spec(self) -> Mamba2StateSpec:
-        c = self.config
-        return mamba2_state_spec(
-            num_heads=c.num_heads,
-            head_dim=c.head_dim,
-            state_size=c.state_size,
-            n_groups=c.n_groups,
-            conv_kernel=c.conv_kernel,
-        )
+        """One layer's per-slot state (this rank's heads under tensor parallelism)."""
+        return self.backbone.layers[0].mixer.spec
 
     def allocate_state_pool(
         self,
@@ -196,7 +212,7 @@ class Mamba2ForCausalLM(nn.Module):
         """Our parameter name for a checkpoint name; None for a tensor to skip."""
         if name == "backbone.embedding.weight":  # original state-spaces checkpoints
             return "backbone.embeddings.weight"
-        if name == "lm_head.weight" and self.lm_head is None:
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
             return None  # tied: the embeddings serve as the head
         return name
 
@@ -204,5 +220,10 @@ class Mamba2ForCausalLM(nn.Module):
         """Copy (name, tensor) pairs of an HF checkpoint into the parameters.
 
         Raises ValueError for a shape mismatch, an unknown name, or a missing parameter.
+        Under tensor parallelism each tensor (a full tensor or a lazy ``CheckpointSlice``)
+        goes through its parameter's ``weight_loader``, which reads this rank's rows only.
         """
-        load_named_weights(self, weights, self.hf_to_param_name)
+        if self.tp_size > 1:
+            load_tp_weights(self, weights, self.hf_to_param_name)
+        else:
+            load_named_weights(self, weights, self.hf_to_param_name)

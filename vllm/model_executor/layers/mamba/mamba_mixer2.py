@@ -28,6 +28,13 @@ state back, and writes y of the prefill rows in place. With ``metadata.scan`` (C
 ``mamba_ssm_torch.chunk_scan_varlen`` on the prefill rows, initial states gathered from the
 pool and final states scattered back.
 
+Tensor parallelism (``mamba_tp``): with a group of more than one rank the layer is this
+rank's shard by heads: in_proj its z | x | B | C | dt rows, the conv its x | B | C channels,
+A, D, dt_bias and the norm gains its heads', out_proj row-parallel (the layer's one
+all-reduce); the gated norm reduces across ranks where a group spans them. The sizes the
+forward splits by are the local ones, so the forward is the same code. At world size 1
+the layer is built exactly as without tensor parallelism (``nn.Linear``, no collective).
+
 While the torch profiler records, the conv and the scan run inside the ranges
 ``mamba2::conv`` and ``mamba2::ssm_scan``, so a profile can tell the scan's kernels (generic
 elementwise, gather and batched-matmul kernels) from the rest of the layer's.
@@ -42,8 +49,16 @@ import torch
 from torch import nn
 
 from vllm.cache_spec import MambaStateSpec
+from vllm.distributed.parallel_state import get_tp_group
 from vllm.model_executor.layers.layernorm import RMSNormGated
+from vllm.model_executor.layers.linear import RowParallelLinear
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata
+from vllm.model_executor.layers.mamba.mamba_tp import (
+    Mamba2InProj,
+    ShardedRMSNormGated,
+    mamba2_shard,
+    mamba2_weight_loaders,
+)
 from vllm.model_executor.layers.mamba.mamba_utils import (
     ConvBackend,
     check_conv_state_layout,
@@ -117,12 +132,19 @@ class MambaMixer2(nn.Module):
             raise ValueError(f"num_heads={num_heads} must be a multiple of n_groups={n_groups}")
         self.layer_idx = layer_idx
         self.hidden_size = hidden_size
-        self.num_heads = num_heads
         self.head_dim = head_dim
         self.state_size = state_size
+        self.time_step_limit = (float(time_step_limit[0]), float(time_step_limit[1]))
+        self.shard = None
+        if get_tp_group().world_size > 1:
+            self._init_sharded(
+                num_heads, n_groups, conv_kernel, use_bias, use_conv_bias, rms_norm_eps, dtype
+            )
+            self.set_conv_backend(conv_backend_from_env())
+            return
+        self.num_heads = num_heads
         self.n_groups = n_groups
         self.intermediate_size = num_heads * head_dim
-        self.time_step_limit = (float(time_step_limit[0]), float(time_step_limit[1]))
         self.spec = mamba2_state_spec(
             num_heads=num_heads,
             head_dim=head_dim,
@@ -147,6 +169,56 @@ class MambaMixer2(nn.Module):
         self.out_proj = nn.Linear(self.intermediate_size, hidden_size, bias=use_bias, dtype=dtype)
 
         self.set_conv_backend(conv_backend_from_env())
+
+    def _init_sharded(
+        self, num_heads, n_groups, conv_kernel, use_bias, use_conv_bias, rms_norm_eps, dtype
+    ) -> None:
+        """This rank's part of the layer (``mamba_tp``): its heads, the groups they read, and
+        the sizes the forward splits by (``num_heads``, ``n_groups``,
+        ``intermediate_size``, ``spec``) set to the local ones, so the forward, the conv
+        and the scan run unchanged on local tensors. Each parameter carries the loader
+        that reads its rows from the full checkpoint tensor, and ``full_shape`` (the
+        checkpoint tensor's shape, from which dummy weights are drawn)."""
+        shard = mamba2_shard(
+            num_heads=num_heads,
+            head_dim=self.head_dim,
+            state_size=self.state_size,
+            n_groups=n_groups,
+            conv_kernel=conv_kernel,
+        )
+        self.shard = shard
+        self.num_heads = shard.local_num_heads
+        self.n_groups = shard.local_n_groups
+        self.intermediate_size = shard.local_intermediate_size
+        self.spec = shard.state_spec()
+        inter = num_heads * self.head_dim
+        conv_rows = inter + 2 * n_groups * self.state_size
+        self.in_proj = Mamba2InProj(shard, self.hidden_size, use_bias, dtype)
+        self.conv1d = DepthwiseConvWeights(self.spec.conv_dim, conv_kernel, use_conv_bias, dtype)
+        heads = torch.arange(shard.heads.start + 1, shard.heads.stop + 1, dtype=torch.float32)
+        self.A_log = nn.Parameter(torch.log(heads))
+        self.D = nn.Parameter(torch.ones(self.num_heads, dtype=torch.float32))
+        self.dt_bias = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
+        if shard.norm_spans_ranks:
+            self.norm = ShardedRMSNormGated(shard, rms_norm_eps, dtype)
+        else:
+            self.norm = RMSNormGated(
+                self.intermediate_size, shard.norm_group_size, eps=rms_norm_eps, dtype=dtype
+            )
+        self.out_proj = RowParallelLinear(inter, self.hidden_size, bias=use_bias, dtype=dtype)
+        loaders = mamba2_weight_loaders(shard)
+        full_shapes = {
+            "conv1d.weight": (conv_rows, conv_kernel),
+            "conv1d.bias": (conv_rows,),
+            "A_log": (num_heads,),
+            "D": (num_heads,),
+            "dt_bias": (num_heads,),
+            "norm.weight": (inter,),
+        }
+        for name, param in self.named_parameters():
+            if name in full_shapes:
+                param.weight_loader = loaders[name]
+                param.full_shape = full_shapes[name]
 
     def get_state_spec(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> MambaStateSpec:
         """What one state slot of this layer holds, for the engine to allocate: the conv

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from vllm.distributed.communication_op import tensor_model_parallel_all_reduce
 from vllm.distributed.parallel_state import get_tp_group
@@ -324,3 +325,19 @@ def sharded_gated_rmsnorm(
     sums = tensor_model_parallel_all_reduce(sums)
     inv_rms = torch.rsqrt(sums[..., group : group + 1] / shard.norm_group_size + eps)
     return (weight.float() * g * inv_rms).to(weight.dtype)
+
+
+class ShardedRMSNormGated(nn.Module):
+    """The gated RMSNorm of a rank whose norm group spans ranks (fewer groups than ranks):
+    ``weight`` holds this rank's channels' gains (parameter name ``weight``, as
+    ``RMSNormGated``'s), the forward reduces the groups' sums of squares across the ranks
+    (``sharded_gated_rmsnorm``; PyTorch, no fused kernel yet)."""
+
+    def __init__(self, shard: Mamba2Shard, eps: float, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.shard = shard
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(shard.local_intermediate_size, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return sharded_gated_rmsnorm(x, gate, self.weight, self.eps, self.shard)

@@ -1,0 +1,108 @@
+"""Mamba2ForCausalLM sharded over two gloo ranks equals the unsharded model: the mixer by
+heads (n_groups 1: groups replicated, the norm reducing across ranks; n_groups 2: groups
+split), the embedding and LM head by vocabulary (logits gathered on rank 0), weights read
+per rank from HF safetensors and dummy weights drawn at full shape. fp32 logits of a
+prefill step and of a mixed step (a decode, a continued prefill, a new prefill) within
+1e-5 of one rank's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.distributed.utils import run_ranks
+from tests.tiny_model import make_tiny_model_dir
+from vllm.distributed import get_tp_group
+from vllm.model_executor.layers.mamba.mamba_tp import ShardedRMSNormGated
+from vllm.model_executor.model_loader import get_model
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+# (tokens, slot, continues its state) per row, one list per step.
+STEPS = [
+    [(5, 0, False), (3, 1, False)],
+    [(1, 0, True), (4, 1, True), (6, 2, False)],
+]
+
+
+def _run_steps(model) -> list[torch.Tensor | None]:
+    """Logits of every row of every step (None off rank 0 under tensor parallelism)."""
+    builder = model.metadata_builder("cpu")
+    pool = model.allocate_state_pool(4)
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for rows in STEPS:
+        lens = torch.tensor([n for n, _, _ in rows], dtype=torch.int32)
+        qsl = torch.zeros(len(rows) + 1, dtype=torch.int32)
+        torch.cumsum(lens, 0, out=qsl[1:])
+        md = builder.build(
+            qsl,
+            torch.tensor([s for _, s, _ in rows], dtype=torch.int32),
+            torch.tensor([init for _, _, init in rows]),
+        )
+        ids = torch.randint(0, model.config.vocab_size, (int(lens.sum()),), generator=gen)
+        with torch.no_grad():
+            out.append(model.compute_logits(model(ids, md, pool)))
+    return out
+
+
+def _dummy_config(n_groups: int) -> Mamba2ModelConfig:
+    return Mamba2ModelConfig(
+        vocab_size=100,  # not a multiple of 64: the sharded table pads, TP=1's does not
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_heads=8,
+        head_dim=8,
+        state_size=8,
+        n_groups=n_groups,
+        chunk_size=4,
+        tie_word_embeddings=True,
+    )
+
+
+def _ranks_equal_one_rank(model_dir, n_groups, expected_ckpt, expected_dummy) -> None:
+    tp = get_tp_group()
+    for model, expected in [
+        (get_model(model_dir), expected_ckpt),
+        (get_model(_dummy_config(n_groups), load_format="dummy"), expected_dummy),
+    ]:
+        mixer = model.backbone.layers[0].mixer
+        assert mixer.shard is not None and mixer.num_heads == 4
+        assert isinstance(mixer.norm, ShardedRMSNormGated) == (n_groups == 1)
+        assert mixer.spec.ssm_shape[0] == 4  # this rank's heads only in its state pool
+        got = _run_steps(model)
+        if tp.rank != 0:
+            assert all(g is None for g in got)  # logits are gathered on rank 0 only
+            continue
+        for step, (g, e) in enumerate(zip(got, expected, strict=True)):
+            torch.testing.assert_close(g, e, **TOL, msg=f"step {step}")
+
+
+@pytest.mark.parametrize("n_groups", [1, 2])
+def test_two_rank_model_equals_one_rank_gloo(tmp_path, n_groups):
+    model_dir = str(make_tiny_model_dir(tmp_path / "tiny", n_groups=n_groups, vocab_size=300))
+    expected_ckpt = _run_steps(get_model(model_dir))
+    dummy = get_model(_dummy_config(n_groups), load_format="dummy")
+    assert dummy.backbone.embeddings.weight.shape == (100, 32)  # no padding at TP=1
+    expected_dummy = _run_steps(dummy)
+    run_ranks(_ranks_equal_one_rank, model_dir, n_groups, expected_ckpt, expected_dummy)
+
+
+def test_one_rank_layers_are_unchanged():
+    """At world size 1 the mixer and model hold plain nn layers, unsharded and unpadded."""
+    model = get_model(_dummy_config(2), load_format="dummy")
+    mixer = model.backbone.layers[0].mixer
+    assert mixer.shard is None
+    assert type(mixer.in_proj) is torch.nn.Linear and type(mixer.out_proj) is torch.nn.Linear
+    assert type(model.backbone.embeddings) is torch.nn.Embedding and model.lm_head is None
+    shapes = {n: tuple(p.shape) for n, p in mixer.named_parameters()}
+    assert shapes == {
+        "in_proj.weight": (2 * 64 + 2 * 2 * 8 + 8, 32),
+        "conv1d.weight": (64 + 2 * 2 * 8, 4),
+        "conv1d.bias": (64 + 2 * 2 * 8,),
+        "A_log": (8,),
+        "D": (8,),
+        "dt_bias": (8,),
+        "norm.weight": (64,),
+        "out_proj.weight": (32, 64),
+    }
