@@ -36,6 +36,7 @@ class EngineArgs:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
+    tensor_parallel_size: int = 1
 
     def create_engine_config(self) -> EngineConfig:
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -108,6 +109,13 @@ class EngineArgs:
             type=int,
             default=None,
             help="KV-cache blocks to allocate, instead of sizing them from memory",
+        )
+        g.add_argument(
+            "--tensor-parallel-size",
+            "-tp",
+            type=int,
+            default=d["tensor_parallel_size"],
+            help="processes (GPUs) the model is sharded over, by heads (Mamba2 models)",
         )
         g.add_argument(
             "--no-async-scheduling",

@@ -9,7 +9,12 @@ from typing import Any
 
 import torch
 
-from vllm.model_executor.models.registry import is_model_config, load_model_config
+from vllm.executor.tp_checks import check_tp_divisibility
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader.loader import check_tensor_parallel_support
+from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
+
+logger = init_logger(__name__)
 
 _SSM_CACHE_DTYPES = {
     "float32": torch.float32,
@@ -45,6 +50,13 @@ class EngineConfig:
     of a full step; else (CPU) enough for ``max_num_seqs`` sequences of ``max_model_len``
     tokens, at most 4 GiB. It must hold one sequence of ``max_model_len`` tokens. Models
     without attention layers (pure Mamba2) have no KV cache: the three are then unused.
+
+    ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
+    processes under gloo with ``device="cpu"``): checked here, before any process starts,
+    against the model's heads and groups (``check_tp_divisibility``) and refused for a
+    model that does not shard yet (the hybrids). Each step's tokens are then read before
+    the next step is dispatched (``async_scheduling`` is turned off: the sampled tokens
+    live on rank 0 only).
     """
 
     model: str | os.PathLike | Any
@@ -63,6 +75,7 @@ class EngineConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):
@@ -72,10 +85,18 @@ class EngineConfig:
                 f"mamba_ssm_cache_dtype must be one of {', '.join(_SSM_CACHE_DTYPES)}, got "
                 f"{self.mamba_ssm_cache_dtype!r}"
             )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "seed", "block_size"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "seed",
+            "block_size",
+            "tensor_parallel_size",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         util = self.gpu_memory_utilization
@@ -115,6 +136,12 @@ class EngineConfig:
                 f"max_model_len={self.max_model_len} exceeds the {rope_positions} positions "
                 "the model's rotary embedding covers (max_position_embeddings in its config)"
             )
+        if self.tensor_parallel_size > 1:
+            check_tensor_parallel_support(model_class(self.model_config), self.tensor_parallel_size)
+            check_tp_divisibility(self.model_config, self.tensor_parallel_size)
+            if self.async_scheduling:
+                logger.info("tensor_parallel_size > 1: async scheduling is off")
+                self.async_scheduling = False
         if self.served_model_name is None:
             self.served_model_name = (
                 self.model.model_type if is_model_config(self.model) else str(self.model)

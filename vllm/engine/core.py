@@ -21,10 +21,19 @@ scheduling. ``max_tokens`` is known ahead, so no step is wasted on it.
 Failures stay with their request: a request whose sampling fails is finished with
 ``error`` set and its slot freed; a forward that fails fails the requests of that batch
 only. The scheduler's state is never left half-updated, so the next step runs normally.
+
+Tensor parallelism (``tensor_parallel_size`` N > 1): a ``MultiprocExecutor`` runs one
+``Worker`` per rank (``vllm/worker/worker.py``; rank 0's in this process, ``self.runner``
+being its runner); each step rank 0 prepares the batch's flat inputs once and the executor
+sends them to every rank, rank 0's logits come back and are sampled here. A failed
+tensor-parallel step (a worker that died or raised) leaves the ranks out of step: the
+engine is then dead, every request fails with the error, and new requests are refused.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -33,9 +42,11 @@ from vllm.engine.config import EngineConfig
 from vllm.engine.sampler import SampledLogprobs, Sampler, compute_logprobs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
 from vllm.engine.sequence import PENDING_TOKEN, Sequence
+from vllm.executor.multiproc import MultiprocExecutor
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
 from vllm.worker.model_runner import ModelRunner
+from vllm.worker.worker import Worker
 
 logger = init_logger(__name__)
 
@@ -79,7 +90,19 @@ class _Dispatched:
 class EngineCore:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.runner = ModelRunner(config)
+        self.executor: MultiprocExecutor | None = None
+        self.dead: BaseException | None = None  # a failed tensor-parallel step
+        if config.tensor_parallel_size > 1:
+            self.executor = MultiprocExecutor(
+                config.tensor_parallel_size,
+                functools.partial(Worker, config),
+                backend="nccl" if torch.device(config.device).type == "cuda" else "gloo",
+                config=config.model_config,
+            )
+            weakref.finalize(self, self.executor.shutdown)
+            self.runner = self.executor.driver_worker.runner
+        else:
+            self.runner = ModelRunner(config)
         self.vocab_size = self.runner.model.config.vocab_size
         kv = None
         if self.runner.cache.has_attention:
@@ -98,7 +121,17 @@ class EngineCore:
 
     # -- requests ------------------------------------------------------------------------
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one rank). Idempotent."""
+        if self.executor is not None:
+            self.executor.shutdown()
+
     def add_request(self, req: EngineCoreRequest) -> None:
+        if self.dead is not None:
+            raise RuntimeError(
+                f"the engine has failed and takes no requests: {type(self.dead).__name__}: "
+                f"{self.dead}"
+            )
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already running")
         max_tokens = self.config.max_model_len - len(req.prompt_token_ids)
@@ -153,9 +186,15 @@ class EngineCore:
         """Queue the step on the device: model, sampler; the tokens stay there."""
         prev = self._in_flight.tokens if self._in_flight is not None else None
         try:
-            result = self.runner.execute(batch, prev)
+            if self.executor is None:
+                result = self.runner.execute(batch, prev)
+            else:
+                result = self.executor.run("execute_model", self.runner.prepare(batch))
             prompt = self._prompt_logprobs(batch, result)
         except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine lives
+            if self.executor is not None and self.executor.failed:
+                self._die(err)
+                return None
             logger.exception("a step's forward failed; failing its %d requests", len(batch))
             for seq in batch.seqs:
                 self._fail(seq, f"the model step failed: {type(err).__name__}: {err}")
@@ -175,6 +214,15 @@ class EngineCore:
             seq.pending_row = row
         self.num_steps += 1
         return _Dispatched(seqs, positions, rows, tokens, logprobs, prompt)
+
+    def _die(self, err: BaseException) -> None:
+        """A tensor-parallel step failed: the ranks are out of step, so every request
+        fails with the error and the engine takes no more."""
+        logger.error("the tensor-parallel engine failed: %s", err)
+        self.dead = err
+        message = f"the tensor-parallel engine failed: {type(err).__name__}: {err}"
+        for seq in list(self.requests.values()):
+            self._fail(seq, message)
 
     def _prompt_logprobs(self, batch: ScheduledBatch, result):
         """Device logprobs of the prompt tokens this step's chunks predict."""

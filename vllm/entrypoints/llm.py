@@ -82,7 +82,6 @@ _NO_LORA = "LoRA adapters are not supported by this package"
 # refused: a check that passes means the value changes nothing here (documented per entry).
 # A keyword that becomes an EngineArgs field is passed to EngineArgs instead.
 _VLLM_OPTIONS = {
-    "tensor_parallel_size": _one("tensor_parallel_size", "tensor parallelism"),
     "pipeline_parallel_size": _one("pipeline_parallel_size", "pipeline parallelism"),
     # CPU swap space for preempted sequences' KV blocks: this engine never preempts.
     "swap_space": _non_negative,
@@ -133,7 +132,8 @@ class LLM:
     (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``max_model_len``, ``enforce_eager``,
     ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the options ``vllm serve``
-    takes, or vLLM's other ``LLM`` keywords (``tensor_parallel_size``, ``swap_space``,
+    takes (``tensor_parallel_size`` among them: Mamba2 models shard over that many
+    processes; the hybrids are refused), or vLLM's other ``LLM`` keywords (``swap_space``,
     ``quantization``, ``trust_remote_code``, ``revision``, ``tokenizer_mode``,
     ``enable_lora``, ``enable_prefix_caching``, ...): each is either run as asked or
     refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As in vLLM, None

@@ -224,6 +224,11 @@ class MultiprocExecutor:
             raise
 
     @property
+    def failed(self) -> bool:
+        """A call or the start-up failed: the executor refuses further calls."""
+        return self._error is not None
+
+    @property
     def worker_pids(self) -> dict[int, int]:
         return {rank: proc.pid for rank, proc in self._procs.items()}
 

@@ -112,7 +112,7 @@ class DecodeGraphs:
         slots: list[int],
         pending: tuple[list[int], list[int], torch.Tensor] | None = None,
         attn: tuple[list[int], list[list[int]]] | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """Logits (len(input_ids), vocab) of a decode-only step; rows in input order.
         ``pending`` = (rows, source rows, tokens): input ``rows`` take ``tokens[source
         rows]`` (tokens the previous step sampled, still on the device). ``attn`` =
@@ -149,4 +149,5 @@ class DecodeGraphs:
                 [1] * b, contexts, tables, b, pad_tokens_to=g.size, pad_seqs_to=g.size
             )
         g.graph.replay()
-        return g.logits[:b]
+        # Under tensor parallelism the logits are gathered on rank 0 only.
+        return None if g.logits is None else g.logits[:b]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm.distributed.parallel_state import get_tp_group
 from vllm.engine.config import EngineConfig
 from vllm.engine.sampler import _small
 from vllm.engine.scheduler import ScheduledBatch
@@ -49,10 +50,36 @@ class StepResult:
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
+@dataclass
+class StepInputs:
+    """A step's inputs as flat host lists, the batch's sequences left behind: token ids,
+    positions (models with attention), the rows to sample and the sequences they end, the
+    rows of pending input tokens and their rows in the previous step's tokens, the rows
+    predicting prompt tokens and their spans, and per sequence its length this step, slot,
+    cached tokens (and block table)."""
+
+    lens: list[int]
+    slots: list[int]
+    contexts: list[int]
+    num_decodes: int
+    block_tables: list[list[int]] | None = None
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    sample_seqs: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    fill_dst: list[int] = field(default_factory=list)
+    fill_src: list[int] = field(default_factory=list)
+    prompt_rows: list[int] = field(default_factory=list)
+    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = torch.device(config.device)
+        tp = get_tp_group()
+        if tp.world_size > 1 and self.device.type == "cuda":
+            self.device = tp.device  # this rank's GPU
         n_tok, n_seq = config.max_num_batched_tokens, config.max_num_seqs
         t0 = time.perf_counter()
         self.model = get_model(
@@ -209,6 +236,38 @@ class ModelRunner:
 
     # -- steps ---------------------------------------------------------------------------
 
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's flat host inputs (all a rank needs of the batch; under tensor
+        parallelism rank 0 makes them and every rank runs them)."""
+        attention = self.attn_builder is not None
+        inp = StepInputs(
+            lens=list(batch.num_tokens),
+            slots=[seq.slot for seq in batch.seqs],
+            contexts=[seq.num_computed_tokens for seq in batch.seqs],
+            num_decodes=batch.num_decodes,
+            block_tables=batch.block_tables if attention else None,
+        )
+        ids = inp.ids
+        for i, (seq, n) in enumerate(zip(batch.seqs, inp.lens, strict=True)):
+            start = seq.num_computed_tokens
+            chunk = seq.token_ids[start : start + n]
+            count = min(n, seq.num_prompt_tokens - 1 - start)
+            if seq.params.prompt_logprobs is not None and count > 0:
+                inp.prompt_spans.append((i, start, count))
+                inp.prompt_rows.extend(range(len(ids), len(ids) + count))
+            if chunk[-1] == PENDING_TOKEN:
+                if PENDING_TOKEN in chunk[:-1]:
+                    raise RuntimeError(f"{seq}: a pending input token the runner cannot fill")
+                inp.fill_dst.append(len(ids) + n - 1)
+                inp.fill_src.append(seq.pending_row)
+            ids.extend(chunk)
+            if attention:
+                inp.positions.extend(range(start, start + n))
+            if start + n == len(seq.token_ids):
+                inp.sample_seqs.append(i)
+                inp.sample_rows.append(len(ids) - 1)
+        return inp
+
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch, prev_tokens: torch.Tensor | None = None) -> StepResult:
         """fp32 logits of the rows that end a sequence's known tokens, and those rows'
@@ -220,45 +279,29 @@ class ModelRunner:
         whose tokens the host has not read) is taken from ``prev_tokens``, that step's
         sampled tokens, at row ``seq.pending_row``; a device gather, no sync.
         """
-        lens = batch.num_tokens
+        return self.execute_inputs(self.prepare(batch), prev_tokens)
+
+    @torch.no_grad()
+    def execute_inputs(
+        self, inp: StepInputs, prev_tokens: torch.Tensor | None = None
+    ) -> StepResult:
+        """``execute`` of prepared inputs. Under tensor parallelism every rank runs the same
+        inputs; the logits are rank 0's (None on the others)."""
+        ids, positions, lens = inp.ids, inp.positions, inp.lens
+        sample_rows, fill_dst, fill_src = inp.sample_rows, inp.fill_dst, inp.fill_src
+        sample_seqs, slots, contexts = inp.sample_seqs, inp.slots, inp.contexts
+        if fill_dst and prev_tokens is None:
+            raise RuntimeError("pending input tokens but no previous step's tokens to fill them")
         attention = self.attn_builder is not None
-        ids: list[int] = []
-        positions: list[int] = []
-        sample_seqs: list[int] = []
-        sample_rows: list[int] = []
-        fill_dst: list[int] = []
-        fill_src: list[int] = []
-        prompt_rows: list[int] = []
-        prompt_spans: list[tuple[int, int, int]] = []
-        for i, (seq, n) in enumerate(zip(batch.seqs, lens, strict=True)):
-            start = seq.num_computed_tokens
-            chunk = seq.token_ids[start : start + n]
-            count = min(n, seq.num_prompt_tokens - 1 - start)
-            if seq.params.prompt_logprobs is not None and count > 0:
-                prompt_spans.append((i, start, count))
-                prompt_rows.extend(range(len(ids), len(ids) + count))
-            if chunk[-1] == PENDING_TOKEN:
-                if prev_tokens is None or PENDING_TOKEN in chunk[:-1]:
-                    raise RuntimeError(f"{seq}: a pending input token the runner cannot fill")
-                fill_dst.append(len(ids) + n - 1)
-                fill_src.append(seq.pending_row)
-            ids.extend(chunk)
-            if attention:
-                positions.extend(range(start, start + n))
-            if start + n == len(seq.token_ids):
-                sample_seqs.append(i)
-                sample_rows.append(len(ids) - 1)
-        num_tokens, num_rows = len(ids), len(sample_rows)
-        slots = [seq.slot for seq in batch.seqs]
-        contexts = [seq.num_computed_tokens for seq in batch.seqs]
+        num_tokens, num_rows, num_seqs = len(ids), len(sample_rows), len(lens)
         if (
             self.graphs is not None
-            and batch.num_decodes == len(batch)
-            and num_rows == len(batch)
-            and self.graphs.fits(len(batch))
+            and inp.num_decodes == num_seqs
+            and num_rows == num_seqs
+            and self.graphs.fits(num_seqs)
         ):
             pending = (fill_dst, fill_src, prev_tokens) if fill_dst else None
-            attn = (contexts, batch.block_tables) if attention else None
+            attn = (contexts, inp.block_tables) if attention else None
             # Every row of this step ends its sequence's known tokens: all sample.
             return StepResult(self.graphs.run(ids, slots, pending, attn), sample_seqs)
 
@@ -276,7 +319,7 @@ class ModelRunner:
         if n_fill:
             fill = self._dev[tail + num_rows : used]
             input_ids.index_copy_(0, fill[:n_fill], prev_tokens.index_select(0, fill[n_fill:]))
-        qsl = torch.zeros(len(batch) + 1, dtype=torch.int32)
+        qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
         torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
         md = self.builder.build(
             qsl,
@@ -285,15 +328,15 @@ class ModelRunner:
         )
         attn_md = None
         if attention:
-            attn_md = self.attn_builder.build(lens, contexts, batch.block_tables, batch.num_decodes)
+            attn_md = self.attn_builder.build(lens, contexts, inp.block_tables, inp.num_decodes)
         with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
             hidden = self.model(
                 input_ids, state=self.pool, positions=self._dev[num_tokens:tail] if n_pos else None
             )
         rows = self._dev[tail : tail + num_rows]
         result = StepResult(self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs)
-        if prompt_spans:
-            rows = _small(prompt_rows, self.device, dtype=torch.long)
+        if inp.prompt_spans:
+            rows = _small(inp.prompt_rows, self.device, dtype=torch.long)
             result.prompt_logits = self.model.compute_logits(hidden.index_select(0, rows))
-            result.prompt_spans = prompt_spans
+            result.prompt_spans = inp.prompt_spans
         return result
