@@ -43,8 +43,11 @@ def test_build(device_name):
     assert md.seq_lens.tolist() == [4, 9, 11, 2]
     assert md.slot_mapping.tolist() == _expected_slots()
     assert md.block_table.shape == (4, 5)
-    for i, table in enumerate(STEP["block_tables"]):
-        assert md.block_table[i, : len(table)].tolist() == table
+    # The blocks each sequence reads (its seq_len's); entries past them are never read
+    # and not copied (the last table's spare block).
+    for i, (table, n) in enumerate(zip(STEP["block_tables"], md.seq_lens.tolist(), strict=True)):
+        need = -(-n // 4)
+        assert md.block_table[i, :need].tolist() == table[:need]
     assert (md.query_start_loc.dtype, md.seq_lens.dtype, md.block_table.dtype) == (
         torch.int32,
         torch.int32,
@@ -87,6 +90,32 @@ def test_persistent_buffers():
     assert first.slot_mapping.tolist() == [1 * 4 + 0, 4 * 4 + 1, 6 * 4 + 0, -1]
     assert first.query_start_loc.tolist() == [0, 1, 2, 3, 3]
     assert builder.num_builds == 2
+
+
+@pytest.mark.parametrize("device_name", ["cpu", pytest.param("cuda", marks=gpu)])
+def test_wide_tables_over_growing_steps(device_name):
+    """max_blocks_per_seq as a long max_model_len makes it (here 512 columns, 4-token
+    blocks): steps whose sequences grow, shrink and change places read exactly their
+    blocks from the same full-width table, whatever earlier steps left past them."""
+    builder = _builder(device_name, max_blocks_per_seq=512, num_blocks=4096)
+    gen = torch.Generator().manual_seed(0)
+    ptr = None
+    for step in range(12):
+        n = int(torch.randint(1, 7, (1,), generator=gen))
+        q = torch.randint(1, 5, (n,), generator=gen).tolist()
+        c = torch.randint(0, 120, (n,), generator=gen).tolist()
+        tables = [
+            torch.randperm(4096, generator=gen)[: -(-(ci + qi) // 4) + 2].tolist()
+            for qi, ci in zip(q, c, strict=True)
+        ]
+        md = builder.build(q, c, tables, 0, pad_seqs_to=6)
+        assert md.block_table.shape == (6, 512)
+        ptr = ptr or md.block_table.data_ptr()
+        assert md.block_table.data_ptr() == ptr, f"step {step}: the table moved"
+        for i in range(n):
+            need = -(-(c[i] + q[i]) // 4)
+            got = md.block_table[i, :need].tolist()
+            assert got == tables[i][:need], f"step {step}, sequence {i}"
 
 
 def test_empty_step():

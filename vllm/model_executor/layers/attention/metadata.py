@@ -3,8 +3,11 @@
 ``AttentionMetadataBuilder.build`` takes host data only (each sequence's query length,
 its context length, its block table) and writes everything the kernels read into ONE
 host buffer (pinned on CUDA), copied to the device with ONE non-blocking copy into a
-buffer the builder allocated once at its maximum size. The returned tensors are views of
-that persistent device buffer: a CUDA graph captured on them reads whatever the latest
+buffer the builder allocated once at its maximum size. The block tables travel compact:
+only the step's widest table's columns (``max_blocks_per_seq`` follows ``max_model_len``,
+16384 columns for Bamba-9B's 262144 tokens, while a step's sequences use a few), and a
+device copy puts them into the full-width table. The returned tensors are views of
+persistent device buffers: a CUDA graph captured on them reads whatever the latest
 ``build`` wrote, so a step's metadata is valid until the next ``build``.
 
 Sequences come in batch order, decodes (one query token) first. Padding for CUDA-graph
@@ -90,8 +93,10 @@ class AttentionMetadataBuilder:
         self.num_blocks = None if num_blocks is None else _positive_int("num_blocks", num_blocks)
         self.device = torch.device(device)
         s, t, w = max_num_seqs, max_num_batched_tokens, max_blocks_per_seq
-        # int32 layout: slot_mapping (as int64 pairs) | query_start_loc | seq_lens | table.
-        # The table comes last so a step copies only the prefix up to its last row.
+        # int32 layout: slot_mapping (as int64 pairs) | query_start_loc | seq_lens | the
+        # step's block tables, (num_padded_seqs, width) compact. The tables come last so a
+        # step copies only the prefix up to its last row; the device then spreads them
+        # into the full-width table (``_dev_table``), which is what the kernels read.
         self._off_qsl = _aligned(2 * t)
         self._off_lens = self._off_qsl + _aligned(s + 1)
         self._off_table = self._off_lens + _aligned(s)
@@ -99,16 +104,18 @@ class AttentionMetadataBuilder:
         pin = self.device.type == "cuda"
         self._host = torch.zeros(size, dtype=torch.int32, pin_memory=pin)
         self._dev = torch.zeros(size, dtype=torch.int32, device=self.device)
+        self._dev_table = torch.zeros(s, w, dtype=torch.int32, device=self.device)
         self._np = self._host.numpy()
         self._copied: torch.cuda.Event | None = None
         self.num_builds = 0
 
-    def _fields(self, buf: torch.Tensor):
-        t, s, w = self.max_num_batched_tokens, self.max_num_seqs, self.max_blocks_per_seq
+    def _fields(self, buf: torch.Tensor, rows: int, width: int):
+        """slot_mapping, query_start_loc, seq_lens and the compact (rows, width) tables."""
+        t, s = self.max_num_batched_tokens, self.max_num_seqs
         slots = buf[: 2 * t].view(torch.int64)
         qsl = buf[self._off_qsl : self._off_qsl + s + 1]
         lens = buf[self._off_lens : self._off_lens + s]
-        table = buf[self._off_table : self._off_table + s * w].view(s, w)
+        table = buf[self._off_table : self._off_table + rows * width].view(rows, width)
         return slots, qsl, lens, table
 
     def build(
@@ -178,10 +185,11 @@ class AttentionMetadataBuilder:
         # is all a kernel reads, changes only with the copy below.
         if self._copied is not None:  # the previous step's copy must have read the buffer
             self._copied.synchronize()
-        slots, qsl, lens, table = (f.numpy() for f in self._fields(self._host))
-        w = self.max_blocks_per_seq
+        # The compact tables' width: the most blocks a sequence of this step reads.
+        w = max(1, int(need.max())) if n else 1
+        slots, qsl, lens, table = (f.numpy() for f in self._fields(self._host, padded_seqs, w))
         for i, row in enumerate(block_tables):
-            k = min(len(row), w)
+            k = int(need[i])
             table[i, :k] = row[:k]
         used = table[:n]
         blocks = used[np.arange(w)[None, :] < need[:, None]]  # the entries the step reads
@@ -211,11 +219,15 @@ class AttentionMetadataBuilder:
             self._copied = torch.cuda.Event()
             self._copied.record()
         self.num_builds += 1
-        d_slots, d_qsl, d_lens, d_table = self._fields(self._dev)
+        d_slots, d_qsl, d_lens, d_compact = self._fields(self._dev, padded_seqs, w)
+        if padded_seqs:
+            # Columns past w keep earlier steps' entries: past every sequence's blocks, so
+            # never read.
+            self._dev_table[:padded_seqs, :w].copy_(d_compact)
         return AttentionMetadata(
             query_start_loc=d_qsl[: padded_seqs + 1],
             seq_lens=d_lens[:padded_seqs],
-            block_table=d_table[:padded_seqs],
+            block_table=self._dev_table[:padded_seqs],
             slot_mapping=d_slots[:padded_tokens],
             num_seqs=n,
             num_decodes=num_decodes,
