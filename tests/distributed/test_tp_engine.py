@@ -33,13 +33,18 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("n_groups", [1, 2])
-def test_two_ranks_generate_the_tokens_of_one_rank(tmp_path, n_groups):
+@pytest.mark.parametrize(
+    "n_groups, async_scheduling", [(1, True), (2, True), (2, False)], ids=lambda v: str(v)
+)
+def test_two_ranks_generate_the_tokens_of_one_rank(tmp_path, n_groups, async_scheduling):
+    """Under async scheduling the decode rows' input tokens are the previous step's, which
+    rank 0 broadcasts on the device; without it they come in the inputs."""
     model_dir = str(make_tiny_model_dir(tmp_path / "tiny", n_groups=n_groups))
     expected = _tokens(LLM(model_dir, **ENGINE))
-    llm = LLM(model_dir, tensor_parallel_size=2, **ENGINE)
+    llm = LLM(model_dir, tensor_parallel_size=2, async_scheduling=async_scheduling, **ENGINE)
     try:
         assert llm.engine.core.executor.world_size == 2
+        assert llm.engine.config.async_scheduling is async_scheduling
         # Rank 0's pool: 4 of the 8 heads; conv over their x and one group's B, C (its
         # own of 2 groups, or the 1 group replicated).
         pool = llm.engine.runner.pool

@@ -10,11 +10,8 @@ from typing import Any
 import torch
 
 from vllm.executor.tp_checks import check_tp_divisibility
-from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import check_tensor_parallel_support
 from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
-
-logger = init_logger(__name__)
 
 _SSM_CACHE_DTYPES = {
     "float32": torch.float32,
@@ -54,9 +51,7 @@ class EngineConfig:
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
     against the model's heads and groups (``check_tp_divisibility``) and refused for a
-    model that does not shard yet (the hybrids). Each step's tokens are then read before
-    the next step is dispatched (``async_scheduling`` is turned off: the sampled tokens
-    live on rank 0 only).
+    model that does not shard yet (the hybrids).
     """
 
     model: str | os.PathLike | Any
@@ -139,9 +134,6 @@ class EngineConfig:
         if self.tensor_parallel_size > 1:
             check_tensor_parallel_support(model_class(self.model_config), self.tensor_parallel_size)
             check_tp_divisibility(self.model_config, self.tensor_parallel_size)
-            if self.async_scheduling:
-                logger.info("tensor_parallel_size > 1: async scheduling is off")
-                self.async_scheduling = False
         if self.served_model_name is None:
             self.served_model_name = (
                 self.model.model_type if is_model_config(self.model) else str(self.model)

@@ -25,9 +25,10 @@ only. The scheduler's state is never left half-updated, so the next step runs no
 Tensor parallelism (``tensor_parallel_size`` N > 1): a ``MultiprocExecutor`` runs one
 ``Worker`` per rank (``vllm/worker/worker.py``; rank 0's in this process, ``self.runner``
 being its runner); each step rank 0 prepares the batch's flat inputs once and the executor
-sends them to every rank, rank 0's logits come back and are sampled here. A failed
-tensor-parallel step (a worker that died or raised) leaves the ranks out of step: the
-engine is then dead, every request fails with the error, and new requests are refused.
+sends them to every rank (under async scheduling rank 0 also broadcasts the previous
+step's sampled tokens on the device), rank 0's logits come back and are sampled here. A
+failed tensor-parallel step (a worker that died or raised) leaves the ranks out of step:
+the engine is then dead, every request fails with the error, new requests are refused.
 """
 
 from __future__ import annotations
@@ -189,7 +190,12 @@ class EngineCore:
             if self.executor is None:
                 result = self.runner.execute(batch, prev)
             else:
-                result = self.executor.run("execute_model", self.runner.prepare(batch))
+                result = self.executor.run(
+                    "execute_model",
+                    self.runner.prepare(batch),
+                    0 if prev is None else prev.shape[0],
+                    driver_kwargs={"prev_tokens": prev},
+                )
             prompt = self._prompt_logprobs(batch, result)
         except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine lives
             if self.executor is not None and self.executor.failed:

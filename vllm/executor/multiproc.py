@@ -234,8 +234,11 @@ class MultiprocExecutor:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def run(self, method: str, *args, **kwargs) -> Any:
-        """Call ``method(*args, **kwargs)`` on every rank's worker; rank 0's result."""
+    def run(self, method: str, *args, driver_kwargs: dict | None = None, **kwargs) -> Any:
+        """Call ``method(*args, **kwargs)`` on every rank's worker; rank 0's result.
+
+        ``driver_kwargs``: more keyword arguments for rank 0's call only, never pickled
+        (rank 0's device tensors, e.g. the tokens it sampled, which it then broadcasts)."""
         if self._error is not None:
             raise RuntimeError("the tensor-parallel executor has failed before") from self._error
         if self._closed:
@@ -254,7 +257,8 @@ class MultiprocExecutor:
                 if failure is err:
                     raise
                 raise failure from err
-            return self._wait(self._driver.submit(lambda: bound(*args, **kwargs)), None)
+            driver = {**kwargs, **(driver_kwargs or {})}
+            return self._wait(self._driver.submit(lambda: bound(*args, **driver)), None)
         except BaseException as err:
             self._fail(err)
             raise

@@ -11,12 +11,16 @@ inside the model tie them together.
 Each step, rank 0 (the engine) flattens the scheduled batch into ``StepInputs``
 (``ModelRunner.prepare``) and the executor sends that one object to every rank
 (``execute_model``); each rank runs the same forward, rank 0 returns the logits it
-gathered and samples. The step's sampled tokens stay with rank 0, so tensor-parallel
-engines read each step's tokens before dispatching the next (no async scheduling).
+gathered and samples. Under async scheduling a step's decode rows take their input tokens
+from the previous step's sampled tokens, which only rank 0 has, on its device: rank 0
+broadcasts them (one device collective, no host sync) and every rank fills its rows.
 """
 
 from __future__ import annotations
 
+import torch
+
+from vllm.distributed.communication_op import broadcast
 from vllm.engine.config import EngineConfig
 from vllm.worker.model_runner import ModelRunner, StepInputs, StepResult
 
@@ -25,8 +29,22 @@ class Worker:
     def __init__(self, config: EngineConfig):
         self.runner = ModelRunner(config)
 
-    def execute_model(self, inputs: StepInputs) -> StepResult:
-        return self.runner.execute_inputs(inputs)
+    def execute_model(
+        self,
+        inputs: StepInputs,
+        num_prev_tokens: int = 0,
+        prev_tokens: torch.Tensor | None = None,
+    ) -> StepResult:
+        """Run the step; rank 0's result carries the logits. ``prev_tokens`` (rank 0 only:
+        the previous step's ``num_prev_tokens`` sampled tokens) fills pending input tokens
+        on every rank when the step has any."""
+        if inputs.fill_dst:
+            if prev_tokens is None:  # a worker: receive rank 0's tokens
+                prev_tokens = torch.empty(
+                    num_prev_tokens, dtype=torch.long, device=self.runner.device
+                )
+            prev_tokens = broadcast(prev_tokens.long().contiguous(), src=0)
+        return self.runner.execute_inputs(inputs, prev_tokens)
 
     def startup(self) -> dict:
         return self.runner.startup
