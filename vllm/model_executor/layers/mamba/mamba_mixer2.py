@@ -56,8 +56,8 @@ from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata
 from vllm.model_executor.layers.mamba.mamba_tp import (
     Mamba2InProj,
     ShardedRMSNormGated,
+    attach_mixer_loaders,
     mamba2_shard,
-    mamba2_weight_loaders,
 )
 from vllm.model_executor.layers.mamba.mamba_utils import (
     ConvBackend,
@@ -173,12 +173,8 @@ class MambaMixer2(nn.Module):
     def _init_sharded(
         self, num_heads, n_groups, conv_kernel, use_bias, use_conv_bias, rms_norm_eps, dtype
     ) -> None:
-        """This rank's part of the layer (``mamba_tp``): its heads, the groups they read, and
-        the sizes the forward splits by (``num_heads``, ``n_groups``,
-        ``intermediate_size``, ``spec``) set to the local ones, so the forward, the conv
-        and the scan run unchanged on local tensors. Each parameter carries the loader
-        that reads its rows from the full checkpoint tensor, and ``full_shape`` (the
-        checkpoint tensor's shape, from which dummy weights are drawn)."""
+        """This rank's shard (``mamba_tp``); the sizes the forward splits by (``num_heads``,
+        ``n_groups``, ``intermediate_size``, ``spec``) are the local ones."""
         shard = mamba2_shard(
             num_heads=num_heads,
             head_dim=self.head_dim,
@@ -192,7 +188,6 @@ class MambaMixer2(nn.Module):
         self.intermediate_size = shard.local_intermediate_size
         self.spec = shard.state_spec()
         inter = num_heads * self.head_dim
-        conv_rows = inter + 2 * n_groups * self.state_size
         self.in_proj = Mamba2InProj(shard, self.hidden_size, use_bias, dtype)
         self.conv1d = DepthwiseConvWeights(self.spec.conv_dim, conv_kernel, use_conv_bias, dtype)
         heads = torch.arange(shard.heads.start + 1, shard.heads.stop + 1, dtype=torch.float32)
@@ -206,19 +201,7 @@ class MambaMixer2(nn.Module):
                 self.intermediate_size, shard.norm_group_size, eps=rms_norm_eps, dtype=dtype
             )
         self.out_proj = RowParallelLinear(inter, self.hidden_size, bias=use_bias, dtype=dtype)
-        loaders = mamba2_weight_loaders(shard)
-        full_shapes = {
-            "conv1d.weight": (conv_rows, conv_kernel),
-            "conv1d.bias": (conv_rows,),
-            "A_log": (num_heads,),
-            "D": (num_heads,),
-            "dt_bias": (num_heads,),
-            "norm.weight": (inter,),
-        }
-        for name, param in self.named_parameters():
-            if name in full_shapes:
-                param.weight_loader = loaders[name]
-                param.full_shape = full_shapes[name]
+        attach_mixer_loaders(self, shard)
 
     def get_state_spec(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> MambaStateSpec:
         """What one state slot of this layer holds, for the engine to allocate: the conv

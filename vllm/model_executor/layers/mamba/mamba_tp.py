@@ -284,6 +284,27 @@ def mamba2_weight_loaders(shard: Mamba2Shard) -> dict[str, object]:
     }
 
 
+def attach_mixer_loaders(mixer: nn.Module, shard: Mamba2Shard) -> None:
+    """Give a sharded mixer's own parameters (conv1d, A_log, D, dt_bias, norm gains; the
+    linears carry theirs) the loader that reads their rows from the full checkpoint tensor
+    and ``full_shape``, that tensor's shape (dummy weights are drawn at it)."""
+    inter = shard.num_heads * shard.head_dim
+    conv_rows = inter + 2 * shard.n_groups * shard.state_size
+    full_shapes = {
+        "conv1d.weight": (conv_rows, shard.conv_kernel),
+        "conv1d.bias": (conv_rows,),
+        "A_log": (shard.num_heads,),
+        "D": (shard.num_heads,),
+        "dt_bias": (shard.num_heads,),
+        "norm.weight": (inter,),
+    }
+    loaders = mamba2_weight_loaders(shard)
+    for name, param in mixer.named_parameters():
+        if name in full_shapes:
+            param.weight_loader = loaders[name]
+            param.full_shape = full_shapes[name]
+
+
 class Mamba2InProj(LinearBase):
     """in_proj of one rank: its z | x | B | C | dt rows (``Mamba2Shard.in_proj_blocks``),
     loaded from the full checkpoint tensor; column-parallel with no gather (the rank's
