@@ -137,7 +137,8 @@ class AsyncLLM:
             self._wake.notify()
 
     async def shutdown(self) -> None:
-        """Abort what runs, stop the loop thread and wait for it."""
+        """Abort what runs, stop the loop thread and wait for it, then the core (its
+        tensor-parallel workers)."""
         for rid in list(self._streams):
             stream = self._streams.pop(rid)
             stream.put(EngineDeadError("the engine is shutting down"))
@@ -146,6 +147,7 @@ class AsyncLLM:
             self._wake.notify()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self.engine.core.shutdown()  # the tensor-parallel workers, if any
 
     def _ensure_loop(self) -> None:
         if self._thread is None:
