@@ -207,6 +207,22 @@ def hf_norms_per_group(norm_cls) -> bool:
 
 
 @torch.no_grad()
+def check_loads_every_hf_weight(path, hf, model_cls):
+    """``get_model`` of the checkpoint is a ``model_cls`` whose parameters are exactly HF's
+    (names and values; our conv weights drop HF's middle dim of 1). Returns the model."""
+    from vllm.model_executor.model_loader import get_model
+
+    model = get_model(path)
+    assert isinstance(model, model_cls)
+    ours = dict(model.named_parameters())
+    theirs = dict(hf.named_parameters())
+    assert set(ours) == set(theirs)
+    for name, p in theirs.items():
+        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
+        assert torch.equal(ours[name], expected), name
+    return model
+
+
 def check_bf16_tracks_hf(hf32, hf16, path, device) -> None:
     """bf16 weights and activations on ``device``: our logits of a prefill and three
     decode steps vs HF's fp32 logits of the same weights, within the bf16 bounds and at

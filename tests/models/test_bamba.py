@@ -15,6 +15,7 @@ from tests.models.hybrid_utils import (
     check_bf16_tracks_hf,
     check_generate_matches_hf,
     check_graphs_match_eager,
+    check_loads_every_hf_weight,
     check_mixed_steps_match_hf,
     hf_norms_per_group,
     perturb,
@@ -76,14 +77,7 @@ def test_generate_matches_hf_greedy(hf_and_dir, device):
 
 def test_loads_every_hf_weight_by_name(hf_and_dir):
     hf, path = hf_and_dir
-    model = get_model(path)
-    assert isinstance(model, BambaForCausalLM)
-    ours = dict(model.named_parameters())
-    theirs = dict(hf.named_parameters())
-    assert set(ours) == set(theirs)
-    for name, p in theirs.items():
-        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
-        assert torch.equal(ours[name], expected), name
+    model = check_loads_every_hf_weight(path, hf, BambaForCausalLM)
     assert model.config.layer_types == ("mamba", "attention", "mamba", "attention")
     assert model.config.rotary_dim == 4  # half of head_dim 8: Bamba's partial rotary
 

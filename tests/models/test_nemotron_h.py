@@ -16,6 +16,7 @@ from tests.models.hybrid_utils import (
     check_bf16_tracks_hf,
     check_generate_matches_hf,
     check_graphs_match_eager,
+    check_loads_every_hf_weight,
     check_mixed_steps_match_hf,
     engine,
     hf_logits,
@@ -72,14 +73,7 @@ def test_generate_matches_hf_greedy(hf_and_dir, device):
 
 def test_loads_every_hf_weight_by_name(hf_and_dir):
     hf, path = hf_and_dir
-    model = get_model(path)
-    assert isinstance(model, NemotronHForCausalLM)
-    ours = dict(model.named_parameters())
-    theirs = dict(hf.named_parameters())
-    assert set(ours) == set(theirs)
-    for name, p in theirs.items():
-        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
-        assert torch.equal(ours[name], expected), name
+    model = check_loads_every_hf_weight(path, hf, NemotronHForCausalLM)
     kinds = ("mamba", "attention", "mlp", "mamba", "mlp", "attention")
     assert model.config.layer_types == kinds
 
