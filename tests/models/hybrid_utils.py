@@ -79,7 +79,8 @@ class HybridDriver:
     ``step(rows)``: rows of (sequence id, new tokens) in canonical order (one-token
     continuations first); each sequence keeps its state slot, its cached length and its
     KV blocks across steps. Blocks are handed out in a shuffled order, so block tables are
-    never contiguous. Returns each row's logits (len(tokens), vocab).
+    never contiguous. Returns each row's logits (len(tokens), vocab), or None per row on
+    ranks other than 0 of a tensor-parallel group.
     """
 
     def __init__(self, model, num_slots: int = 6, block_size: int = 4, num_blocks: int = 96):
@@ -131,11 +132,12 @@ class HybridDriver:
                 state=self.cache.mamba_pool,
                 positions=torch.tensor(positions, device=self.device),
             )
-        logits = self.model.compute_logits(hidden).cpu()
+        logits = self.model.compute_logits(hidden)
         out, start = [], 0
         for (sid, _), n in zip(rows, lens, strict=True):
             self.seqs[sid]["len"] += n
-            out.append(logits[start : start + n])
+            # None off rank 0 of a tensor-parallel group (the logits are gathered there)
+            out.append(None if logits is None else logits[start : start + n].cpu())
             start += n
         return out
 

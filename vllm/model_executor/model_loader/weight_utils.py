@@ -41,38 +41,45 @@ def initialize_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     non-trivial activations at any depth, without touching disk. A parameter with a
     ``full_shape`` (a tensor-parallel shard) draws at that shape and loads its part
     through its ``weight_loader``.
+
+    A fused shard (``qkv_proj`` of q/k/v, ``gate_up_proj``) carries ``dummy_parts``:
+    (unfused name, shard id, full shape) per part, each drawn under its world-size-1 name.
     """
     for name, param in model.named_parameters():
-        gen = torch.Generator(device=param.device).manual_seed(seed + zlib.crc32(name.encode()))
         # A tensor-parallel shard draws the full tensor and keeps its part (its loader's),
         # so every tensor-parallel size gets the same weights.
         shape = tuple(getattr(param, "full_shape", param.shape))
+        for part, shard_id, part_shape in getattr(param, "dummy_parts", [(name, None, shape)]):
+            value = _dummy_value(part, tuple(part_shape), param.device, seed)
+            if shard_id is None and tuple(part_shape) == tuple(param.shape):
+                param.copy_(value)
+            else:
+                param.weight_loader(param, value, shard_id)
 
-        def draw(lo: float, hi: float, shape=shape, p=param, g=gen) -> torch.Tensor:
-            t = torch.empty(shape, dtype=torch.float32, device=p.device)
-            return t.uniform_(lo, hi, generator=g)
 
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "A_log":
-            value = draw(1.0, 16.0).log()
-        elif leaf == "dt_bias":
-            dt = draw(math.log(1e-3), math.log(1e-1)).exp()
-            value = dt + torch.log(-torch.expm1(-dt))
-        elif leaf == "D":
-            value = draw(0.5, 1.5)
-        elif name.endswith("conv1d.weight"):
-            bound = shape[-1] ** -0.5
-            value = draw(-bound, bound)
-        elif leaf == "bias":
-            value = draw(-0.1, 0.1)
-        elif param.dim() == 1:  # norm gains
-            value = draw(0.8, 1.2)
-        elif "embeddings" in name:
-            value = draw(-1.0, 1.0)
-        else:  # (out, in) matrices
-            bound = math.sqrt(3.0 / shape[1])
-            value = draw(-bound, bound)
-        if shape == tuple(param.shape):
-            param.copy_(value)
-        else:
-            param.weight_loader(param, value)
+def _dummy_value(name: str, shape: tuple[int, ...], device, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed + zlib.crc32(name.encode()))
+
+    def draw(lo: float, hi: float) -> torch.Tensor:
+        t = torch.empty(shape, dtype=torch.float32, device=device)
+        return t.uniform_(lo, hi, generator=gen)
+
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "A_log":
+        return draw(1.0, 16.0).log()
+    if leaf == "dt_bias":
+        dt = draw(math.log(1e-3), math.log(1e-1)).exp()
+        return dt + torch.log(-torch.expm1(-dt))
+    if leaf == "D":
+        return draw(0.5, 1.5)
+    if name.endswith("conv1d.weight"):
+        bound = shape[-1] ** -0.5
+        return draw(-bound, bound)
+    if leaf == "bias":
+        return draw(-0.1, 0.1)
+    if len(shape) == 1:  # norm gains
+        return draw(0.8, 1.2)
+    if "embeddings" in name:
+        return draw(-1.0, 1.0)
+    bound = math.sqrt(3.0 / shape[1])  # (out, in) matrices
+    return draw(-bound, bound)

@@ -36,22 +36,46 @@ from torch import nn
 from vllm.model_executor.layers.activation import get_act_fn
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.models.bamba_config import BambaModelConfig
-from vllm.model_executor.models.hybrid_base import MambaHybridForCausalLM, residual_norm
+from vllm.model_executor.models.hybrid_base import (
+    MambaHybridForCausalLM,
+    make_embedding,
+    qkv_dummy_parts,
+    residual_norm,
+    set_dummy_parts,
+    tp_world_size,
+)
 
 
 class BambaMLP(nn.Module):
-    def __init__(self, config: BambaModelConfig, dtype: torch.dtype):
+    """SwiGLU MLP; under tensor parallelism gate|up is one ``MergedColumnParallelLinear``
+    (this rank's intermediate block of each) and down a ``RowParallelLinear``."""
+
+    def __init__(self, config: BambaModelConfig, dtype: torch.dtype, prefix: str):
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
-        self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        self.sharded = tp_world_size() > 1
+        if self.sharded:
+            self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
+            set_dummy_parts(self.gate_up_proj, prefix, [("gate_proj", 0, i), ("up_proj", 1, i)])
+            self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
+        else:
+            self.gate_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
+            self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
+            self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
         self.act_fn = get_act_fn(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sharded:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(self.act_fn(gate) * up)
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -60,10 +84,18 @@ class BambaAttention(nn.Module):
         super().__init__()
         heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         h, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(h, heads * d, bias=bias, dtype=dtype)
-        self.k_proj = nn.Linear(h, kv_heads * d, bias=bias, dtype=dtype)
-        self.v_proj = nn.Linear(h, kv_heads * d, bias=bias, dtype=dtype)
-        self.o_proj = nn.Linear(heads * d, h, bias=bias, dtype=dtype)
+        self.sharded = tp_world_size() > 1
+        if self.sharded:  # this rank's q heads and KV heads (replicated when fewer than ranks)
+            self.qkv_proj = QKVParallelLinear(h, d, heads, kv_heads, bias=bias, dtype=dtype)
+            set_dummy_parts(self.qkv_proj, prefix, qkv_dummy_parts(heads, kv_heads, d))
+            self.o_proj = RowParallelLinear(heads * d, h, bias=bias, dtype=dtype)
+            heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+            self.sizes = [self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size]
+        else:
+            self.q_proj = nn.Linear(h, heads * d, bias=bias, dtype=dtype)
+            self.k_proj = nn.Linear(h, kv_heads * d, bias=bias, dtype=dtype)
+            self.v_proj = nn.Linear(h, kv_heads * d, bias=bias, dtype=dtype)
+            self.o_proj = nn.Linear(heads * d, h, bias=bias, dtype=dtype)
         self.rotary_emb = RotaryEmbedding(
             d,
             config.rotary_dim,
@@ -74,8 +106,12 @@ class BambaAttention(nn.Module):
         self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q, k = self.rotary_emb(positions, self.q_proj(x), self.k_proj(x))
-        return self.o_proj(self.attn(q, k, self.v_proj(x)))
+        if self.sharded:
+            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
 
 
 class BambaDecoderLayer(nn.Module):
@@ -100,7 +136,7 @@ class BambaDecoderLayer(nn.Module):
             )
         else:
             self.self_attn = BambaAttention(config, dtype, prefix=f"{prefix}.self_attn")
-        self.feed_forward = BambaMLP(config, dtype)
+        self.feed_forward = BambaMLP(config, dtype, prefix=f"{prefix}.feed_forward")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
 
@@ -117,7 +153,7 @@ class BambaDecoderLayer(nn.Module):
 class BambaModel(nn.Module):
     def __init__(self, config: BambaModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = make_embedding(config, dtype)
         self.layers = nn.ModuleList(
             BambaDecoderLayer(config, i, dtype, prefix=f"model.layers.{i}")
             for i in range(config.num_hidden_layers)
@@ -135,6 +171,12 @@ class BambaModel(nn.Module):
 
 
 class BambaForCausalLM(MambaHybridForCausalLM):
+    tp_fused_projections = (
+        *MambaHybridForCausalLM.tp_fused_projections,
+        ("gate_proj", "gate_up_proj", 0),
+        ("up_proj", "gate_up_proj", 1),
+    )
+
     def __init__(self, config: BambaModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__(config, dtype)
         self._set_model(BambaModel(config, dtype))

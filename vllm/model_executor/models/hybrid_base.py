@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from vllm.distributed.parallel_state import get_tp_group
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba2_metadata import (
     Mamba2Metadata,
@@ -25,6 +26,11 @@ from vllm.model_executor.layers.mamba.mamba2_metadata import (
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend, MambaStatePool
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.model_loader.tp_weight_utils import load_tp_weights
 from vllm.model_executor.models.utils import (
     cache_specs,
     lm_logits,
@@ -32,11 +38,61 @@ from vllm.model_executor.models.utils import (
 )
 
 
+def tp_world_size() -> int:
+    return get_tp_group().world_size
+
+
+def make_embedding(config, dtype: torch.dtype) -> nn.Module:
+    """The token embeddings: vocabulary-parallel under tensor parallelism, else the plain
+    table of the checkpoint's shape (no padding rows)."""
+    if tp_world_size() > 1:
+        return VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+    return nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+
+
+def make_lm_head(config, dtype: torch.dtype, tie_to: nn.Module | None) -> nn.Module | None:
+    """The LM head: a ``ParallelLMHead`` under tensor parallelism (sharing ``tie_to``'s
+    table when given), else None when tied or a plain linear."""
+    if tp_world_size() > 1:
+        head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        return head if tie_to is None else head.tie_weights(tie_to)
+    if tie_to is not None:
+        return None
+    return nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+
+
+def set_dummy_parts(layer: nn.Module, prefix: str, parts) -> None:
+    """Mark a fused sharded projection's weight (and bias) with the world-size-1 layers it
+    stands for, ``parts`` of (their module name, shard id, output rows): dummy weights then
+    draw each part under its own name, the same weights at every tensor-parallel size."""
+    layer.weight.dummy_parts = [
+        (f"{prefix}.{m}.weight", sid, (rows, layer.input_size)) for m, sid, rows in parts
+    ]
+    if layer.bias is not None:
+        layer.bias.dummy_parts = [(f"{prefix}.{m}.bias", sid, (rows,)) for m, sid, rows in parts]
+
+
+def qkv_dummy_parts(heads: int, kv_heads: int, head_dim: int):
+    kv = kv_heads * head_dim
+    return [("q_proj", "q", heads * head_dim), ("k_proj", "k", kv), ("v_proj", "v", kv)]
+
+
 class MambaHybridForCausalLM(nn.Module):
+    # Attention, MLPs, mixers, embeddings and head shard over the group (Zamba2 overrides).
+    supports_tensor_parallel = True
+    # Checkpoint projection names fused into one sharded layer at world size > 1:
+    # (checkpoint module, our module, shard id).
+    tp_fused_projections: tuple[tuple[str, str, str | int], ...] = (
+        ("q_proj", "qkv_proj", "q"),
+        ("k_proj", "qkv_proj", "k"),
+        ("v_proj", "qkv_proj", "v"),
+    )
+
     def __init__(self, config, dtype: torch.dtype):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.tp_size = tp_world_size()
 
     # -- what a subclass defines (the defaults serve a model set by ``_set_model``) -------
 
@@ -44,11 +100,8 @@ class MambaHybridForCausalLM(nn.Module):
         """``self.model`` (its ``embed_tokens`` are the embeddings) and the head: those
         embeddings when ``config.tie_word_embeddings``, else a linear of its own."""
         self.model = model
-        self.lm_head = None
-        if not self.config.tie_word_embeddings:
-            self.lm_head = nn.Linear(
-                self.config.hidden_size, self.config.vocab_size, bias=False, dtype=self.dtype
-            )
+        tie_to = model.embed_tokens if self.config.tie_word_embeddings else None
+        self.lm_head = make_lm_head(self.config, self.dtype, tie_to)
 
     def _run(self, input_ids, positions, state: MambaStatePool, metadata: Mamba2Metadata):
         return self.model(input_ids, positions, state, metadata)
@@ -57,7 +110,7 @@ class MambaHybridForCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def hf_to_param_name(self, name: str) -> str | None:
-        if name == "lm_head.weight" and self.lm_head is None:
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
             return None  # tied: the embeddings serve as the head
         return name
 
@@ -122,8 +175,11 @@ class MambaHybridForCausalLM(nn.Module):
             )
         return self._run(input_ids, positions, state, metadata)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """fp32 logits (rows, vocab) of final hidden states."""
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """fp32 logits (rows, vocab) of final hidden states; under tensor parallelism the
+        ranks' vocabulary shards are gathered on rank 0 (None on the others)."""
+        if self.tp_size > 1:
+            return self.lm_head.compute_logits(hidden_states, to_all_ranks=False)
         return lm_logits(hidden_states, self.head_weight())
 
     def get_cache_specs(self, block_size: int, mamba_ssm_dtype: torch.dtype) -> dict:
@@ -142,8 +198,25 @@ class MambaHybridForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy an HF checkpoint's (name, tensor) pairs into the parameters (ValueError for
-        a shape mismatch, an unknown name, or a missing parameter)."""
-        load_named_weights(self, weights, self.hf_to_param_name)
+        a shape mismatch, an unknown name, or a missing parameter). Under tensor
+        parallelism each tensor goes through its parameter's ``weight_loader`` (this rank's
+        rows only), q/k/v (and fused MLP inputs) into their merged layer by shard id."""
+        if self.tp_size > 1:
+            load_tp_weights(self, weights, self.tp_param_name)
+        else:
+            load_named_weights(self, weights, self.hf_to_param_name)
+
+    def tp_param_name(self, name: str) -> str | tuple[str, str | int] | None:
+        """``hf_to_param_name`` at world size > 1: a fused projection's checkpoint name
+        becomes (our merged parameter, its shard id)."""
+        name = self.hf_to_param_name(name)
+        if name is None:
+            return None
+        parts = name.split(".")
+        for ckpt, ours, shard_id in self.tp_fused_projections:
+            if len(parts) >= 2 and parts[-2] == ckpt:
+                return ".".join([*parts[:-2], ours, parts[-1]]), shard_id
+        return name
 
 
 def residual_norm(norm, hidden: torch.Tensor, residual: torch.Tensor | None):

@@ -35,17 +35,37 @@ from torch import nn
 from vllm.model_executor.layers.activation import get_act_fn
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
-from vllm.model_executor.models.hybrid_base import MambaHybridForCausalLM, residual_norm
+from vllm.model_executor.models.hybrid_base import (
+    MambaHybridForCausalLM,
+    make_embedding,
+    make_lm_head,
+    qkv_dummy_parts,
+    residual_norm,
+    set_dummy_parts,
+    tp_world_size,
+)
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 
 
 class NemotronHMLP(nn.Module):
+    """up, relu2, down; under tensor parallelism up is a ``ColumnParallelLinear`` (this
+    rank's intermediate block) and down a ``RowParallelLinear`` (one all-reduce)."""
+
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype):
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        if tp_world_size() > 1:
+            self.up_proj = ColumnParallelLinear(h, i, bias=bias, dtype=dtype)
+            self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
+        else:
+            self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
+            self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
         self.act_fn = get_act_fn(config.mlp_hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,13 +77,24 @@ class NemotronHAttention(nn.Module):
         super().__init__()
         heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         h = config.hidden_size
-        self.q_proj = nn.Linear(h, heads * d, bias=False, dtype=dtype)
-        self.k_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
-        self.v_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
-        self.o_proj = nn.Linear(heads * d, h, bias=False, dtype=dtype)
+        self.sharded = tp_world_size() > 1
+        if self.sharded:  # this rank's q heads and KV heads (replicated when fewer than ranks)
+            self.qkv_proj = QKVParallelLinear(h, d, heads, kv_heads, bias=False, dtype=dtype)
+            set_dummy_parts(self.qkv_proj, prefix, qkv_dummy_parts(heads, kv_heads, d))
+            self.o_proj = RowParallelLinear(heads * d, h, bias=False, dtype=dtype)
+            heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+            self.sizes = [self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size]
+        else:
+            self.q_proj = nn.Linear(h, heads * d, bias=False, dtype=dtype)
+            self.k_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
+            self.v_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
+            self.o_proj = nn.Linear(heads * d, h, bias=False, dtype=dtype)
         self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sharded:
+            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+            return self.o_proj(self.attn(q, k, v))
         return self.o_proj(self.attn(self.q_proj(x), self.k_proj(x), self.v_proj(x)))
 
 
@@ -104,7 +135,7 @@ class NemotronHBlock(nn.Module):
 class NemotronHModel(nn.Module):
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embeddings = make_embedding(config, dtype)
         self.layers = nn.ModuleList(
             NemotronHBlock(config, i, dtype, prefix=f"model.layers.{i}")
             for i in range(config.num_hidden_layers)
@@ -125,7 +156,7 @@ class NemotronHForCausalLM(MambaHybridForCausalLM):
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__(config, dtype)
         self.model = NemotronHModel(config, dtype)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.lm_head = make_lm_head(config, dtype, tie_to=None)  # never tied
 
     def _run(self, input_ids, positions, state, metadata):
         return self.model(input_ids, state, metadata)

@@ -195,6 +195,10 @@ class Zamba2Model(nn.Module):
 
 
 class Zamba2ForCausalLM(MambaHybridForCausalLM):
+    # Its shared blocks (one set of weights at several depths, per-use adapters, a 2 x
+    # hidden attention input) are not sharded yet.
+    supports_tensor_parallel = False
+
     def __init__(self, config: Zamba2ModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__(config, dtype)
         self._set_model(Zamba2Model(config, dtype))

@@ -1,0 +1,150 @@
+"""Bamba and NemotronH sharded over two gloo ranks equal the unsharded models: attention by
+heads (QKVParallelLinear, KV heads split, or replicated when there are fewer than ranks;
+o_proj row-parallel), the MLPs by intermediate features, the Mamba2 mixers by heads, the
+embeddings and LM head by vocabulary (logits gathered on rank 0). Tiny random checkpoints
+saved with transformers' save_pretrained; fp32 logits of mixed steps (fresh prompts, a
+chunked prefill continued, decodes beside them) within 1e-5 of one rank's, each rank's KV
+cache spec holding its own heads; LLM.generate's greedy tokens at TP=2 equal TP=1's."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+from torch import nn
+
+from tests.distributed.utils import run_ranks
+from tests.models.hybrid_utils import HybridDriver, engine, save_checkpoint, tokens
+from tests.models.test_bamba import make_hf as make_bamba
+from tests.models.test_nemotron_h import make_hf as make_nemotron_h
+from vllm import LLM, SamplingParams
+from vllm.cache_spec import AttentionSpec
+from vllm.distributed import get_tp_group
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.linear import QKVParallelLinear
+from vllm.model_executor.model_loader import get_model
+from vllm.model_executor.models.bamba_config import BambaModelConfig
+from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
+from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
+
+MAKERS = {"bamba": make_bamba, "nemotron_h": make_nemotron_h}
+
+
+def _steps() -> list[list[tuple[str, list[int]]]]:
+    a, b, c = tokens(13, "A"), tokens(6, "B"), tokens(4, "C")
+    return [
+        [("a", a[:5]), ("b", b)],
+        [("b", tokens(1, "B+")), ("a", a[5:11]), ("c", c)],
+        [("b", tokens(1, "B++")), ("c", tokens(1, "C+")), ("a", a[11:])],
+    ]
+
+
+def _run_steps(model) -> list[list[torch.Tensor | None]]:
+    driver = HybridDriver(model)
+    return [driver.step(rows) for rows in _steps()]
+
+
+def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol=1e-5, load_format="auto"):
+    tp = get_tp_group()
+    model = get_model(path, load_format=load_format)
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    qkvs = [m for m in model.modules() if isinstance(m, QKVParallelLinear)]
+    assert len(attns) == len(qkvs) == 2
+    local_kv = max(1, kv_heads // tp.world_size)
+    for attn in attns:  # the engine sizes each rank's KV cache from these specs
+        assert (attn.num_heads, attn.num_kv_heads) == (heads // tp.world_size, local_kv)
+    specs = [s for s in model.get_cache_specs(4, torch.float32).values()]
+    assert [s.num_kv_heads for s in specs if isinstance(s, AttentionSpec)] == [local_kv] * 2
+    got = _run_steps(model)
+    for step, (rows, want) in enumerate(zip(got, expected, strict=True)):
+        for g, e in zip(rows, want, strict=True):
+            if tp.rank != 0:
+                assert g is None  # logits are gathered on rank 0 only
+            else:
+                torch.testing.assert_close(
+                    g, e, atol=atol, rtol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
+                )
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])  # 1: fewer KV heads than ranks (replicated)
+@pytest.mark.parametrize("arch", ["bamba", "nemotron_h"])
+def test_two_ranks_equal_one_rank_gloo(tmp_path, arch, kv_heads):
+    hf = MAKERS[arch](seed=1, num_key_value_heads=kv_heads)
+    path = save_checkpoint(hf, tmp_path / arch)
+    one = get_model(path)
+    expected = _run_steps(one)
+    run_ranks(_ranks_equal_one_rank, str(path), 4, kv_heads, expected)
+
+
+def test_tied_bamba_two_ranks_equal_one_rank_gloo(tmp_path):
+    """The head shares the vocabulary-parallel embedding's rows. These logits reach 4.4
+    and the third step's differ from one rank's by up to 1.9e-5 (fp32 partial sums added
+    in another order, over 8 all-reduces): the bound is 1e-5 of the logits' scale."""
+    path = save_checkpoint(make_bamba(seed=2, tie_word_embeddings=True), tmp_path / "tied")
+    expected = _run_steps(get_model(path))
+    scale = max(float(r.abs().max()) for step in expected for r in step)
+    run_ranks(_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5 * scale)
+
+
+@pytest.mark.parametrize("arch", ["bamba", "nemotron_h"])
+def test_dummy_weights_are_those_of_one_rank(tmp_path, arch):
+    """Dummy weights draw each fused part (q, k, v; gate, up; biases) under its one-rank
+    name at full shape, so two ranks compute what one rank does."""
+    bias = {"attention_bias": True, "mlp_bias": True} if arch == "bamba" else {}
+    path = save_checkpoint(MAKERS[arch](seed=3, **bias), tmp_path / arch)
+    expected = _run_steps(get_model(path, load_format="dummy"))
+    run_ranks(_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5, "dummy")
+
+
+@pytest.mark.parametrize("arch", ["bamba", "nemotron_h"])
+def test_generate_two_ranks_equals_one_rank(tmp_path, arch):
+    path = save_checkpoint(MAKERS[arch](seed=4, num_key_value_heads=1), tmp_path / arch)
+    prompts = [tokens(n, "P", n) for n in (3, 11, 7)]
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    one = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params)]
+    llm = engine(path, tensor_parallel_size=2)
+    try:
+        two = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    finally:
+        llm.engine.core.shutdown()
+    assert two == one
+
+
+def test_one_rank_layers_are_unchanged(tmp_path):
+    """At world size 1: the plain nn layers and the checkpoint's names and shapes."""
+    model = get_model(save_checkpoint(make_bamba(), tmp_path / "bamba"))
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].feed_forward
+    for layer in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj):
+        assert type(layer) is nn.Linear
+    assert type(model.model.embed_tokens) is nn.Embedding and type(model.lm_head) is nn.Linear
+    model = get_model(save_checkpoint(make_nemotron_h(), tmp_path / "nemotron_h"))
+    names = {n for n, _ in model.named_parameters()}
+    assert {"model.layers.1.mixer.q_proj.weight", "model.layers.2.mixer.up_proj.weight"} <= names
+    assert type(model.model.embeddings) is nn.Embedding and type(model.lm_head) is nn.Linear
+
+
+def test_configs_that_do_not_shard_are_refused_before_any_process():
+    before = set(multiprocessing.active_children())
+    opts = dict(load_format="dummy", device="cpu", max_model_len=64, tensor_parallel_size=2)
+    bamba = BambaModelConfig(
+        vocab_size=128,
+        hidden_size=24,
+        num_hidden_layers=2,
+        attn_layer_indices=(1,),
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        intermediate_size=45,
+        mamba_n_heads=4,
+        mamba_d_head=12,
+    )
+    with pytest.raises(
+        ValueError, match=r"num_attention_heads=3 .*num_key_value_heads=3 .*intermediate_size=45"
+    ):
+        LLM(bamba, **opts)
+    nemotron = NemotronHModelConfig(intermediate_size=45)
+    with pytest.raises(ValueError, match=r"intermediate_size=45 is not divisible by tp_size=2"):
+        LLM(nemotron, **opts)
+    with pytest.raises(ValueError, match="Zamba2ForCausalLM does not support tensor parallel"):
+        LLM(Zamba2ModelConfig(), **opts)
+    assert set(multiprocessing.active_children()) == before
