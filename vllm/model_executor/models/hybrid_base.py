@@ -20,6 +20,7 @@ from torch import nn
 
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.mamba2_metadata import (
     Mamba2Metadata,
     Mamba2MetadataBuilder,
@@ -75,6 +76,38 @@ def set_dummy_parts(layer: nn.Module, prefix: str, parts) -> None:
 def qkv_dummy_parts(heads: int, kv_heads: int, head_dim: int):
     kv = kv_heads * head_dim
     return [("q_proj", "q", heads * head_dim), ("k_proj", "k", kv), ("v_proj", "v", kv)]
+
+
+class AttentionProjections(nn.Module):
+    """q, k, v and o projections of a hybrid's attention block, under the checkpoint's
+    names (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``) at world size 1, or this rank's
+    fused ``qkv_proj`` (q heads split, KV heads split or replicated when fewer than ranks)
+    and a row-parallel ``o_proj`` under tensor parallelism."""
+
+    def _init_projections(
+        self, hidden: int, head_dim: int, heads: int, kv_heads: int, bias: bool, dtype, prefix
+    ) -> tuple[int, int]:
+        """Make the projections; returns this rank's (q heads, KV heads)."""
+        self.sharded = tp_world_size() > 1
+        if self.sharded:
+            self.qkv_proj = QKVParallelLinear(
+                hidden, head_dim, heads, kv_heads, bias=bias, dtype=dtype
+            )
+            set_dummy_parts(self.qkv_proj, prefix, qkv_dummy_parts(heads, kv_heads, head_dim))
+            self.o_proj = RowParallelLinear(heads * head_dim, hidden, bias=bias, dtype=dtype)
+            qkv = self.qkv_proj
+            self.sizes = [qkv.q_size, qkv.kv_size, qkv.kv_size]
+            return qkv.num_heads, qkv.num_kv_heads
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias, dtype=dtype)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias, dtype=dtype)
+        return heads, kv_heads
+
+    def _qkv(self, x: torch.Tensor):
+        if self.sharded:
+            return self.qkv_proj(x).split(self.sizes, dim=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
 
 class MambaHybridForCausalLM(nn.Module):

@@ -37,17 +37,15 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
-    QKVParallelLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.models.hybrid_base import (
+    AttentionProjections,
     MambaHybridForCausalLM,
     make_embedding,
     make_lm_head,
-    qkv_dummy_parts,
     residual_norm,
-    set_dummy_parts,
     tp_world_size,
 )
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
@@ -72,30 +70,23 @@ class NemotronHMLP(nn.Module):
         return self.down_proj(self.act_fn(self.up_proj(x)))
 
 
-class NemotronHAttention(nn.Module):
+class NemotronHAttention(AttentionProjections):
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype, prefix: str):
         super().__init__()
-        heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        h = config.hidden_size
-        self.sharded = tp_world_size() > 1
-        if self.sharded:  # this rank's q heads and KV heads (replicated when fewer than ranks)
-            self.qkv_proj = QKVParallelLinear(h, d, heads, kv_heads, bias=False, dtype=dtype)
-            set_dummy_parts(self.qkv_proj, prefix, qkv_dummy_parts(heads, kv_heads, d))
-            self.o_proj = RowParallelLinear(heads * d, h, bias=False, dtype=dtype)
-            heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-            self.sizes = [self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size]
-        else:
-            self.q_proj = nn.Linear(h, heads * d, bias=False, dtype=dtype)
-            self.k_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
-            self.v_proj = nn.Linear(h, kv_heads * d, bias=False, dtype=dtype)
-            self.o_proj = nn.Linear(heads * d, h, bias=False, dtype=dtype)
+        d = config.head_dim
+        heads, kv_heads = self._init_projections(
+            config.hidden_size,
+            d,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            False,
+            dtype,
+            prefix,
+        )
         self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sharded:
-            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-            return self.o_proj(self.attn(q, k, v))
-        return self.o_proj(self.attn(self.q_proj(x), self.k_proj(x), self.v_proj(x)))
+        return self.o_proj(self.attn(*self._qkv(x)))
 
 
 class NemotronHBlock(nn.Module):
