@@ -155,7 +155,7 @@ serve_wheels_done=0
 serve_wheels() { # serve_wheels LOG: the server's wheels into /tmp/site, once
     [ "$serve_wheels_done" = 1 ] && return 0
     if ! ls .whl/serve/*.whl >/dev/null 2>&1; then
-        echo "serve: no .whl/serve/*.whl in the tree (carry .whl)" | tee -a "$1"
+        echo "serve: no .whl/serve/*.whl in the tree (make it: bash scripts/box_wheels.sh; carry .whl/serve)" | tee -a "$1"
         return 1
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
