@@ -21,8 +21,6 @@ from tests.models import test_bamba, test_nemotron_h, test_zamba2
 from tests.models.hybrid_utils import save_checkpoint, tokens
 from vllm import LLM, SamplingParams
 
-pytest.importorskip("transformers")
-
 MAKERS = {
     "bamba": test_bamba.make_hf,
     "nemotron_h": test_nemotron_h.make_hf,

@@ -6,7 +6,6 @@ generate on TokensPrompts, prompt logprobs shaped as vLLM's, and the generation 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 
 import pytest
@@ -14,7 +13,6 @@ import torch
 
 from tests.tiny_model import EOS, IM_START
 from vllm import LLM, SamplingParams, TextPrompt, TokensPrompt
-from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.core import EngineCoreOutput
 from vllm.engine.output_processor import OutputProcessor
 from vllm.engine.tokenizer import get_tokenizer as engine_tokenizer
@@ -104,7 +102,6 @@ def test_lm_evals_keywords_are_taken(llm):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"tensor_parallel_size": 2}, "tensor parallelism is not supported yet"),
         ({"pipeline_parallel_size": 2}, "pipeline parallelism is not supported yet"),
         ({"quantization": "awq"}, "quantized models are not supported"),
         ({"enable_lora": True}, "LoRA adapters are not supported"),
@@ -115,9 +112,6 @@ def test_lm_evals_keywords_are_taken(llm):
     ],
 )
 def test_unsupported_keywords_are_refused_by_name(tiny_model_dir, kwargs, match):
-    [name] = kwargs
-    if name in {f.name for f in dataclasses.fields(EngineArgs)}:
-        pytest.skip(f"{name} is an EngineArgs option now: the engine runs it, its tests check it")
     with pytest.raises(ValueError, match=match):
         LLM(model=str(tiny_model_dir), device=DEVICE, **kwargs)
 
