@@ -568,12 +568,14 @@ def _causal_conv1d_decode_kernel(
         line = tl.load(idx_ptr + i_b).to(tl.int64)
     else:
         line = i_b
+    # The token row exists for every program (a padded row's output is zeroed below), so
+    # its load does not wait for the index load; only the state's loads and stores do.
+    b_x = tl.load(x_ptr + i_b * stride_x_seq + o_d, mask=m_d, other=0.0)
     live = line != pad_slot_id
     p_line = state_ptr + line * stride_state_line
     b_win = ()
     for j in tl.static_range(KERNEL_WIDTH - 1):
         b_win = b_win + (tl.load(p_line + j * stride_state_col + o_sd, mask=m_d & live, other=0.0),)
-    b_x = tl.load(x_ptr + i_b * stride_x_seq + o_d, mask=m_d & live, other=0.0)
     b_win = b_win + (b_x.to(state_ptr.dtype.element_ty),)
     if HAS_BIAS:
         acc = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
