@@ -61,9 +61,11 @@ parallel=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")
 gpu_tests() {
     # tests/entrypoints import the server's packages at collection (carried as wheels).
     serve_wheels "$out/serve_wheels.log" || echo "(tests/entrypoints will fail to import)"
-    # GPU_TEST_PATHS narrows the run (default: the whole suite's GPU tests).
+    # GPU_TEST_PATHS narrows the run (default: the whole suite's GPU tests). Figures the
+    # tests record (the hybrids' bf16 errors against HF) go to test_records.txt.
+    : >"$out/test_records.txt"
     # shellcheck disable=SC2086
-    python3 -m pytest ${GPU_TEST_PATHS:-tests} -m gpu $parallel -q -p no:cacheprovider --durations=12 --junitxml "$out/gpu_tests.xml" 2>&1 |
+    VLLM_TEST_RECORD="$out/test_records.txt" python3 -m pytest ${GPU_TEST_PATHS:-tests} -m gpu $parallel -q -p no:cacheprovider --durations=12 --junitxml "$out/gpu_tests.xml" 2>&1 |
         tee "$out/tests.log"
 }
 other_tests() {
@@ -340,6 +342,7 @@ if [ -f "$out/install.log" ]; then
 fi
 [ -f "$out/tests.log" ] && grep -E '^(FAILED|ERROR) |^=* ?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' \
     "$out/tests.log"
+[ -s "$out/test_records.txt" ] && sed 's/^/test record: /' "$out/test_records.txt"
 [ -f "$out/demo.log" ] && sed -n '/^case /,$p' "$out/demo.log"
 [ -f "$out/bench.log" ] && sed -n '/^# Causal-conv1d benchmark/,$p' "$out/bench.log"
 [ -f "$out/host_cost.md" ] && cat "$out/host_cost.md"

@@ -1,6 +1,7 @@
 """`vllm serve` on each hybrid architecture (Bamba, NemotronH, Zamba2): the console
 script in a real process per tiny checkpoint (saved by transformers' own classes), real
-HTTP.
+HTTP. On the CPU here and, marked ``gpu``, on the GPU box (the tiny checkpoints in fp32 on
+CUDA: the Triton kernels, CUDA graphs for decode steps).
 
 Greedy completions from the server (prompts as token ids, several sent at once so
 prefill chunks run beside decodes, then a streamed one) equal the same prompts through
@@ -27,13 +28,27 @@ MAKERS = {
     "zamba2": test_zamba2.make_hf,
 }
 # Small limits, as the model tests use: a 16-token step budget and 4-token blocks.
-ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=96, block_size=4)
+# A fixed KV cache (not a share of GPU memory, which other test processes on the box hold).
+ENGINE = dict(
+    max_num_seqs=4,
+    max_num_batched_tokens=16,
+    max_model_len=96,
+    block_size=4,
+    num_gpu_blocks_override=128,
+)
 PROMPTS = [tokens(n, "serve", n) for n in (3, 21, 9, 14)]
 MAX_TOKENS = 6
 
 
-def _cli_args() -> list[str]:
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+]
+
+
+def _cli_args(device: str) -> list[str]:
     args = ["--served-model-name", "hybrid", "--dtype", "float32", "--seed", "0"]
+    args += ["--device", device]
     for key, value in ENGINE.items():
         args += ["--" + key.replace("_", "-"), str(value)]
     return args
@@ -45,8 +60,10 @@ def model_dir(request, tmp_path_factory):
     return save_checkpoint(hf, tmp_path_factory.mktemp(request.param))
 
 
-def _offline_texts(path) -> list[str]:
-    llm = LLM(str(path), dtype="float32", device="cpu", enforce_eager=True, **ENGINE)
+def _offline_texts(path, device: str) -> list[str]:
+    # Eager on the CPU (no graphs there); on CUDA as the server runs, with decode graphs.
+    eager = device == "cpu"
+    llm = LLM(str(path), dtype="float32", device=device, enforce_eager=eager, **ENGINE)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     return [out.outputs[0].text for out in llm.generate(PROMPTS, params, use_tqdm=False)]
 
@@ -64,9 +81,10 @@ def _complete(base: str, prompt: list[int]) -> dict:
     return resp.json()
 
 
-def test_hybrid_served_matches_offline(model_dir):
-    expected = _offline_texts(model_dir)
-    with RemoteServer(model_dir, _cli_args(), console_script=True) as server:
+@pytest.mark.parametrize("device", DEVICES)
+def test_hybrid_served_matches_offline(model_dir, device):
+    expected = _offline_texts(model_dir, device)
+    with RemoteServer(model_dir, _cli_args(device), console_script=True) as server:
         base = server.url_for("").rstrip("/")
         for _ in range(2):  # the second round runs on blocks the first one freed
             with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:

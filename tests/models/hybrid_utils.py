@@ -6,6 +6,7 @@ model over the engine's caches, and the engine-level checks every hybrid shares.
 from __future__ import annotations
 
 import inspect
+import os
 import random
 from pathlib import Path
 
@@ -225,6 +226,16 @@ def check_loads_every_hf_weight(path, hf, model_cls):
     return model
 
 
+def record_figure(line: str) -> None:
+    """Print ``line`` and, when ``VLLM_TEST_RECORD`` names a file (scripts/gpu_check.sh sets
+    it), append it there: pytest -q hides the prints, the GPU run's summary quotes the file."""
+    print(line)
+    target = os.environ.get("VLLM_TEST_RECORD")
+    if target:
+        with open(target, "a") as f:
+            f.write(line + "\n")
+
+
 def check_bf16_tracks_hf(hf32, hf16, path, device) -> None:
     """bf16 weights and activations on ``device``: our logits of a prefill and three
     decode steps vs HF's fp32 logits of the same weights, within the bf16 bounds and at
@@ -242,13 +253,16 @@ def check_bf16_tracks_hf(hf32, hf16, path, device) -> None:
     expected = hf_logits(hf32, full)[: len(full)]
     hf_err = (hf_logits(hf16, full).float() - expected).abs().max().item()
     ours_err = (got - expected).abs().max().item()
+    record_figure(
+        f"{type(model).__name__} bf16 on {device}: max |ours - hf_fp32| = {ours_err:.4f}, "
+        f"max |hf_bf16 - hf_fp32| = {hf_err:.4f} (ratio {ours_err / max(hf_err, 1e-12):.2f})"
+    )
     # HF's own bf16 run is the yardstick (random weights at this shape can have logits
     # whose bf16 rounding alone exceeds the fixed table); both errors are in the message.
     assert ours_err <= BF16_ERROR_VS_HF_BF16 * hf_err, (
         f"max |ours_bf16 - hf_fp32| = {ours_err:.4f} > {BF16_ERROR_VS_HF_BF16} x "
         f"max |hf_bf16 - hf_fp32| = {hf_err:.4f}"
     )
-    print(f"bf16 vs HF fp32: ours {ours_err:.4f}, HF bf16 {hf_err:.4f}")
 
 
 def check_graphs_match_eager(path, device) -> None:
