@@ -22,6 +22,10 @@ import triton.language as tl
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import _fwd_piece
 
+# Run-time values, never compiled in (Triton would make a 1 a constant): the variants know
+# the layout no earlier than the op does.
+_RUNTIME = ["num_tokens", "n_tiles", "batch", "first_len", "rest_len", "use_hist"]
+
 
 @triton.jit
 def _empty_kernel(x_ptr):
@@ -35,7 +39,7 @@ def _bounds(seq, first_len, rest_len):
     return start, start + tl.where(seq == 0, first_len, rest_len)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "n_tiles", "batch", "sel"])
+@triton.jit(do_not_specialize=[*_RUNTIME, "sel"])
 def _grid_copy_kernel(x_ptr, state_ptr, out_ptr, num_tokens, n_tiles, dim, batch, first_len,
                       rest_len, use_hist, stride_x_t, stride_state_line, stride_state_col,
                       stride_out_t, sel, KERNEL_WIDTH: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -125,7 +129,7 @@ def _decodes_const(x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, s0, batch, first_
         tl.store(p_last, b_x.to(state_ptr.dtype.element_ty), mask=m_d & one)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "n_tiles", "batch"])
+@triton.jit(do_not_specialize=_RUNTIME)
 def _fwd_no_metadata_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, num_tokens, n_tiles, dim,
                             batch, first_len, rest_len, use_hist, stride_x_t, stride_w_d,
                             stride_state_line, stride_state_col, stride_out_t,
