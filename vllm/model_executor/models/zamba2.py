@@ -81,11 +81,12 @@ _ADAPTER = re.compile(
 def _adapter(width_in: int, rank: int, width_out: int, dtype, gate_up=False) -> nn.Sequential:
     """Down to ``rank`` (replicated under tensor parallelism), then up to ``width_out``,
     sharded like the projection it adds to: by heads (q/k/v), or gate|up's two blocks."""
-    up = nn.Linear(rank, width_out, bias=False, dtype=dtype)
-    if tp_world_size() > 1 and gate_up:
+    if tp_world_size() == 1:
+        up = nn.Linear(rank, width_out, bias=False, dtype=dtype)
+    elif gate_up:
         half = width_out // 2
         up = MergedColumnParallelLinear(rank, [half, half], bias=False, dtype=dtype)
-    elif tp_world_size() > 1:
+    else:
         up = ColumnParallelLinear(rank, width_out, bias=False, dtype=dtype)
     return nn.Sequential(nn.Linear(width_in, rank, bias=False, dtype=dtype), up)
 
