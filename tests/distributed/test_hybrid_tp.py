@@ -26,7 +26,6 @@ from vllm.model_executor.layers.linear import QKVParallelLinear
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
-from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
 MAKERS = {"bamba": make_bamba, "nemotron_h": make_nemotron_h}
 
@@ -40,7 +39,7 @@ def _steps() -> list[list[tuple[str, list[int]]]]:
     ]
 
 
-def _run_steps(model) -> list[list[torch.Tensor | None]]:
+def run_steps(model) -> list[list[torch.Tensor | None]]:
     driver = HybridDriver(model)
     return [driver.step(rows) for rows in _steps()]
 
@@ -56,7 +55,7 @@ def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol=1e-5, load_forma
         assert (attn.num_heads, attn.num_kv_heads) == (heads // tp.world_size, local_kv)
     specs = [s for s in model.get_cache_specs(4, torch.float32).values()]
     assert [s.num_kv_heads for s in specs if isinstance(s, AttentionSpec)] == [local_kv] * 2
-    got = _run_steps(model)
+    got = run_steps(model)
     for step, (rows, want) in enumerate(zip(got, expected, strict=True)):
         for g, e in zip(rows, want, strict=True):
             if tp.rank != 0:
@@ -73,7 +72,7 @@ def test_two_ranks_equal_one_rank_gloo(tmp_path, arch, kv_heads):
     hf = MAKERS[arch](seed=1, num_key_value_heads=kv_heads)
     path = save_checkpoint(hf, tmp_path / arch)
     one = get_model(path)
-    expected = _run_steps(one)
+    expected = run_steps(one)
     run_ranks(_ranks_equal_one_rank, str(path), 4, kv_heads, expected)
 
 
@@ -82,7 +81,7 @@ def test_tied_bamba_two_ranks_equal_one_rank_gloo(tmp_path):
     and the third step's differ from one rank's by up to 1.9e-5 (fp32 partial sums added
     in another order, over 8 all-reduces): the bound is 1e-5 of the logits' scale."""
     path = save_checkpoint(make_bamba(seed=2, tie_word_embeddings=True), tmp_path / "tied")
-    expected = _run_steps(get_model(path))
+    expected = run_steps(get_model(path))
     scale = max(float(r.abs().max()) for step in expected for r in step)
     run_ranks(_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5 * scale)
 
@@ -93,7 +92,7 @@ def test_dummy_weights_are_those_of_one_rank(tmp_path, arch):
     name at full shape, so two ranks compute what one rank does."""
     bias = {"attention_bias": True, "mlp_bias": True} if arch == "bamba" else {}
     path = save_checkpoint(MAKERS[arch](seed=3, **bias), tmp_path / arch)
-    expected = _run_steps(get_model(path, load_format="dummy"))
+    expected = run_steps(get_model(path, load_format="dummy"))
     run_ranks(_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5, "dummy")
 
 
@@ -145,6 +144,4 @@ def test_configs_that_do_not_shard_are_refused_before_any_process():
     nemotron = NemotronHModelConfig(intermediate_size=45)
     with pytest.raises(ValueError, match=r"intermediate_size=45 is not divisible by tp_size=2"):
         LLM(nemotron, **opts)
-    with pytest.raises(ValueError, match="Zamba2ForCausalLM does not support tensor parallel"):
-        LLM(Zamba2ModelConfig(), **opts)
     assert set(multiprocessing.active_children()) == before

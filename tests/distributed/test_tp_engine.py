@@ -20,7 +20,6 @@ from tests.tiny_model import make_tiny_model_dir
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
 # Small limits: prompts longer than the token budget are prefilled in chunks, next to
 # other sequences' decodes (mixed steps).
@@ -62,8 +61,6 @@ def test_configs_that_do_not_shard_are_refused_before_any_process(tmp_path):
     )
     with pytest.raises(ValueError, match=r"tensor_parallel_size=4 does not fit.*num_heads=6"):
         LLM(odd, load_format="dummy", tensor_parallel_size=4, **ENGINE)
-    with pytest.raises(ValueError, match="Zamba2ForCausalLM does not support tensor parallelism"):
-        LLM(Zamba2ModelConfig(), load_format="dummy", tensor_parallel_size=2, **ENGINE)
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         LLM(odd, load_format="dummy", tensor_parallel_size=0, **ENGINE)
     assert set(multiprocessing.active_children()) == before

@@ -10,6 +10,9 @@ only finds the fields in a config, under the names the served models' configs us
     Mamba groups  n_groups (Mamba2, NemotronH), mamba_n_groups (Bamba), mamba_ngroups (Zamba2)
     attention     num_attention_heads, num_key_value_heads (None: as many as heads)
     MLP           intermediate_size, where the config has attention (hybrids)
+
+Zamba2's adapters need no field of their own: their up-projections are as wide as the
+q/k/v heads (with adapters there are as many KV heads as heads) and as gate_up.
 """
 
 from __future__ import annotations

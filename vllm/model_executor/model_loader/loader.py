@@ -45,13 +45,13 @@ def resolve_dtype(dtype: torch.dtype | str | None, config) -> torch.dtype:
 
 
 def check_tensor_parallel_support(cls, tp_size: int) -> None:
-    """Refuse a model class that does not shard its layers (Zamba2's shared blocks are not
-    sharded yet) for ``tp_size`` > 1 ranks."""
+    """Refuse a model class that does not shard its layers (no ``supports_tensor_parallel``;
+    every registered model has it) for ``tp_size`` > 1 ranks."""
     if tp_size > 1 and not getattr(cls, "supports_tensor_parallel", False):
         raise ValueError(
             f"tensor_parallel_size={tp_size}: {cls.__name__} does not support tensor "
-            "parallelism yet (Mamba2ForCausalLM, BambaForCausalLM and NemotronHForCausalLM "
-            "are sharded); use tensor_parallel_size=1"
+            "parallelism yet (Mamba2ForCausalLM, BambaForCausalLM, NemotronHForCausalLM and "
+            "Zamba2ForCausalLM are sharded); use tensor_parallel_size=1"
         )
 
 

@@ -9,7 +9,7 @@ Under tensor parallelism each rank reads only its part of every sharded tensor:
 (or a log line) can show that a rank read its share and no more.
 
 ``load_tp_weights`` drives the loaders over (name, tensor-or-slice) pairs with the errors of
-``models/utils.load_named_weights``.
+``models/utils.load_named_weights``, unequal copies of a shared parameter among them.
 """
 
 from __future__ import annotations
@@ -95,12 +95,17 @@ def load_tp_weights(
 
     ``to_param(checkpoint_name)`` gives our parameter name, or (name, shard id) for one
     part of a fused parameter (``"q"`` of a qkv projection, ``0`` of gate_up), or None to
-    skip the tensor. Returns the names of the parameters loaded. Raises ValueError naming
-    the checkpoint tensor for a shape that does not fit, for names the model does not
-    know, and for parameters no tensor reached.
+    skip the tensor. Several checkpoint names may reach the same parameter (part): the
+    copies of a shared weight (Zamba2's blocks). The first is loaded; each later one is read
+    the same way (this rank's rows only) into a scratch copy and must equal what is there.
+    Returns the names of the parameters loaded. Raises ValueError naming the checkpoint
+    tensor for a shape that does not fit, for names the model does not know, for copies of
+    a shared parameter that differ (in this rank's rows), and for parameters no tensor
+    reached.
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    first_source: dict[tuple[str, object], str] = {}
     unknown: list[str] = []
     for ckpt_name, weight in weights:
         target = to_param(ckpt_name)
@@ -112,10 +117,20 @@ def load_tp_weights(
             unknown.append(ckpt_name)
             continue
         loader = getattr(param, "weight_loader", replicated_weight_loader)
+        first = first_source.get((name, shard_id))
+        dst = param if first is None else param.detach().clone()
         try:
-            loader(param, weight, shard_id)
+            loader(dst, weight, shard_id)
         except ValueError as err:
             raise ValueError(f"checkpoint tensor {ckpt_name!r} -> {name!r}: {err}") from None
+        if first is not None:
+            if not torch.equal(dst, param):
+                raise ValueError(
+                    f"checkpoint weights {first!r} and {ckpt_name!r} are copies of the "
+                    f"shared parameter {name!r} but differ"
+                )
+            continue
+        first_source[(name, shard_id)] = ckpt_name
         loaded.add(name)
     if unknown:
         raise ValueError(f"checkpoint has weights this model does not know: {sorted(unknown)}")

@@ -85,23 +85,33 @@ class AttentionProjections(nn.Module):
     and a row-parallel ``o_proj`` under tensor parallelism."""
 
     def _init_projections(
-        self, hidden: int, head_dim: int, heads: int, kv_heads: int, bias: bool, dtype, prefix
+        self,
+        hidden: int,
+        head_dim: int,
+        heads: int,
+        kv_heads: int,
+        bias: bool,
+        dtype,
+        prefix,
+        out_size: int | None = None,
     ) -> tuple[int, int]:
-        """Make the projections; returns this rank's (q heads, KV heads)."""
+        """Make the projections (q/k/v read ``hidden`` features, o_proj writes ``out_size``,
+        by default ``hidden`` too); returns this rank's (q heads, KV heads)."""
+        out_size = hidden if out_size is None else out_size
         self.sharded = tp_world_size() > 1
         if self.sharded:
             self.qkv_proj = QKVParallelLinear(
                 hidden, head_dim, heads, kv_heads, bias=bias, dtype=dtype
             )
             set_dummy_parts(self.qkv_proj, prefix, qkv_dummy_parts(heads, kv_heads, head_dim))
-            self.o_proj = RowParallelLinear(heads * head_dim, hidden, bias=bias, dtype=dtype)
+            self.o_proj = RowParallelLinear(heads * head_dim, out_size, bias=bias, dtype=dtype)
             qkv = self.qkv_proj
             self.sizes = [qkv.q_size, qkv.kv_size, qkv.kv_size]
             return qkv.num_heads, qkv.num_kv_heads
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias, dtype=dtype)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias, dtype=dtype)
+        self.o_proj = nn.Linear(heads * head_dim, out_size, bias=bias, dtype=dtype)
         return heads, kv_heads
 
     def _qkv(self, x: torch.Tensor):
@@ -111,7 +121,7 @@ class AttentionProjections(nn.Module):
 
 
 class MambaHybridForCausalLM(nn.Module):
-    # Attention, MLPs, mixers, embeddings and head shard over the group (Zamba2 overrides).
+    # Attention, MLPs, mixers, embeddings and head shard over the group.
     supports_tensor_parallel = True
     # Checkpoint projection names fused into one sharded layer at world size > 1:
     # (checkpoint module, our module, shard id).

@@ -33,6 +33,18 @@ shared blocks only when ``tie_word_embeddings`` is true, their one tying switch;
 false their model keeps an independent block per use, which is not Zamba2's design: such a
 checkpoint holds different copies and is refused with the names of the two that differ.)
 The lm head is untied when ``tie_word_embeddings`` is false, as there.
+
+Tensor parallelism (``tensor_parallel_size`` N > 1) shards each shared block once, and
+every use of it runs on the same shard: q/k/v one ``QKVParallelLinear`` over the 2 x hidden
+input (q heads split, KV heads split, or replicated when fewer than ranks), o_proj and
+down_proj row-parallel (one all-reduce each), gate_up column-parallel (this rank's block
+of gate and of up). An adapter's down-projection (to ``adapter_rank``) is replicated and
+its up-projection sharded like the output it adds to: q/k/v adapters by heads (adapters
+need as many KV heads as heads, so those never replicate), the gate_up adapter by the same
+gate and up blocks. The norms and each use's ``linear`` (hidden to hidden, after the
+reduced down_proj) are replicated; the mixers shard in ``MambaMixer2``, the embeddings and
+head by vocabulary. Each rank reads only its rows of every copy of a shared weight, and
+checks its rows of the later copies against the first.
 """
 
 from __future__ import annotations
@@ -45,9 +57,19 @@ from torch import nn
 from vllm.model_executor.layers.activation import get_act_fn
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from vllm.model_executor.models.hybrid_base import MambaHybridForCausalLM
+from vllm.model_executor.models.hybrid_base import (
+    AttentionProjections,
+    MambaHybridForCausalLM,
+    make_embedding,
+    tp_world_size,
+)
 from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
 _ADAPTER = re.compile(
@@ -56,40 +78,61 @@ _ADAPTER = re.compile(
 )
 
 
-def _adapter(width_in: int, rank: int, width_out: int, dtype) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(width_in, rank, bias=False, dtype=dtype),
-        nn.Linear(rank, width_out, bias=False, dtype=dtype),
-    )
+def _adapter(width_in: int, rank: int, width_out: int, dtype, gate_up=False) -> nn.Sequential:
+    """Down to ``rank`` (replicated under tensor parallelism), then up to ``width_out``,
+    sharded like the projection it adds to: by heads (q/k/v), or gate|up's two blocks."""
+    if tp_world_size() == 1:
+        up = nn.Linear(rank, width_out, bias=False, dtype=dtype)
+    elif gate_up:
+        half = width_out // 2
+        up = MergedColumnParallelLinear(rank, [half, half], bias=False, dtype=dtype)
+    else:
+        up = ColumnParallelLinear(rank, width_out, bias=False, dtype=dtype)
+    return nn.Sequential(nn.Linear(width_in, rank, bias=False, dtype=dtype), up)
 
 
-class Zamba2SharedAttention(nn.Module):
-    def __init__(self, config: Zamba2ModelConfig, dtype):
+class Zamba2SharedAttention(AttentionProjections):
+    """q/k/v over the 2 x hidden input, o_proj back to hidden (``AttentionProjections``:
+    the checkpoint's layers at one rank, fused qkv and row-parallel o under parallelism)."""
+
+    def __init__(self, config: Zamba2ModelConfig, dtype, prefix: str):
         super().__init__()
-        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        d, width = config.attention_head_dim, config.attention_hidden_size
-        self.q_proj = nn.Linear(width, heads * d, bias=False, dtype=dtype)
-        self.k_proj = nn.Linear(width, kv_heads * d, bias=False, dtype=dtype)
-        self.v_proj = nn.Linear(width, kv_heads * d, bias=False, dtype=dtype)
-        self.o_proj = nn.Linear(heads * d, config.hidden_size, bias=False, dtype=dtype)
+        self.local_heads = self._init_projections(
+            config.attention_hidden_size,
+            config.attention_head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            False,
+            dtype,
+            prefix,
+            out_size=config.hidden_size,
+        )
 
 
 class Zamba2SharedMLP(nn.Module):
+    """gate_up (the checkpoint's one fused tensor) and down; under tensor parallelism a
+    ``MergedColumnParallelLinear`` (this rank's gate block, then its up block) and a
+    ``RowParallelLinear``."""
+
     def __init__(self, config: Zamba2ModelConfig, dtype):
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.add_bias_linear
-        self.gate_up_proj = nn.Linear(h, 2 * i, bias=bias, dtype=dtype)
-        self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        if tp_world_size() > 1:
+            self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
+            self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
+        else:
+            self.gate_up_proj = nn.Linear(h, 2 * i, bias=bias, dtype=dtype)
+            self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
 
 
 class Zamba2SharedBlock(nn.Module):
     """The weights one shared transformer block holds (its uses run it: ``Zamba2HybridLayer``)."""
 
-    def __init__(self, config: Zamba2ModelConfig, dtype):
+    def __init__(self, config: Zamba2ModelConfig, dtype, prefix: str):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.attention_hidden_size, eps=eps, dtype=dtype)
-        self.self_attn = Zamba2SharedAttention(config, dtype)
+        self.self_attn = Zamba2SharedAttention(config, dtype, prefix=f"{prefix}.self_attn")
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.feed_forward = Zamba2SharedMLP(config, dtype)
 
@@ -119,27 +162,32 @@ class Zamba2MambaLayer(nn.Module):
 
 
 class Zamba2HybridLayer(nn.Module):
-    """One use of shared block ``block_id``, then this layer's Mamba layer."""
+    """One use of shared block ``block_id``, then this layer's Mamba layer. ``local_heads``:
+    the (q, KV) heads of this rank's shard of the block's attention."""
 
-    def __init__(self, config: Zamba2ModelConfig, layer_idx: int, dtype, prefix: str):
+    def __init__(
+        self,
+        config: Zamba2ModelConfig,
+        layer_idx: int,
+        dtype,
+        prefix: str,
+        local_heads: tuple[int, int],
+    ):
         super().__init__()
         self.use = config.hybrid_layer_ids.index(layer_idx)
         self.block_id = self.use % config.num_mem_blocks
         width, rank = config.attention_hidden_size, config.adapter_rank
-        self.num_heads, self.head_dim = config.num_attention_heads, config.attention_head_dim
+        heads, kv_heads = local_heads
+        head_dim = config.attention_head_dim
         if config.use_shared_attention_adapter:
             self.q_adapter = _adapter(width, rank, width, dtype)
             self.k_adapter = _adapter(width, rank, width, dtype)
             self.v_adapter = _adapter(width, rank, width, dtype)
         self.gate_up_adapter = _adapter(
-            config.hidden_size, rank, 2 * config.intermediate_size, dtype
+            config.hidden_size, rank, 2 * config.intermediate_size, dtype, gate_up=True
         )
         self.attn = Attention(
-            self.num_heads,
-            self.head_dim,
-            (self.head_dim / 2) ** -0.5,
-            num_kv_heads=config.num_key_value_heads,
-            prefix=f"{prefix}.attn",
+            heads, head_dim, (head_dim / 2) ** -0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn"
         )
         self.linear = nn.Linear(config.hidden_size, config.hidden_size, bias=False, dtype=dtype)
         self.mamba_decoder = Zamba2MambaLayer(config, layer_idx, dtype)
@@ -148,7 +196,7 @@ class Zamba2HybridLayer(nn.Module):
     def transformer(self, block: Zamba2SharedBlock, hidden, embeds, positions, rope, act_fn):
         x = block.input_layernorm(torch.cat((hidden, embeds), dim=-1))
         sa = block.self_attn
-        q, k, v = sa.q_proj(x), sa.k_proj(x), sa.v_proj(x)
+        q, k, v = sa._qkv(x)
         if self.adapters:
             q, k, v = q + self.q_adapter(x), k + self.k_adapter(x), v + self.v_adapter(x)
         if rope is not None:
@@ -162,12 +210,14 @@ class Zamba2HybridLayer(nn.Module):
 class Zamba2Model(nn.Module):
     def __init__(self, config: Zamba2ModelConfig, dtype):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens = make_embedding(config, dtype)
         self.blocks = nn.ModuleList(
-            Zamba2SharedBlock(config, dtype) for _ in range(config.num_mem_blocks)
+            Zamba2SharedBlock(config, dtype, prefix=f"model.blocks.{b}")
+            for b in range(config.num_mem_blocks)
         )
+        local_heads = self.blocks[0].self_attn.local_heads
         self.layers = nn.ModuleList(
-            Zamba2HybridLayer(config, i, dtype, prefix=f"model.layers.{i}")
+            Zamba2HybridLayer(config, i, dtype, f"model.layers.{i}", local_heads)
             if kind == "hybrid"
             else Zamba2MambaLayer(config, i, dtype)
             for i, kind in enumerate(config.layer_types)
@@ -195,10 +245,6 @@ class Zamba2Model(nn.Module):
 
 
 class Zamba2ForCausalLM(MambaHybridForCausalLM):
-    # Its shared blocks (one set of weights at several depths, per-use adapters, a 2 x
-    # hidden attention input) are not sharded yet.
-    supports_tensor_parallel = False
-
     def __init__(self, config: Zamba2ModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__(config, dtype)
         self._set_model(Zamba2Model(config, dtype))
