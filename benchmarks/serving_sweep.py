@@ -4,6 +4,9 @@ backend, one command per device call:
     python benchmarks/serving_sweep.py --model MODEL_DIR --dataset-path sharegpt.json \
         --out OUT --conv-backends 1,0 --runs sharegpt@inf:500,256@inf:500,1024@inf:500 \
         --offline sharegpt:500 --budget-s 520
+    python benchmarks/serving_sweep.py --model MODEL_DIR --dataset-path sharegpt.json \
+        --out OUT --runs sharegpt@inf:300 --repeats 3 --offline sharegpt:300 \
+        --offline-repeats 2   # the server-vs-offline gap, with its spread
 
 For each ``VLLM_USE_TRITON_CONV1D`` value in ``--conv-backends`` (1: the Triton conv, 0:
 the CUDA split) it starts ``vllm serve MODEL_DIR`` with ``--server-args``, waits for
