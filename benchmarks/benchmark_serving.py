@@ -15,6 +15,12 @@ printed table and the result JSON. Before the timed run one short request (the f
 prompt, at most 16 output tokens) checks the server answers, retried while the server is
 not up yet for ``--ready-check-timeout-sec``; ``--num-warmups`` more requests of the first
 prompt then run untimed. ``OPENAI_API_KEY``, when set, is sent as a Bearer token.
+
+Server step stats: right before the first timed request and right after the last answer,
+the server's /metrics is read; when it has the engine step series (this project's `vllm
+serve`), their difference over the run goes into the result as ``server_step_stats``
+(step_stats.py's fields, the wall time being ``duration``) and is printed under the table.
+A server without them is benchmarked all the same, with a note and no such key.
 """
 
 from __future__ import annotations
@@ -169,6 +175,19 @@ async def paced(requests, rate: float, burstiness: float, seed: int):
             await asyncio.sleep(rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness)))
 
 
+async def scrape_step_totals(session, url: str, headers: dict) -> dict | None:
+    """The engine step totals on the server's /metrics; None without them."""
+    import step_stats
+
+    try:
+        async with session.get(f"{url}/metrics", headers=headers) as r:
+            text = await r.text() if r.status == 200 else ""
+    except Exception as err:  # noqa: BLE001 - a server without /metrics is no error
+        print(f"reading {url}/metrics failed: {type(err).__name__}: {err}")
+        return None
+    return step_stats.parse_prometheus(text)
+
+
 async def run(args, requests, tokenizer) -> dict:
     import aiohttp
     from serving_client import BACKENDS, REQUEST_TIMEOUT, RequestInput, send_request
@@ -216,6 +235,7 @@ async def run(args, requests, tokenizer) -> dict:
             async with limit:
                 return await send_request(session, args.backend, request_input(r), pbar)
 
+        totals_before = await scrape_step_totals(session, base_url(args), headers)
         start = time.perf_counter()
         tasks = []
         async for r in paced(requests, args.request_rate, args.burstiness, args.seed):
@@ -223,8 +243,18 @@ async def run(args, requests, tokenizer) -> dict:
         outputs = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         pbar.close()
+        totals_after = None
+        if totals_before is not None:
+            totals_after = await scrape_step_totals(session, base_url(args), headers)
     result = calculate_metrics(outputs, duration, tokenizer, args.metrics, args.percentiles)
     result["model_id"] = model
+    if totals_after is not None:
+        import step_stats
+
+        totals = step_stats.diff(totals_after, totals_before)
+        result["server_step_stats"] = step_stats.summarize(totals, duration)
+    else:
+        print("the server's /metrics has no engine step stats: server_step_stats skipped")
     return result
 
 
@@ -285,6 +315,10 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     result = asyncio.run(run(args, requests, tokenizer))
     record = result_record(args, result, argv)
     print(format_table(record, args.metrics, args.percentiles))
+    if "server_step_stats" in record:
+        from step_stats import format_block
+
+        print(format_block(record["server_step_stats"], "Server engine steps (this run)"))
     if args.save_result:
         path = result_path(args, record)
         path.parent.mkdir(parents=True, exist_ok=True)

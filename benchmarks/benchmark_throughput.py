@@ -27,6 +27,11 @@ the engine compiles its kernel variants and captures its decode CUDA graphs whil
 ``engine_startup``). Recorded: ``startup_s`` (script start to a ready engine) and
 ``first_token_s`` (script start to the end of a first 1-token generation of one prompt,
 done right after start-up; ``--no-first-token`` skips it), then the timed run.
+``step_stats`` (vllm backend; step_stats.py): the engine's step count, tokens per step,
+step times (with and without prefill, and their pieces) and the share of the timed run's
+wall time spent inside engine steps, for comparison with a server's (benchmark_serving.py's
+``server_step_stats``).
+
 ``--prefill-run`` adds, after the timed run, a second timed run of the same prompts with
 one output token each: prompt tokens / its time is the prefill throughput
 (``prefill_tokens_per_s``; a run with ``--output-len 1`` measures the same thing alone).
@@ -53,7 +58,8 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# Neither imports torch or triton: the Triton cache is set before either is loaded.
+# None imports torch or triton: the Triton cache is set before either is loaded.
+import step_stats  # noqa: E402
 from bench_setup import make_requests, triton_cache  # noqa: E402
 from model_shapes import HYBRID_CONFIGS, NAMED_CONFIGS, named_config  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
@@ -202,7 +208,7 @@ def run(args, t_start: float, cache: dict) -> dict:
             **setup,
         },
         "phases": phases,
-        **{k: res[k] for k in ("engine_startup", "hf", "profile") if k in res},
+        **{k: res[k] for k in ("engine_startup", "hf", "profile", "step_stats") if k in res},
     }
     prefill = results["prefill_tokens_per_s"]
     print(
@@ -216,6 +222,8 @@ def run(args, t_start: float, cache: dict) -> dict:
         + (f"; prefill {prefill:.0f} tok/s" if prefill else "")
         + f"; Triton cache {cache_label(cache)})"
     )
+    if "step_stats" in res:
+        print(step_stats.format_block(res["step_stats"], "Engine steps (timed run)"))
     if "profile" in res:
         table = [*MARKDOWN_HEADER, *markdown_rows(setup["conv_backend"], res["profile"])]
         print("\n".join(table))
@@ -273,10 +281,13 @@ def run_vllm(args, model, t_start: float):
         res["first_token_s"] = time.perf_counter() - t_start
     steps_before = llm.engine.num_steps
     sync()
+    totals_before = llm.engine.step_totals.as_dict()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     sync()
     res["elapsed_s"] = time.perf_counter() - start
+    totals = step_stats.diff(llm.engine.step_totals.as_dict(), totals_before)
+    res["step_stats"] = step_stats.summarize(totals, res["elapsed_s"])
     res["output_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
     steps = llm.engine.num_steps - steps_before
     if args.prefill_run:

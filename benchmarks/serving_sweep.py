@@ -4,18 +4,27 @@ backend, one command per device call:
     python benchmarks/serving_sweep.py --model MODEL_DIR --dataset-path sharegpt.json \
         --out OUT --conv-backends 1,0 --runs sharegpt@inf:500,256@inf:500,1024@inf:500 \
         --offline sharegpt:500 --budget-s 520
+    python benchmarks/serving_sweep.py --model MODEL_DIR --dataset-path sharegpt.json \
+        --out OUT --runs sharegpt@inf:300 --repeats 3 --offline sharegpt:300 \
+        --offline-repeats 2   # the server-vs-offline gap, with its spread
 
 For each ``VLLM_USE_TRITON_CONV1D`` value in ``--conv-backends`` (1: the Triton conv, 0:
 the CUDA split) it starts ``vllm serve MODEL_DIR`` with ``--server-args``, waits for
 /health, runs every ``--runs`` item ``WORKLOAD@RATE:PROMPTS`` (WORKLOAD ``sharegpt`` for the
-ShareGPT output lengths or a number of output tokens, always with ``--ignore-eos``) and
-stops the server with SIGTERM. Each run writes ``OUT/conv<b>-<workload>-rate<rate>.json``
-with the metadata ``conv_backend`` (triton or cuda) that plot_serving.py labels lines
-by. Then each ``--offline WORKLOAD:PROMPTS`` runs benchmark_throughput.py on the same
+ShareGPT output lengths or a number of output tokens, always with ``--ignore-eos``) with
+``vllm bench serve``, and stops the server with SIGTERM. Each run writes
+``OUT/conv<b>-<workload>-rate<rate>.json`` with the metadata ``conv_backend`` (triton or
+cuda) that plot_serving.py labels lines by. ``--repeats N`` (N > 1) runs the whole list N
+times in turn against the same server, the files suffixed ``-r0`` ... ``-r<N-1>`` (and
+``repeat`` in their metadata). Then each ``--offline WORKLOAD:PROMPTS`` runs
+benchmark_throughput.py (``--offline-repeats`` times, suffixed the same way) on the same
 requests (the same ShareGPT file and seed; ``--max-output-len 2048`` so ShareGPT's long
 replies are not cut, greedy as the server is) with the server's engine sizes, for the
-server-overhead comparison. A run that would start after ``--budget-s`` is skipped and
-recorded as such. ``OUT/sweep.json`` lists every run and ``OUT/sweep.md`` tabulates them.
+server-overhead comparison. The server, the client and the offline runs all use this
+source tree's vllm (``PYTHONPATH``). A run that would start after ``--budget-s`` is
+skipped and recorded as such. ``OUT/sweep.json`` lists every run and ``OUT/sweep.md``
+tabulates them (sweep_summary.py: every run, the repeats' mean and spread, and the engine
+step stats of the server runs beside the offline ones).
 """
 
 from __future__ import annotations
@@ -24,7 +33,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +42,8 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CLI = ["-m", "vllm.entrypoints.cli.main"]
 BACKEND_NAMES = {"1": "triton", "0": "cuda"}
 PERCENTILES = "50,90,99"
 
@@ -64,9 +74,7 @@ def free_port() -> int:
 
 
 def start_server(args, env: dict, port: int, log: Path) -> tuple[subprocess.Popen, float]:
-    exe = shutil.which("vllm")
-    cmd = [exe] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-    cmd += ["serve", args.model, *shlex.split(args.server_args)]
+    cmd = [sys.executable, *CLI, "serve", args.model, *shlex.split(args.server_args)]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     print("sweep:", " ".join(cmd), flush=True)
     t0 = time.monotonic()
@@ -95,9 +103,12 @@ def stop_server(proc: subprocess.Popen) -> int:
         return proc.wait()
 
 
-def bench_command(args, port: int, conv: str, workload: str, rate: str, n: int, out: Path):
+def bench_command(
+    args, port: int, conv: str, workload: str, rate: str, n: int, out: Path, repeat=None
+):
+    """``vllm bench serve`` (the CLI, so that its record names the CLI's command)."""
     name = BACKEND_NAMES.get(conv, conv)
-    cmd = [sys.executable, str(HERE / "benchmark_serving.py"), "--model", args.model]
+    cmd = [sys.executable, *CLI, "bench", "serve", "--model", args.model]
     cmd += ["--port", str(port), "--dataset-name", "sharegpt", "--ignore-eos"]
     if args.dataset_path:
         cmd += ["--dataset-path", args.dataset_path]
@@ -108,6 +119,7 @@ def bench_command(args, port: int, conv: str, workload: str, rate: str, n: int, 
     cmd += ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
     cmd += ["--disable-tqdm", "--metadata", f"conv_backend={name}"]
     cmd += [f"VLLM_USE_TRITON_CONV1D={conv}", f"workload={workload}"]
+    cmd += [f"repeat={repeat}"] if repeat is not None else []
     return cmd + shlex.split(args.bench_args)
 
 
@@ -128,6 +140,16 @@ def offline_command(args, workload: str, n: int, out: Path) -> list[str]:
     return cmd + ["--seed", str(args.seed), "--no-first-token", "--out", str(out)]
 
 
+def tree_env(conv: str) -> dict:
+    """The environment of every process of the sweep: this tree's vllm, the conv backend."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "VLLM_USE_TRITON_CONV1D": conv, "PYTHONPATH": path}
+
+
+def suffixes(n: int) -> list[str]:
+    return [f"-r{i}" for i in range(n)] if n > 1 else [""]
+
+
 def run_one(cmd: list[str], env: dict, log: Path, record: dict) -> None:
     t0 = time.monotonic()
     with log.open("w") as f:
@@ -144,7 +166,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--conv-backends", default="1,0")
     p.add_argument("--runs", default="sharegpt@inf:500")
+    p.add_argument("--repeats", type=int, default=1, help="run the --runs list N times")
     p.add_argument("--offline", default="", help="WORKLOAD:PROMPTS,... after the servers")
+    p.add_argument("--offline-repeats", type=int, default=1)
     p.add_argument(
         "--server-args",
         default="--load-format dummy --dtype bfloat16 --max-num-seqs 256 "
@@ -155,11 +179,13 @@ def main(argv=None) -> None:
     p.add_argument("--budget-s", type=float, default=float("inf"))
     p.add_argument("--startup-timeout-s", type=float, default=300.0)
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.offline_repeats < 1:
+        p.error("--repeats and --offline-repeats must be >= 1")
     runs = parse_runs(args.runs)
     offline = [
         (check_workload(w), int(n)) for w, n in (x.split(":") for x in args.offline.split(",") if x)
     ]
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t_start, records = time.monotonic(), []
 
@@ -171,7 +197,7 @@ def main(argv=None) -> None:
         return True
 
     for conv in args.conv_backends.split(","):
-        env = {**os.environ, "VLLM_USE_TRITON_CONV1D": conv}
+        env = tree_env(conv)
         port = free_port()
         server_log = out / f"server-conv{conv}.log"
         server = {"name": f"server conv{conv}", "log": server_log.name}
@@ -179,48 +205,37 @@ def main(argv=None) -> None:
         if over_budget(server):
             continue
         proc, server["startup_s"] = start_server(args, env, port, server_log)
-        for workload, rate, n in runs:
-            name = f"conv{conv}-{workload}-rate{rate}"
-            record = {"name": name, "result": f"{name}.json", "prompts": n}
-            records.append(record)
-            if not over_budget(record):
-                cmd = bench_command(args, port, conv, workload, rate, n, out / record["result"])
-                run_one(cmd, env, out / f"{name}.log", record)
+        for i, suffix in enumerate(suffixes(args.repeats)):
+            for workload, rate, n in runs:
+                item = f"conv{conv}-{workload}-rate{rate}"
+                name = item + suffix
+                record = {"name": name, "item": item, "repeat": i, "prompts": n}
+                record["result"] = f"{name}.json"
+                records.append(record)
+                if not over_budget(record):
+                    path, repeat = out / record["result"], i if suffix else None
+                    cmd = bench_command(args, port, conv, workload, rate, n, path, repeat)
+                    run_one(cmd, env, out / f"{name}.log", record)
         server["exit_status"] = stop_server(proc)
     for conv in args.conv_backends.split(","):
-        env = {**os.environ, "VLLM_USE_TRITON_CONV1D": conv}
+        env = tree_env(conv)
         for workload, n in offline:
-            name = f"offline-conv{conv}-{workload}"
-            record = {"name": name, "result": f"{name}.json", "prompts": n}
-            records.append(record)
-            if not over_budget(record):
-                cmd = offline_command(args, workload, n, out / record["result"])
-                run_one(cmd, env, out / f"{name}.log", record)
+            item = f"offline-conv{conv}-{workload}"
+            for i, suffix in enumerate(suffixes(args.offline_repeats)):
+                name = item + suffix
+                record = {"name": name, "item": item, "repeat": i, "prompts": n}
+                record["result"] = f"{name}.json"
+                records.append(record)
+                if not over_budget(record):
+                    cmd = offline_command(args, workload, n, out / record["result"])
+                    run_one(cmd, env, out / f"{name}.log", record)
     (out / "sweep.json").write_text(
         json.dumps({"argv": argv or sys.argv[1:], "runs": records}, indent=2)
     )
-    summarize(out, records)
-
-
-def summarize(out: Path, records: list[dict]) -> None:
     sys.path.insert(0, str(HERE))
-    from plot_serving import markdown
+    from sweep_summary import summarize
 
-    serving = []
-    for r in records:
-        path = out / r.get("result", "-")
-        if r.get("rc") == 0 and path.is_file() and not r["name"].startswith("offline"):
-            serving.append(json.loads(path.read_text()))
-    lines = [markdown(serving, "conv_backend")] if serving else []
-    for r in records:
-        path = out / r.get("result", "-")
-        if r["name"].startswith("offline") and r.get("rc") == 0 and path.is_file():
-            res = json.loads(path.read_text())
-            lines.append(
-                f"- {r['name']}: {res['output_tokens_per_s']:.1f} output tok/s, "
-                f"{res['total_tokens_per_s']:.1f} total tok/s, {res['num_requests']} requests"
-            )
-    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    (out / "sweep.md").write_text(summarize(out, records))
     print((out / "sweep.md").read_text())
 
 

@@ -168,6 +168,25 @@ def test_random_run_keys_and_counts(results):
     assert "Successful requests:" in results["random_stdout"]
 
 
+def test_server_step_stats_of_the_run(results):
+    """The server's engine steps over the timed run (its /metrics before and after)."""
+    r = results["random"]
+    s = r["server_step_stats"]
+    assert s["wall_s"] == r["duration"] and "Server engine steps" in results["random_stdout"]
+    # Every prompt token was prefilled once; every output token after the first decoded.
+    assert s["prefill_tokens"] == r["total_input_tokens"]
+    assert s["decode_tokens"] == r["total_output_tokens"] - r["completed"]
+    assert 0 < s["num_steps_with_prefill"] <= s["num_steps"]
+    assert s["mean_tokens_per_step"] == pytest.approx(
+        (s["prefill_tokens"] + s["decode_tokens"]) / s["num_steps"]
+    )
+    pieces = sum(s["phase_ms_per_step"].values()) * s["num_steps"] / 1e3
+    assert pieces == pytest.approx(s["total_step_s"], rel=0.05)
+    # The loop's time (steps, waiting, the rest) covers the run's wall time.
+    loop = s["total_step_s"] + s["loop_wait_s"] + s["loop_other_s"]
+    assert loop == pytest.approx(s["wall_s"], rel=0.2) and 0 < s["share_of_wall_in_steps"] <= 1
+
+
 def test_sharegpt_chat_run_counts_the_refused_request(results):
     r, sampled = results["chat"], results["sampled"]
     assert len(sampled) == 6  # five short + the long one; the one-turn record and the tail not

@@ -1,6 +1,7 @@
 """benchmarks/serving_sweep.py: its run list, and one real sweep on the CPU (a tiny `vllm
-serve`, two rates of a ShareGPT sample, then the offline benchmark_throughput.py run on the
-same requests), its files and its summary."""
+serve`, two rates of a ShareGPT sample through `vllm bench serve`, twice (--repeats 2),
+then the offline benchmark_throughput.py run on the same requests), its files and its
+summary: the repeats' spread, and the server's engine steps beside the offline ones."""
 
 from __future__ import annotations
 
@@ -59,19 +60,32 @@ def test_a_tiny_sweep(tmp_path):
     cmd += ["--dataset-path", str(tmp_path / "sample.json"), "--out", str(out)]
     # 4 output tokens: benchmark_throughput.py drops pairs under 4, even of a fixed length.
     cmd += ["--conv-backends", "1", "--runs", "4@inf:2,4@50:2", "--offline", "4:2"]
+    cmd += ["--repeats", "2"]
     cmd += ["--server-args", "--load-format dummy --max-num-seqs 4 --max-model-len 128"]
     proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
     assert runs["server conv1"]["exit_status"] == 0
-    serving = [json.loads((out / f"conv1-4-rate{r}.json").read_text()) for r in ("inf", "50")]
+    names = [f"conv1-4-rate{r}-r{i}" for i in (0, 1) for r in ("inf", "50")]
+    assert [n for n in runs if n.startswith("conv1")] == names  # the list, then again
+    serving = [json.loads((out / f"{n}.json").read_text()) for n in names]
     for res in serving:
         assert (res["completed"], res["failed"], res["total_output_tokens"]) == (2, 0, 8)
         assert res["conv_backend"] == "triton" and res["VLLM_USE_TRITON_CONV1D"] == "1"
-    assert [r["request_rate"] for r in serving] == ["inf", 50.0]
+        # Made by the CLI, with the server's engine steps of the run.
+        assert res["command"][:3] == ["vllm", "bench", "serve"]
+        assert res["server_step_stats"]["decode_tokens"] == 2 * 3
+    assert [r["request_rate"] for r in serving] == ["inf", 50.0] * 2
+    assert [r["repeat"] for r in serving] == ["0", "0", "1", "1"]
     offline = json.loads((out / "offline-conv1-4.json").read_text())
     # The same two requests offline: the same prompt tokens (the server counts BOS too).
     assert offline["prompt_tokens"] == serving[0]["total_input_tokens"]
     assert offline["output_tokens"] == 8
+    assert offline["step_stats"]["decode_tokens"] == 2 * 3
     md = (out / "sweep.md").read_text()
-    assert md.count("| ShareGPT, 4 output tokens | triton |") == 2 and "offline-conv1-4" in md
+    assert md.count("| ShareGPT, 4 output tokens | triton |") == 4 and "offline-conv1-4" in md
+    assert "| conv1-4-rateinf | 2 | " in md and "| offline-conv1-4 | 1 | " in md  # repeats
+    steps = [line for line in md.splitlines() if line.startswith("| conv1-4-rate")]
+    assert len(steps) == 2 + 4  # the repeats table's two items, the steps table's four runs
+    assert "| offline-conv1-4 | " in md.split("Engine steps")[1]
+    assert "- conv1-4-rateinf vs offline-conv1-4: server / offline output tok/s = " in md

@@ -54,6 +54,15 @@ def test_synthetic_prompts(bench, tmp_path, capsys):
     assert res["output_tokens_per_s"] > 0 and res["requests_per_s"] > 0
     saved = json.loads(out.read_text())
     assert saved["setup"]["model_config"]["hidden_size"] == 64
+    # The engine's steps in the timed run: every prompt token prefilled once, every
+    # output token after the first decoded; steps fill (nearly) all of its wall time.
+    steps = saved["step_stats"]
+    assert steps["prefill_tokens"] == res["prompt_tokens"] and steps["decode_tokens"] == 3
+    # Step calls: the batches dispatched, and (async scheduling) a last call that only reads.
+    assert steps["num_steps"] == res["setup"]["engine_steps"] + 1
+    assert steps["num_steps"] > steps["num_steps_with_prefill"] > 0
+    assert steps["wall_s"] == res["elapsed_s"] and 0.5 < steps["share_of_wall_in_steps"] <= 1
+    assert steps["mean_step_ms_with_prefill"] > 0 and "loop_wait_s" not in steps
     assert "requests/s" in capsys.readouterr().out
 
 

@@ -78,6 +78,9 @@ def _scrape(server) -> dict[str, float]:
     return samples
 
 
+KINDS = ("prefill", "decode")
+
+
 def test_metrics_count_what_was_sent(server, client):
     before = _scrape(server)
     for name in (
@@ -128,6 +131,24 @@ def test_metrics_count_what_was_sent(server, client):
     # One latency per token after each request's first.
     assert delta("vllm:inter_token_latency_seconds_count") == generated - 4
     assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
+
+    # Engine steps: every prompt token prefilled once, every later token one decode.
+    assert delta('vllm:engine_step_tokens_total{token_kind="prefill"}') == prompt_tokens
+    assert delta('vllm:engine_step_tokens_total{token_kind="decode"}') == generated - 4
+    assert delta("vllm:iteration_tokens_total_sum") == prompt_tokens + generated - 4
+    steps = sum(delta(f'vllm:engine_step_seconds_count{{step_kind="{k}"}}') for k in KINDS)
+    assert steps == delta("vllm:iteration_tokens_total_count") >= 4
+    assert delta('vllm:engine_step_seconds_count{step_kind="prefill"}') >= 4
+    step_s = sum(delta(f'vllm:engine_step_seconds_sum{{step_kind="{k}"}}') for k in KINDS)
+    assert step_s > 0 and delta('vllm:engine_loop_seconds_total{phase="step"}') == (
+        pytest.approx(step_s)
+    )
+    phases = ("schedule", "dispatch", "read", "output")
+    pieces = sum(delta(f'vllm:engine_step_phase_seconds_total{{phase="{p}"}}') for p in phases)
+    assert 0 < pieces <= step_s
+    # Between the requests the loop waited for work.
+    assert delta('vllm:engine_loop_seconds_total{phase="wait"}') > 0
+    assert delta('vllm:engine_loop_seconds_total{phase="other"}') >= 0
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@
 One background thread drives the engine: it takes the requests and aborts queued since
 its last step, runs a step, and hands each request's outputs to that request's asyncio
 queue (``loop.call_soon_threadsafe``). The event loop never waits for the GPU, so the
-server accepts connections and streams while steps run.
+server accepts connections and streams while steps run. Each record to the stat loggers
+carries the step's timing (``IterationStats.step``) and the loop's time since the previous
+record outside the step: waiting for work, and the rest (``loop_wait_s``, ``loop_other_s``).
 
 ``add_request`` checks the request in the caller's thread before anything is queued (a
 ValueError names the problem) and returns a ``RequestStream``; ``generate`` wraps it in an
@@ -159,8 +161,11 @@ class AsyncLLM:
 
     def _run(self) -> None:
         engine = self.engine
+        clock = time.perf_counter
         try:
+            last_record = clock()
             while True:
+                t_wait = clock()
                 with self._wake:
                     while not self._inbox and not self._stopping:
                         if engine.has_unfinished_requests():
@@ -169,7 +174,7 @@ class AsyncLLM:
                     if self._stopping:
                         break
                     inbox, self._inbox = self._inbox, []
-                stats = IterationStats()
+                stats = IterationStats(loop_wait_s=clock() - t_wait)
                 for op, rid, processed, params, arrival in inbox:
                     if op == "add":
                         engine.add_processed(rid, processed, params, arrival)
@@ -180,6 +185,12 @@ class AsyncLLM:
                     outputs = engine.step(stats)
                 self.num_requests_running = stats.num_running = engine.core.num_running
                 self.num_requests_waiting = stats.num_waiting = engine.core.num_waiting
+                # The loop's time since its last record, less the wait and the step.
+                now, step = clock(), stats.step
+                stats.loop_other_s = max(
+                    0.0, now - last_record - stats.loop_wait_s - (step.total_s if step else 0.0)
+                )
+                last_record = now
                 # Counted before the outputs go out: a client that has its last token and
                 # then reads /metrics sees its request in them.
                 for stat_logger in self.stat_loggers:

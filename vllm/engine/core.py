@@ -29,11 +29,16 @@ sends them to every rank (under async scheduling rank 0 also broadcasts the prev
 step's sampled tokens on the device), rank 0's logits come back and are sampled here. A
 failed tensor-parallel step (a worker that died or raised) leaves the ranks out of step:
 the engine is then dead, every request fails with the error, new requests are refused.
+
+Each step leaves its host timing and token counts in ``last_step`` (``StepStats``: the
+scheduler, the dispatch, the read of a dispatched step's tokens); the clock reads add no
+device sync.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -43,6 +48,7 @@ from vllm.engine.config import EngineConfig
 from vllm.engine.sampler import SampledLogprobs, Sampler, compute_logprobs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
 from vllm.engine.sequence import PENDING_TOKEN, Sequence
+from vllm.engine.stats import StepStats
 from vllm.executor.multiproc import MultiprocExecutor
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
@@ -86,6 +92,7 @@ class _Dispatched:
     tokens: torch.Tensor
     logprobs: SampledLogprobs | None
     prompt: tuple[SampledLogprobs, list[tuple[Sequence, int, int]]] | None
+    num_prefill_tokens: int = 0  # the prompt tokens the step computed
 
 
 class EngineCore:
@@ -117,6 +124,7 @@ class EngineCore:
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
         self._in_flight: _Dispatched | None = None
+        self.last_step = StepStats()
         # Outputs made outside a step's read (aborts, failed batches), sent with the next.
         self._pending_outputs: list[EngineCoreOutput] = []
 
@@ -172,8 +180,15 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         """Dispatch one step and read the one before it (under async scheduling; without
         it, read this one); the outputs of every request that got a token or finished."""
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        prefill = num_prompt_tokens(batch)
         dispatched = self._dispatch(batch) if batch.seqs else None
+        if dispatched is not None:
+            dispatched.num_prefill_tokens = prefill
+        t2 = time.perf_counter()
+        waited_on = self._in_flight
         outputs, self._pending_outputs = self._pending_outputs, []
         if self._in_flight is not None:
             outputs += self._read(self._in_flight)
@@ -181,6 +196,15 @@ class EngineCore:
         if dispatched is not None and not self.config.async_scheduling:
             outputs += self._read(dispatched)
             self._in_flight = None
+        read_prefill = waited_on.num_prefill_tokens if waited_on is not None else prefill
+        self.last_step = StepStats(
+            schedule_s=t1 - t0,
+            dispatch_s=t2 - t1,
+            read_s=time.perf_counter() - t2,
+            num_prefill_tokens=prefill,
+            num_decode_tokens=batch.total_tokens - prefill,
+            waited_on_prefill=read_prefill > 0,
+        )
         return outputs
 
     def _dispatch(self, batch: ScheduledBatch) -> _Dispatched | None:
@@ -313,3 +337,13 @@ class EngineCore:
         if pos + 1 - seq.num_prompt_tokens >= seq.max_tokens:
             return "length", None
         return None, None
+
+
+def num_prompt_tokens(batch: ScheduledBatch) -> int:
+    """The batch's prompt tokens (counted before the step computes them): the rows of
+    sequences not yet past their prompt."""
+    return sum(
+        n
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True)
+        if seq.num_computed_tokens < seq.num_prompt_tokens
+    )

@@ -6,7 +6,8 @@ request per sample, to the ``EngineCore``; ``step`` runs one core step and retur
 stop strings, logprobs, the merge of ``n`` samples, the output kind); ``abort_request``
 ends requests and frees their slots at once. A request that fails while running (sampling,
 detokenizing) comes back finished with reason "error" and its message in ``errors``; the
-other requests and the engine go on.
+other requests and the engine go on. ``step_totals`` sums every step's ``StepStats`` (host
+timing and token counts: ``stats.py``) from the engine's start.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from vllm.engine.config import EngineConfig
 from vllm.engine.core import EngineCore, EngineCoreRequest
 from vllm.engine.output_processor import OutputProcessor
 from vllm.engine.processor import InputProcessor, ProcessedPrompt
-from vllm.engine.stats import IterationStats
+from vllm.engine.stats import IterationStats, StepTotals
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -37,6 +38,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         # Requests that failed while running: {request id: message}, until read.
         self.errors: dict[str, str] = {}
+        self.step_totals = StepTotals()
         self.startup = {**self.core.runner.startup, "total_s": time.perf_counter() - t0}
         logger.info(startup_line(self.startup))
 
@@ -121,7 +123,9 @@ class LLMEngine:
     def step(self, stats: IterationStats | None = None) -> list[RequestOutput]:
         """One core step; the outputs of the requests with something new (and of those
         that failed: finished, reason "error", the message in ``self.errors``)."""
+        t0 = time.perf_counter()
         core_outputs = self.core.step()
+        t1 = time.perf_counter()
         outputs, to_abort, errors = self.output_processor.process_outputs(core_outputs, stats)
         if to_abort:
             self.core.abort_requests(to_abort)
@@ -129,9 +133,14 @@ class LLMEngine:
             logger.warning("request %s failed: %s", rid, message)
             self.errors[rid] = message
             outputs.append(self._error_output(rid, message))
+        step = self.core.last_step
+        t2 = time.perf_counter()
+        step.output_s, step.total_s = t2 - t1, t2 - t0
+        self.step_totals.add(step)
         if stats is not None:
             stats.num_running = self.core.num_running
             stats.num_waiting = self.core.num_waiting
+            stats.step = step
         return outputs
 
     @staticmethod

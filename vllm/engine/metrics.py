@@ -7,6 +7,16 @@ read this server unchanged.
 
 Every series carries the label ``model_name``. Each logger owns a registry (prometheus'
 global one would reject a second server in the same process, as tests start).
+
+Engine step series (this project's, in vLLM's naming; ``stats.StepStats`` defines the
+pieces): ``vllm:engine_step_seconds{step_kind}``, the wall time of each step call,
+``step_kind`` "prefill" when the batch the call waited for held prompt tokens, else
+"decode"; ``vllm:engine_step_phase_seconds_total{phase}`` (schedule, dispatch, read,
+output); ``vllm:iteration_tokens_total`` (vLLM's: tokens per step) and
+``vllm:engine_step_tokens_total{token_kind}`` (prefill, decode); and
+``vllm:engine_loop_seconds_total{phase}``, the engine loop thread's wall time: in steps
+(step), blocked waiting for work (wait), and the rest (other: taking requests, recording
+stats, handing outputs to the event loop).
 """
 
 from __future__ import annotations
@@ -24,6 +34,12 @@ ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+STEP_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1,
+    0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+STEP_PHASES = ("schedule", "dispatch", "read", "output")
 E2E_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -79,6 +95,47 @@ class PrometheusStatLogger(StatLoggerBase):
             "Histogram of end to end request latency in seconds.",
             E2E_BUCKETS,
         )
+        self._init_step_metrics()
+
+    def _init_step_metrics(self) -> None:
+        reg, name = self.registry, self.model_name
+        steps = Histogram(
+            "vllm:engine_step_seconds",
+            "Wall time of one engine step call (schedule, forward, sample, outputs), by "
+            "whether the batch it waited for held prompt tokens.",
+            ["model_name", "step_kind"],
+            buckets=STEP_BUCKETS,
+            registry=reg,
+        )
+        self.step_seconds = {k: steps.labels(name, k) for k in ("prefill", "decode")}
+        phases = Counter(
+            "vllm:engine_step_phase_seconds_total",
+            "Engine step seconds by piece (schedule, dispatch, read, output).",
+            ["model_name", "phase"],
+            registry=reg,
+        )
+        self.step_phase_seconds = {p: phases.labels(name, p) for p in STEP_PHASES}
+        tokens = Counter(
+            "vllm:engine_step_tokens_total",
+            "Tokens scheduled in engine steps, prompt (prefill) or decode.",
+            ["model_name", "token_kind"],
+            registry=reg,
+        )
+        self.step_tokens = {k: tokens.labels(name, k) for k in ("prefill", "decode")}
+        self.iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ["model_name"],
+            buckets=ITERATION_TOKEN_BUCKETS,
+            registry=reg,
+        ).labels(name)
+        loop = Counter(
+            "vllm:engine_loop_seconds_total",
+            "Engine loop thread wall time: in steps, waiting for work, and the rest.",
+            ["model_name", "phase"],
+            registry=reg,
+        )
+        self.loop_seconds = {p: loop.labels(name, p) for p in ("step", "wait", "other")}
 
     def set_queue_lengths(self, running: int, waiting: int) -> None:
         """The two gauges; also called by the server right before a scrape, so that a
@@ -96,6 +153,19 @@ class PrometheusStatLogger(StatLoggerBase):
             self.time_to_first_token.observe(ttft)
         for itl in stats.inter_token_latencies_s:
             self.inter_token_latency.observe(itl)
+        self.loop_seconds["wait"].inc(stats.loop_wait_s)
+        self.loop_seconds["other"].inc(stats.loop_other_s)
+        step = stats.step
+        if step is not None:
+            self.loop_seconds["step"].inc(step.total_s)
+            self.step_seconds["prefill" if step.waited_on_prefill else "decode"].observe(
+                step.total_s
+            )
+            for phase in STEP_PHASES:
+                self.step_phase_seconds[phase].inc(getattr(step, f"{phase}_s"))
+            self.step_tokens["prefill"].inc(step.num_prefill_tokens)
+            self.step_tokens["decode"].inc(step.num_decode_tokens)
+            self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
         for finished in stats.finished:
             reason = finished.finish_reason or "unknown"
             self._request_success.labels(self.model_name, reason).inc()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -11,6 +11,68 @@ class FinishedRequestStats:
     num_prompt_tokens: int
     num_generation_tokens: int
     finish_reason: str | None  # "stop", "length", "abort" or "error"
+
+
+@dataclass
+class StepStats:
+    """One engine step call, timed on the host (``time.perf_counter``; no device sync is
+    added). Its pieces: ``schedule_s`` (the scheduler's batch), ``dispatch_s`` (inputs
+    prepared, the forward and the sampler queued on the device: host time, plus any wait
+    the forward itself makes), ``read_s`` (the host reads a dispatched step's sampled
+    tokens, which waits for that step's device work, and applies them), ``output_s`` (the
+    output processor: detokenizing, stop strings, ``RequestOutput``s); ``total_s`` is the
+    whole call. Tokens are those of the batch the call dispatched: prompt tokens
+    (``num_prefill_tokens``) and the one-token continuations of requests past their
+    prompt (``num_decode_tokens``).
+
+    ``waited_on_prefill``: under async scheduling a call dispatches batch N, then waits for
+    batch N-1's tokens, so its time is mostly batch N-1's device time; it is True when the
+    batch whose tokens the call read held prompt tokens (the batch it dispatched, when it
+    read none). Without async scheduling the two are the same batch."""
+
+    schedule_s: float = 0.0
+    dispatch_s: float = 0.0
+    read_s: float = 0.0
+    output_s: float = 0.0
+    total_s: float = 0.0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    waited_on_prefill: bool = False
+
+
+@dataclass
+class StepTotals:
+    """Sums over engine step calls (``LLMEngine.step_totals``, from its start): ``steps``
+    and ``step_s`` split into those ``waited_on_prefill`` (``prefill_steps``,
+    ``prefill_step_s``) and the rest; the pieces' seconds and the tokens."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    prefill_steps: int = 0
+    prefill_step_s: float = 0.0
+    schedule_s: float = 0.0
+    dispatch_s: float = 0.0
+    read_s: float = 0.0
+    output_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+    def add(self, step: StepStats) -> None:
+        self.steps += 1
+        self.step_s += step.total_s
+        if step.waited_on_prefill:
+            self.prefill_steps += 1
+            self.prefill_step_s += step.total_s
+        self.schedule_s += step.schedule_s
+        self.dispatch_s += step.dispatch_s
+        self.read_s += step.read_s
+        self.output_s += step.output_s
+        self.prefill_tokens += step.num_prefill_tokens
+        self.decode_tokens += step.num_decode_tokens
+
+    def as_dict(self) -> dict:
+        """A copy, as plain numbers (what benchmarks subtract and summarize)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -25,6 +87,13 @@ class IterationStats:
     time_to_first_tokens_s: list[float] = field(default_factory=list)
     inter_token_latencies_s: list[float] = field(default_factory=list)
     finished: list[FinishedRequestStats] = field(default_factory=list)
+    # The step call's timing (None: the loop ran no step), and the engine loop's time
+    # since its previous record outside the step: blocked waiting for work (or for the
+    # lock the event loop takes to queue requests), and the rest (taking queued requests
+    # and aborts, recording stats, handing outputs to the event loop).
+    step: StepStats | None = None
+    loop_wait_s: float = 0.0
+    loop_other_s: float = 0.0
 
 
 class StatLoggerBase:

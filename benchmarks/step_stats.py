@@ -1,0 +1,178 @@
+"""Engine step statistics of a run, offline or in a server, in one form so that they compare.
+
+The engine sums each step call's host timing and tokens (``vllm.engine.stats.StepTotals``;
+``LLMEngine.step_totals`` offline) and the server exports the same sums on /metrics
+(``vllm/engine/metrics.py``), plus its engine loop's time outside steps. A run's totals
+are the difference of two readings (``diff``); ``summarize`` turns them into:
+
+- ``num_steps``, ``num_steps_with_prefill`` (steps whose waited-for batch held prompt
+  tokens), ``num_steps_decode_only``, ``share_of_steps_with_prefill``;
+- ``total_step_s``, ``mean_step_ms``, ``mean_step_ms_with_prefill``,
+  ``mean_step_ms_decode_only``;
+- ``prefill_tokens``, ``decode_tokens``, ``mean_tokens_per_step``,
+  ``mean_prefill_tokens_per_step``, ``mean_decode_tokens_per_step``;
+- ``phase_ms_per_step``: the mean schedule, dispatch, read and output ms of a step;
+- ``wall_s`` (the run's wall time: offline the timed generate, in a server the benchmark's
+  duration) and ``share_of_wall_in_steps`` = total step seconds / wall;
+- server only: ``loop_wait_s`` and ``loop_other_s`` (the engine loop blocked waiting for
+  work; its other time outside steps) and their shares of the wall time.
+
+No import of vllm or torch: benchmark_serving.py uses it as a plain HTTP client.
+"""
+
+from __future__ import annotations
+
+import re
+
+TOTAL_KEYS = (
+    "steps",
+    "step_s",
+    "prefill_steps",
+    "prefill_step_s",
+    "schedule_s",
+    "dispatch_s",
+    "read_s",
+    "output_s",
+    "prefill_tokens",
+    "decode_tokens",
+)
+LOOP_KEYS = ("loop_wait_s", "loop_other_s")
+PHASES = ("schedule", "dispatch", "read", "output")
+# /metrics series (less the model_name label) -> total key.
+PROMETHEUS_SERIES = {
+    'vllm:engine_step_seconds_count{step_kind="prefill"}': ("steps", "prefill_steps"),
+    'vllm:engine_step_seconds_count{step_kind="decode"}': ("steps",),
+    'vllm:engine_step_seconds_sum{step_kind="prefill"}': ("step_s", "prefill_step_s"),
+    'vllm:engine_step_seconds_sum{step_kind="decode"}': ("step_s",),
+    **{f'vllm:engine_step_phase_seconds_total{{phase="{p}"}}': (f"{p}_s",) for p in PHASES},
+    'vllm:engine_step_tokens_total{token_kind="prefill"}': ("prefill_tokens",),
+    'vllm:engine_step_tokens_total{token_kind="decode"}': ("decode_tokens",),
+    'vllm:engine_loop_seconds_total{phase="wait"}': ("loop_wait_s",),
+    'vllm:engine_loop_seconds_total{phase="other"}': ("loop_other_s",),
+}
+_SAMPLE = re.compile(r"^(vllm:[a-z0-9_]+)(?:\{(.*)\})? (\S+)$")
+
+
+def parse_prometheus(text: str) -> dict | None:
+    """The step totals in a /metrics text (summed over models); None when it has no engine
+    step series (a server without them)."""
+    totals = dict.fromkeys(TOTAL_KEYS + LOOP_KEYS, 0.0)
+    found = False
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        labels = [p for p in (m.group(2) or "").split(",") if p and not p.startswith("model_name=")]
+        series = m.group(1) + (f"{{{','.join(labels)}}}" if labels else "")
+        for key in PROMETHEUS_SERIES.get(series, ()):
+            totals[key] += float(m.group(3))
+            found = True
+    return totals if found else None
+
+
+def diff(after: dict, before: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def summarize(totals: dict, wall_s: float) -> dict:
+    steps, prefill_steps = int(totals["steps"]), int(totals["prefill_steps"])
+    decode_steps = steps - prefill_steps
+    tokens = totals["prefill_tokens"] + totals["decode_tokens"]
+    out = {
+        "num_steps": steps,
+        "num_steps_with_prefill": prefill_steps,
+        "num_steps_decode_only": decode_steps,
+        "share_of_steps_with_prefill": _ratio(prefill_steps, steps),
+        "total_step_s": totals["step_s"],
+        "mean_step_ms": _ms(_ratio(totals["step_s"], steps)),
+        "mean_step_ms_with_prefill": _ms(_ratio(totals["prefill_step_s"], prefill_steps)),
+        "mean_step_ms_decode_only": _ms(
+            _ratio(totals["step_s"] - totals["prefill_step_s"], decode_steps)
+        ),
+        "prefill_tokens": int(totals["prefill_tokens"]),
+        "decode_tokens": int(totals["decode_tokens"]),
+        "mean_tokens_per_step": _ratio(tokens, steps),
+        "mean_prefill_tokens_per_step": _ratio(totals["prefill_tokens"], steps),
+        "mean_decode_tokens_per_step": _ratio(totals["decode_tokens"], steps),
+        "phase_ms_per_step": {p: _ms(_ratio(totals[f"{p}_s"], steps)) for p in PHASES},
+        "wall_s": wall_s,
+        "share_of_wall_in_steps": _ratio(totals["step_s"], wall_s),
+    }
+    for key in LOOP_KEYS:
+        if key in totals:
+            out[key] = totals[key]
+            out[f"share_of_wall_{key[:-2]}"] = _ratio(totals[key], wall_s)
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _f(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_block(s: dict, title: str = "Engine steps") -> str:
+    phases = ", ".join(f"{p} {_f(v, '.2f')}" for p, v in s["phase_ms_per_step"].items())
+    lines = [
+        "{t:-^51}".format(t=f" {title} "),
+        f"steps: {s['num_steps']} ({s['num_steps_with_prefill']} with prefill), "
+        f"{_f(s['mean_tokens_per_step'])} tokens/step "
+        f"({_f(s['mean_prefill_tokens_per_step'])} prefill, "
+        f"{_f(s['mean_decode_tokens_per_step'])} decode)",
+        f"step ms: mean {_f(s['mean_step_ms'], '.2f')}, with prefill "
+        f"{_f(s['mean_step_ms_with_prefill'], '.2f')}, decode-only "
+        f"{_f(s['mean_step_ms_decode_only'], '.2f')}",
+        f"per step ms: {phases}",
+        f"in steps: {s['total_step_s']:.2f} s of {s['wall_s']:.2f} s wall "
+        f"({_f(_pct(s['share_of_wall_in_steps']))}%)",
+    ]
+    if "loop_wait_s" in s:
+        lines.append(
+            f"engine loop outside steps: waiting {s['loop_wait_s']:.2f} s "
+            f"({_f(_pct(s['share_of_wall_loop_wait']))}%), other {s['loop_other_s']:.2f} s "
+            f"({_f(_pct(s['share_of_wall_loop_other']))}%)"
+        )
+    return "\n".join(lines)
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100.0 * share
+
+
+COMPARISON_HEAD = (
+    "| run | output tok/s | steps | tokens/step (prefill + decode) | steps with prefill | "
+    "step ms mean / with prefill / decode-only | schedule / dispatch / read / output ms "
+    "per step | "
+    "% wall in steps | % wall loop wait / other |"
+)
+
+
+def comparison_row(name: str, output_tok_s: float, s: dict) -> str:
+    ph = s["phase_ms_per_step"]
+    loop = (
+        f"{_f(_pct(s['share_of_wall_loop_wait']))} / {_f(_pct(s['share_of_wall_loop_other']))}"
+        if "loop_wait_s" in s
+        else "-"
+    )
+    return (
+        f"| {name} | {output_tok_s:.1f} | {s['num_steps']} | {_f(s['mean_tokens_per_step'])} "
+        f"({_f(s['mean_prefill_tokens_per_step'])} + {_f(s['mean_decode_tokens_per_step'])}) "
+        f"| {s['num_steps_with_prefill']} | {_f(s['mean_step_ms'], '.2f')} / "
+        f"{_f(s['mean_step_ms_with_prefill'], '.2f')} / "
+        f"{_f(s['mean_step_ms_decode_only'], '.2f')} | "
+        + " / ".join(_f(ph[p], ".2f") for p in PHASES)
+        + f" | {_f(_pct(s['share_of_wall_in_steps']))} | {loop} |"
+    )
+
+
+def comparison_table(rows: list[tuple[str, float, dict]]) -> str:
+    """Markdown: one row per (run name, output tok/s, step summary)."""
+    lines = [COMPARISON_HEAD, "| --- |" + " ---: |" * 8]
+    lines += [comparison_row(*row) for row in rows]
+    return "\n".join(lines) + "\n"
