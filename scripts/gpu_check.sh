@@ -7,7 +7,7 @@
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
-# e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench (see below).
+# e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench, serving_sweep (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -321,13 +321,35 @@ hybrid_bench() {
     return $rc
 }
 
+# benchmark_serving against `vllm serve`, Triton conv against the CUDA split (issue 12):
+# benchmarks/serving_sweep.py on the Codestral-7B shape (dummy bf16 weights, Mistral's v3
+# tokenizer: benchmarks/make_model_dir.py .whl/codestral) and a ShareGPT sample
+# (benchmarks/make_sharegpt_sample.py .whl/sharegpt_3000.json --num 3000 --tokenizer
+# .whl/codestral), both carried. SERVING_SWEEP_ARGS replaces the runs (default: rate inf,
+# 300 prompts, 3 repeats per backend, and the offline run twice; ~460 s); results in OUT/sweep.
+serving_sweep() {
+    local model=${SERVING_MODEL_DIR:-.whl/codestral} data=${SERVING_DATASET:-.whl/sharegpt_3000.json}
+    serve_wheels "$out/serve_wheels.log" || return 1
+    if [ ! -f "$model/config.json" ] || [ ! -f "$data" ]; then
+        echo "serving_sweep: carry $model and $data (see the comment above this step)"
+        return 1
+    fi
+    local runs="--conv-backends 1,0 --runs sharegpt@inf:300 --repeats 3 --offline sharegpt:300"
+    runs="$runs --offline-repeats 2 --budget-s 460"
+    local -a args
+    eval "args=(${SERVING_SWEEP_ARGS:-$runs})"  # shell quoting: --server-args "..." works
+    python3 benchmarks/serving_sweep.py --model "$model" --dataset-path "$data" \
+        --out "$out/sweep" "${args[@]}" 2>&1 | tee "$out/serving_sweep.log"
+}
+
 # GPU_CHECK_STEPS picks a subset (the device's calls are capped at 10 minutes each).
 steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench step_bench}
 for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval) step "$s" "$s" ;;
+        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
+        serving_sweep) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -356,6 +378,7 @@ for f in "$out"/bamba9b_conv*.log; do [ -f "$f" ] && grep -H '^Throughput' "$f";
 [ -f "$out/serve.log" ] && grep -E '^serve: (/health|openai client: first|raw HTTP: first chunk|exit status)' "$out/serve.log"
 [ -f "$out/lm_eval.log" ] && grep -E '^lm_eval: |[0-9]+ (passed|failed|error|skipped)' "$out/lm_eval.log"
 [ -f "$out/lm_eval/compare.md" ] && cat "$out/lm_eval/compare.md"
+[ -f "$out/sweep/sweep.md" ] && cat "$out/sweep/sweep.md"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed step: %s\n' "${failed[@]}"
     exit 1
