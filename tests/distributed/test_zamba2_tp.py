@@ -26,11 +26,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tests.distributed.test_hybrid_tp import run_steps
+from tests.distributed.test_hybrid_tp import (
+    check_generate_two_ranks_equals_one_rank,
+    check_steps_match,
+    run_steps,
+)
 from tests.distributed.utils import run_ranks
-from tests.models.hybrid_utils import engine, save_checkpoint, tokens
+from tests.models.hybrid_utils import save_checkpoint
 from tests.models.test_zamba2 import make_hf
-from vllm import LLM, SamplingParams
+from vllm import LLM
 from vllm.cache_spec import AttentionSpec
 from vllm.distributed import get_tp_group
 from vllm.model_executor.layers.attention import Attention
@@ -83,15 +87,7 @@ def _ranks_equal_one_rank(path, expected, load_format="auto"):
         up = layer.gate_up_adapter[1]
         assert isinstance(up, MergedColumnParallelLinear)
         assert up.weight.shape[0] == 2 * cfg.intermediate_size // tp.world_size
-    got = run_steps(model)
-    for step, (rows, want) in enumerate(zip(got, expected, strict=True)):
-        for g, e in zip(rows, want, strict=True):
-            if tp.rank != 0:
-                assert g is None  # logits are gathered on rank 0 only
-            else:
-                torch.testing.assert_close(
-                    g, e, atol=4e-5 * scale, rtol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
-                )
+    check_steps_match(model, expected, 4e-5 * scale)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -110,16 +106,7 @@ def test_dummy_weights_are_those_of_one_rank(tmp_path):
 
 
 def test_generate_two_ranks_equals_one_rank(tmp_path):
-    path = save_checkpoint(make_hf(seed=4), tmp_path / "gen")
-    prompts = [tokens(n, "P", n) for n in (3, 11, 7)]
-    params = SamplingParams(max_tokens=5, ignore_eos=True)
-    one = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params)]
-    llm = engine(path, tensor_parallel_size=2)
-    try:
-        two = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    finally:
-        llm.engine.core.shutdown()
-    assert two == one
+    check_generate_two_ranks_equals_one_rank(save_checkpoint(make_hf(seed=4), tmp_path / "gen"))
 
 
 def _replicated(name: str) -> bool:
