@@ -48,3 +48,10 @@ class Worker:
 
     def startup(self) -> dict:
         return self.runner.startup
+
+    def apply(self, fn, *args, **kwargs):
+        """``fn(self, *args, **kwargs)`` on this rank: ``executor.run("apply", fn, ...)``
+        runs a picklable function (a module-level one) on every rank's worker and returns
+        rank 0's result, as vLLM's ``collective_rpc`` does with a callable. For tools that
+        need each rank's runner, group or device beside the steps (benchmark_tp.py)."""
+        return fn(self, *args, **kwargs)
