@@ -7,7 +7,7 @@
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
-# e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench, serving_sweep (see below).
+# e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench, serving_sweep, tp (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -342,6 +342,33 @@ serving_sweep() {
         --out "$out/sweep" "${args[@]}" 2>&1 | tee "$out/serving_sweep.log"
 }
 
+# Tensor parallelism on 2 GPUs (issue 16; the nvidia-h200-x2 kind): benchmarks/benchmark_tp.py
+# (Codestral-7B shape, dummy bf16 weights, TP=2 against TP=1 and an fp32 TP=1 yardstick:
+# logits, throughput, step latency, the all-reduce cost per layer and per step; about 3
+# minutes, at most its --budget-s of 330 s; TP_BENCH_ARGS adds options), then the multi-GPU
+# tests of tests/distributed (NCCL, marked gpu; ~1-2 minutes). Fewer than 2 GPUs visible:
+# skipped, saying so. NVLink multicast stays off for every rank (the device notes'
+# KINDS.md); the tree goes first on PYTHONPATH, so the step also runs without `install`.
+tp() {
+    local log="$out/tp.log" gpus rc=0
+    gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+    if [ "${gpus:-0}" -lt 2 ]; then
+        echo "tp: skipped: ${gpus:-0} GPU(s) visible; tensor parallelism needs 2 (kind nvidia-h200-x2)" |
+            tee "$log"
+        return 0
+    fi
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    # shellcheck disable=SC2086
+    PYTHONPATH=$path python3 benchmarks/benchmark_tp.py ${TP_BENCH_ARGS:-} --out "$out/tp.json" \
+        --md "$out/tp.md" 2>&1 | tee "$log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    PYTHONPATH=$path python3 -m pytest tests/distributed -m gpu -q -p no:cacheprovider \
+        --durations=10 --junitxml "$out/tp_tests.xml" 2>&1 | tee "$out/tp_tests.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    return $rc
+}
+
 # GPU_CHECK_STEPS picks a subset (the device's calls are capped at 10 minutes each).
 steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench step_bench}
 for s in $steps; do
@@ -349,7 +376,7 @@ for s in $steps; do
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
         wheels | ssd_bench | vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
-        serving_sweep) step "$s" "$s" ;;
+        serving_sweep | tp) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -379,6 +406,10 @@ for f in "$out"/bamba9b_conv*.log; do [ -f "$f" ] && grep -H '^Throughput' "$f";
 [ -f "$out/lm_eval.log" ] && grep -E '^lm_eval: |[0-9]+ (passed|failed|error|skipped)' "$out/lm_eval.log"
 [ -f "$out/lm_eval/compare.md" ] && cat "$out/lm_eval/compare.md"
 [ -f "$out/sweep/sweep.md" ] && cat "$out/sweep/sweep.md"
+[ -f "$out/tp.log" ] && grep -E '^tp: skipped' "$out/tp.log"
+[ -f "$out/tp.md" ] && cat "$out/tp.md"
+[ -f "$out/tp_tests.log" ] && grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|no tests ran' \
+    "$out/tp_tests.log"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed step: %s\n' "${failed[@]}"
     exit 1
