@@ -89,6 +89,7 @@ def parse_args(argv):
     p.add_argument("--device", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None, help="the engine's")
     p.add_argument(
         "--mamba-ssm-cache-dtype",
         choices=["float32", "bfloat16", "float16"],
@@ -242,6 +243,7 @@ def run_vllm(args, model, t_start: float):
         "block_size",
         "gpu_memory_utilization",
         "num_gpu_blocks_override",
+        "long_prefill_token_threshold",
     ):
         if getattr(args, name) is not None:
             extra[name] = getattr(args, name)

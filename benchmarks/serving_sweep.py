@@ -125,7 +125,8 @@ def bench_command(
 
 def offline_command(args, workload: str, n: int, out: Path) -> list[str]:
     server = argparse.ArgumentParser(add_help=False)
-    for opt in ("--load-format", "--dtype", "--max-num-seqs", "--max-num-batched-tokens"):
+    engine_sizes = ("--max-num-seqs", "--max-num-batched-tokens", "--long-prefill-token-threshold")
+    for opt in ("--load-format", "--dtype", *engine_sizes):
         server.add_argument(opt)
     known, _ = server.parse_known_args(shlex.split(args.server_args))
     cmd = [sys.executable, str(HERE / "benchmark_throughput.py"), "--model", args.model]

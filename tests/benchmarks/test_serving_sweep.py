@@ -35,11 +35,13 @@ def test_offline_command_takes_the_servers_engine_sizes(tmp_path):
         model="M",
         dataset_path="s.json",
         seed=3,
-        server_args="--load-format dummy --dtype bfloat16 --max-num-seqs 256 --port 1",
+        server_args="--load-format dummy --dtype bfloat16 --max-num-seqs 256 --port 1 "
+        "--long-prefill-token-threshold 512",
     )
     cmd = offline_command(args, "1024", 500, tmp_path / "o.json")
     line = " ".join(cmd[1:])
     assert "--load-format dummy --dtype bfloat16 --max-num-seqs 256" in line
+    assert "--long-prefill-token-threshold 512" in line
     assert "--dataset s.json --output-len 1024 --num-prompts 500 --max-output-len 2048" in line
     assert "--temperature 0 --seed 3" in line and "--port" not in line
 

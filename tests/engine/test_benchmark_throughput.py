@@ -66,6 +66,20 @@ def test_synthetic_prompts(bench, tmp_path, capsys):
     assert "requests/s" in capsys.readouterr().out
 
 
+def test_long_prefill_token_threshold_reaches_the_engine(bench, tmp_path):
+    """One 12-token prompt, the engine's threshold 4: three batches with prompt tokens
+    (under async scheduling the call that dispatches the first decode waits on the last
+    of them: four step calls), where the 16-token budget alone would take one."""
+    out = tmp_path / "r.json"
+    argv = [*COMMON, "--num-prompts", "1", "--input-len", "12", "--output-len", "2"]
+    res = bench.main([*argv, "--long-prefill-token-threshold", "4", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["setup"]["args"]["long_prefill_token_threshold"] == 4
+    steps = saved["step_stats"]
+    assert steps["prefill_tokens"] == res["prompt_tokens"] == 12
+    assert steps["num_steps_with_prefill"] == 4
+
+
 def test_sharegpt_file(bench, tmp_path):
     data = [
         {

@@ -245,3 +245,37 @@ def test_vllm_serve_stops_on_sigterm_with_requests_in_flight(tiny_model_dir):
             httpx.get(server.url_for("health"), timeout=5)
     finally:
         server.kill()
+
+
+def test_vllm_serve_takes_long_prefill_token_threshold(client, tiny_model_dir):
+    """``vllm serve --long-prefill-token-threshold 4``: the prompt is prefilled 4 tokens a
+    step (the step counts of /metrics), and the greedy text equals the default server's."""
+    body = dict(
+        model=MODEL_NAME,
+        prompt="the state space model reads a long prompt in chunks of four tokens",
+        max_tokens=3,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
+    ref = client.completions.create(**body)
+    args = [*SERVER_ARGS, "--long-prefill-token-threshold", "4"]
+    with RemoteServer(tiny_model_dir, args, console_script=True) as capped:
+        before = _scrape(capped)
+        out = capped.openai_client().completions.create(**body)
+        deadline = time.monotonic() + 5
+        after = _scrape(capped)
+        while after.get("vllm:e2e_request_latency_seconds_count", 0) < 1:
+            assert time.monotonic() < deadline, after
+            time.sleep(0.05)
+            after = _scrape(capped)
+    assert out.choices[0].text == ref.choices[0].text
+    n = out.usage.prompt_tokens
+    assert n > 8 and n % 4 != 1, n  # (a one-token last chunk would run as a decode row)
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta('vllm:engine_step_tokens_total{token_kind="prefill"}') == n
+    # ceil(n / 4) batches with prompt tokens; under async scheduling the call that
+    # dispatches the first decode waits on the last of them, so it counts as one too.
+    assert delta('vllm:engine_step_seconds_count{step_kind="prefill"}') == -(-n // 4) + 1

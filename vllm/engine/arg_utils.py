@@ -29,6 +29,7 @@ class EngineArgs:
     seed: int = 0
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
     max_model_len: int | None = None
     enforce_eager: bool = False
     mamba_ssm_cache_dtype: str = "float32"
@@ -75,6 +76,13 @@ class EngineArgs:
             type=int,
             default=d["max_num_batched_tokens"],
             help="token budget of one step",
+        )
+        g.add_argument(
+            "--long-prefill-token-threshold",
+            type=int,
+            default=d["long_prefill_token_threshold"],
+            help="most tokens one prompt prefills in a step; a longer prompt goes on in "
+            "chunks over later steps (0: off, only the step budget cuts)",
         )
         g.add_argument(
             "--max-model-len",

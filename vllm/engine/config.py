@@ -10,8 +10,11 @@ from typing import Any
 import torch
 
 from vllm.executor.tp_checks import check_tp_divisibility
+from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import check_tensor_parallel_support
 from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
+
+logger = init_logger(__name__)
 
 _SSM_CACHE_DTYPES = {
     "float32": torch.float32,
@@ -29,7 +32,13 @@ class EngineConfig:
     ``max_num_seqs`` is both the most sequences in a step and the number of state slots: a
     running sequence always owns a slot, so admission never needs preemption.
     ``max_num_batched_tokens`` is the token budget of one step (decodes + prefill chunks); it
-    must cover a decode token of every running sequence. ``enforce_eager`` turns the CUDA
+    must cover a decode token of every running sequence. ``long_prefill_token_threshold``
+    (vLLM's name) N > 0 caps the tokens one sequence computes in a step at N: a longer
+    prompt is prefilled in chunks of at most N over several steps, so a step beside running
+    decodes carries at most N tokens of each prompt (0, the default: only the step budget
+    cuts chunks). The budget still bounds the step's total: several prompts may each bring
+    N. An N >= ``max_num_batched_tokens`` never binds (the budget cuts first) and is
+    accepted with a warning, as vLLM accepts it. ``enforce_eager`` turns the CUDA
     graphs of decode-only steps off (they are never used off CUDA).
     ``mamba_ssm_cache_dtype`` (vLLM's name) is the dtype of the SSM state pool: "float32"
     (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32
@@ -71,6 +80,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self):
         if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):
@@ -86,6 +96,7 @@ class EngineConfig:
             "seed",
             "block_size",
             "tensor_parallel_size",
+            "long_prefill_token_threshold",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -110,6 +121,16 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step"
+            )
+        threshold = self.long_prefill_token_threshold
+        if threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0 (0: off), got {threshold}")
+        if threshold >= self.max_num_batched_tokens:
+            logger.warning(
+                "long_prefill_token_threshold (%d) >= max_num_batched_tokens (%d): the step "
+                "budget cuts prefill chunks first, so the threshold has no effect",
+                threshold,
+                self.max_num_batched_tokens,
             )
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -118,7 +118,11 @@ class EngineCore:
 
             kv = KVCacheManager(self.runner.cache.num_blocks, config.block_size)
         self.scheduler = Scheduler(
-            config.max_num_seqs, config.max_num_batched_tokens, kv, config.max_model_len
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            kv,
+            config.max_model_len,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
         self.sampler = Sampler(self.runner.device, config.seed)
         self.requests: dict[str, Sequence] = {}

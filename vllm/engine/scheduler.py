@@ -9,9 +9,17 @@ Each step takes, in this order and under ``max_num_batched_tokens`` and ``max_nu
    is free, the KV cache can take it (below) and budget is left. The head of the queue is
    never skipped (FCFS).
 
+A chunk is what is left of the prompt, cut to the budget left and, when
+``long_prefill_token_threshold`` N > 0 (vLLM's ``--long-prefill-token-threshold``), to N:
+no sequence computes more than N tokens in one step, the rest of its prompt goes on in
+later steps (its state carries over, as for any chunk). The budget of the step is not
+changed by it: the tokens a long prompt leaves go to the next sequences of steps 2 and 3,
+so a step still carries up to ``max_num_batched_tokens`` tokens when several prompts are
+being prefilled. Decodes (one token) are never cut, so every rule below holds for any N.
+
 The batch's rows are in the canonical order of ``Mamba2Metadata``: first every one-token
-row that continues a sequence (the decodes, and a prefill chunk the budget cut to one
-token), then the others; so the model needs no reordering gather, and the attention
+row that continues a sequence (the decodes, and a prefill chunk the budget or N cut to
+one token), then the others; so the model needs no reordering gather, and the attention
 metadata, built in the same order, matches.
 
 A running sequence always owns its slot and ``max_num_batched_tokens >= max_num_seqs``, so
@@ -61,15 +69,24 @@ class Scheduler:
         max_num_batched_tokens: int,
         kv=None,
         max_model_len: int | None = None,
+        long_prefill_token_threshold: int = 0,
     ):
-        """``kv``: the ``KVCacheManager`` of a model with attention layers (None: none)."""
+        """``kv``: the ``KVCacheManager`` of a model with attention layers (None: none).
+        ``long_prefill_token_threshold``: the most prompt tokens of one sequence in a step
+        (0: no cap but the budget)."""
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if long_prefill_token_threshold < 0:
+            raise ValueError(
+                f"long_prefill_token_threshold must be >= 0 (0: off), got "
+                f"{long_prefill_token_threshold}"
+            )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.slots = SlotManager(max_num_seqs)
         self.kv = kv
         self.max_model_len = max_model_len
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -88,6 +105,13 @@ class Scheduler:
     def _admissible(self, seq: Sequence) -> bool:
         return self.kv is None or self.kv.can_reserve(seq.request_id, self.worst_case_tokens(seq))
 
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """The tokens ``seq`` computes this step when it prefills: what is left of its
+        prompt, at most ``budget`` and, when the threshold is on, at most the threshold."""
+        n = min(seq.num_uncomputed, budget)
+        cap = self.long_prefill_token_threshold
+        return min(n, cap) if cap > 0 else n
+
     def schedule(self) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
         # Canonical order as the rows are made: one-token continuations go to the front.
@@ -104,8 +128,8 @@ class Scheduler:
             if budget == 0:
                 break
             if not seq.is_decode and seq.num_uncomputed > 0:
-                n = min(seq.num_uncomputed, budget)
-                if n == 1 and seq.num_computed_tokens > 0:  # a chunk the budget cut to one
+                n = self._chunk(seq, budget)
+                if n == 1 and seq.num_computed_tokens > 0:  # a chunk cut to one token
                     seqs.append(seq)
                     counts.append(1)
                 else:
@@ -121,7 +145,7 @@ class Scheduler:
             if self.kv is not None:
                 self.kv.reserve(seq.request_id, self.worst_case_tokens(seq))
             self.running.append(seq)
-            n = min(seq.num_uncomputed, budget)
+            n = self._chunk(seq, budget)
             back.append(seq)
             back_counts.append(n)
             budget -= n

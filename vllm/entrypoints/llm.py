@@ -130,14 +130,15 @@ class LLM:
     """``model``: an HF model directory, or a ``Mamba2ModelConfig`` with
     ``load_format="dummy"``. Other keyword arguments are ``EngineArgs`` fields
     (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
-    ``max_num_batched_tokens``, ``max_model_len``, ``enforce_eager``,
-    ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the options ``vllm serve``
-    takes (``tensor_parallel_size`` among them: Mamba2 models shard over that many
-    processes; the hybrids are refused), or vLLM's other ``LLM`` keywords (``swap_space``,
-    ``quantization``, ``trust_remote_code``, ``revision``, ``tokenizer_mode``,
-    ``enable_lora``, ``enable_prefix_caching``, ...): each is either run as asked or
-    refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As in vLLM, None
-    for an option means its default, and ``dtype="auto"`` the config's dtype."""
+    ``max_num_batched_tokens``, ``long_prefill_token_threshold``, ``max_model_len``,
+    ``enforce_eager``, ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the
+    options ``vllm serve`` takes (``tensor_parallel_size`` among them: Mamba2 models shard
+    over that many processes; the hybrids are refused), or vLLM's other ``LLM`` keywords
+    (``swap_space``, ``quantization``, ``trust_remote_code``, ``revision``,
+    ``tokenizer_mode``, ``enable_lora``, ``enable_prefix_caching``, ...): each is either
+    run as asked or refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As
+    in vLLM, None for an option means its default, and ``dtype="auto"`` the config's
+    dtype."""
 
     def __init__(self, model: str | os.PathLike | Mamba2ModelConfig, **kwargs):
         args = EngineArgs(model=model, **_engine_kwargs(kwargs))
