@@ -46,9 +46,6 @@ class Worker:
             prev_tokens = broadcast(prev_tokens.long().contiguous(), src=0)
         return self.runner.execute_inputs(inputs, prev_tokens)
 
-    def startup(self) -> dict:
-        return self.runner.startup
-
     def apply(self, fn, *args, **kwargs):
         """``fn(self, *args, **kwargs)`` on this rank: ``executor.run("apply", fn, ...)``
         runs a picklable function (a module-level one) on every rank's worker and returns
