@@ -115,6 +115,8 @@ class PrometheusStatLogger(StatLoggerBase):
             registry=reg,
         )
         self.step_phase_seconds = {p: phases.labels(name, p) for p in STEP_PHASES}
+        # (counter, StepStats field) per phase, made once for log()'s per-step loop.
+        self._step_phases = [(self.step_phase_seconds[p], f"{p}_s") for p in STEP_PHASES]
         tokens = Counter(
             "vllm:engine_step_tokens_total",
             "Tokens scheduled in engine steps, prompt (prefill) or decode.",
@@ -161,8 +163,8 @@ class PrometheusStatLogger(StatLoggerBase):
             self.step_seconds["prefill" if step.waited_on_prefill else "decode"].observe(
                 step.total_s
             )
-            for phase in STEP_PHASES:
-                self.step_phase_seconds[phase].inc(getattr(step, f"{phase}_s"))
+            for counter, attr in self._step_phases:
+                counter.inc(getattr(step, attr))
             self.step_tokens["prefill"].inc(step.num_prefill_tokens)
             self.step_tokens["decode"].inc(step.num_decode_tokens)
             self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
