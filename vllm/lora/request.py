@@ -3,8 +3,8 @@
 Clients import it to build requests (lm-eval does at import time, and builds one when it is
 given ``lora_local_path``). The type exists so that they import and so that a request for an
 adapter is refused clearly: this package has no LoRA support, and ``LLM.generate`` raises
-``NotImplementedError`` for any ``lora_request`` that is not None rather than quietly running
-the base model.
+a ``ValueError`` for any ``lora_request`` that is not None rather than quietly running the
+base model.
 """
 
 from __future__ import annotations
