@@ -193,6 +193,16 @@ def test_vllm_help_lists_serve():
         assert option in out.stdout, option
 
 
+def test_vllm_serve_refuses_a_negative_long_prefill_token_threshold(tiny_model_dir):
+    """A bad engine option stops ``vllm serve`` at start-up, before it listens: a non-zero
+    exit and the option's message (checked before any weight is loaded: seconds)."""
+    exe = Path(sys.executable).parent / "vllm"
+    cmd = [exe, "serve", str(tiny_model_dir), "--long-prefill-token-threshold", "-1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "long_prefill_token_threshold must be >= 0 (0: off), got -1" in out.stderr, out.stderr
+
+
 def test_vllm_serve_stops_on_sigterm_with_requests_in_flight(tiny_model_dir):
     """Started by the console script; SIGTERM while a long stream and a long non-streaming
     request run: after the graceful timeout both are told the server is shutting down (an
