@@ -74,8 +74,9 @@ def replicated_weight_loader(param: nn.Parameter, loaded_weight, shard_id=None) 
 
 class LinearBase(nn.Module):
     """weight (out_local, in_local), bias (bias_size,) or None; sizes are this rank's.
-    Subclasses define ``weight_loader`` (set on both parameters) and ``forward``. Each
-    parameter's ``full_shape`` is the checkpoint tensor's (what its loader takes)."""
+    Subclasses define ``weight_loader`` (set on both parameters); ``forward`` is the local
+    ``F.linear`` unless a subclass adds a collective. Each parameter's ``full_shape`` is
+    the checkpoint tensor's (what its loader takes)."""
 
     def __init__(self, input_size, output_size, in_local, out_local, bias, bias_size, dtype):
         super().__init__()
@@ -94,6 +95,9 @@ class LinearBase(nn.Module):
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         raise NotImplementedError
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size}, out={self.output_size}, local={tuple(self.weight.shape)}, "
@@ -109,9 +113,6 @@ class ReplicatedLinear(LinearBase):
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         replicated_weight_loader(param, loaded_weight, shard_id)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -260,9 +261,6 @@ class QKVParallelLinear(LinearBase):
                 continue
             src = own_start + (fused_start if shard_id is None else 0)
             copy_into(param[dst : dst + n], read_range(loaded_weight, 0, src, src + n))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(LinearBase):

@@ -50,6 +50,7 @@ from vllm.model_executor.models.hybrid_base import (
     residual_norm,
     set_dummy_parts,
     tp_world_size,
+    with_layer_states,
 )
 
 
@@ -153,11 +154,8 @@ class BambaModel(nn.Module):
         self.final_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids, positions, state, metadata):
-        hidden, residual, k = self.embed_tokens(input_ids), None, 0
-        for layer in self.layers:
-            layer_state = None
-            if layer.layer_type == "mamba":
-                layer_state, k = state.layer(k), k + 1
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer, layer_state in with_layer_states(self.layers, state):
             hidden, residual = layer(hidden, residual, positions, layer_state, metadata)
         return self.final_layernorm(hidden, residual)[0]
 

@@ -20,6 +20,7 @@ from vllm.model_executor.models.config_utils import (
     check_bools,
     check_mamba_shape,
     check_positive_ints,
+    check_required,
     fields_from_dict,
     read_config_json,
     rope_settings,
@@ -156,9 +157,7 @@ class BambaModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BambaModelConfig:
-        missing = [n for n in ("hidden_size", "num_hidden_layers", "vocab_size") if n not in raw]
-        if missing:
-            raise ValueError(f"config is missing required fields: {', '.join(missing)}")
+        check_required(raw, ("hidden_size", "num_hidden_layers", "vocab_size"))
         kwargs = fields_from_dict(cls, raw, floats=("rms_norm_eps",))
         kwargs.update(rope_settings(raw, default_factor=0.5))
         if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:

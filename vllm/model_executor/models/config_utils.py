@@ -79,6 +79,22 @@ def fields_from_dict(
     return kwargs
 
 
+def check_required(raw: dict[str, Any], names: tuple[str, ...]) -> None:
+    """ValueError naming the keys of ``names`` that ``raw`` lacks."""
+    missing = [n for n in names if n not in raw]
+    if missing:
+        raise ValueError(f"config is missing required fields: {', '.join(missing)}")
+
+
+def block_types(listed: Any, kinds: dict[str, str]) -> tuple[str, ...]:
+    """Our layer kinds from a ``layers_block_type`` list (``kinds``: its names -> ours)."""
+    if not isinstance(listed, list) or any(t not in kinds for t in listed):
+        raise ValueError(
+            f"config field layers_block_type must be a list of {sorted(kinds)}, got {listed!r}"
+        )
+    return tuple(kinds[t] for t in listed)
+
+
 def check_positive_ints(config, names) -> None:
     for name in names:
         value = getattr(config, name)

@@ -34,6 +34,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 from vllm.model_executor.model_loader.tp_weight_utils import load_tp_weights
 from vllm.model_executor.models.utils import (
     cache_specs,
+    check_step_inputs,
     lm_logits,
     load_named_weights,
 )
@@ -187,26 +188,17 @@ class MambaHybridForCausalLM(nn.Module):
         if metadata is None:
             metadata = get_forward_context().mamba2_metadata
         name = type(self).__name__
-        if state is None:
-            raise ValueError(f"{name} needs the state pool (state=...)")
-        if input_ids.dim() != 1 or input_ids.shape[0] != metadata.num_tokens:
-            raise ValueError(
-                f"input_ids must be (num_tokens={metadata.num_tokens},), "
-                f"got {tuple(input_ids.shape)}"
-            )
-        if positions is not None and tuple(positions.shape) != tuple(input_ids.shape):
-            raise ValueError(
-                f"positions must be (num_tokens={metadata.num_tokens},), "
-                f"got {tuple(positions.shape)}"
-            )
         mixers = self.mixers()
-        if state.num_layers != len(mixers) or state.spec != mixers[0].spec:
-            raise ValueError("the state pool was allocated for another model shape")
-        if state.backend is not self.conv_backend:
-            raise ValueError(
-                f"the state pool has the {state.backend.value} conv layout but the model "
-                f"uses the {self.conv_backend.value} backend"
-            )
+        check_step_inputs(
+            name,
+            input_ids,
+            positions,
+            metadata,
+            state,
+            num_layers=len(mixers),
+            spec=mixers[0].spec,
+            backend=self.conv_backend,
+        )
         if metadata.token_perm is not None:
             raise ValueError(
                 f"{name}: the step's rows are not in canonical order (decode rows first); "
@@ -268,3 +260,14 @@ def residual_norm(norm, hidden: torch.Tensor, residual: torch.Tensor | None):
     if residual is None:
         return norm(hidden), hidden
     return norm(hidden, residual)
+
+
+def with_layer_states(layers, state: MambaStatePool):
+    """Each of ``layers`` with its pool states: ``state.layer(k)`` for the k-th layer whose
+    ``layer_type`` is "mamba" (the pool's layer order, ``mixers()``'), None for the others."""
+    k = 0
+    for layer in layers:
+        layer_state = None
+        if layer.layer_type == "mamba":
+            layer_state, k = state.layer(k), k + 1
+        yield layer, layer_state

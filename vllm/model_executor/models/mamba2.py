@@ -27,7 +27,6 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from vllm.distributed.parallel_state import get_tp_group
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.mamba.mamba2_metadata import (
@@ -40,13 +39,15 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     Mamba2StateSpec,
     MambaStatePool,
 )
-from vllm.model_executor.layers.vocab_parallel_embedding import (
-    ParallelLMHead,
-    VocabParallelEmbedding,
-)
 from vllm.model_executor.model_loader.tp_weight_utils import load_tp_weights
+from vllm.model_executor.models.hybrid_base import make_embedding, make_lm_head, tp_world_size
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-from vllm.model_executor.models.utils import cache_specs, lm_logits, load_named_weights
+from vllm.model_executor.models.utils import (
+    cache_specs,
+    check_step_inputs,
+    lm_logits,
+    load_named_weights,
+)
 
 
 class Mamba2DecoderLayer(nn.Module):
@@ -83,12 +84,7 @@ class Mamba2DecoderLayer(nn.Module):
 class Mamba2Model(nn.Module):
     def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype):
         super().__init__()
-        if get_tp_group().world_size > 1:
-            self.embeddings = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, dtype=dtype
-            )
-        else:  # exactly the table of the checkpoint: no padding rows
-            self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embeddings = make_embedding(config, dtype)
         self.layers = nn.ModuleList(
             Mamba2DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)
         )
@@ -120,16 +116,9 @@ class Mamba2ForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         self.backbone = Mamba2Model(config, dtype)
-        self.tp_size = get_tp_group().world_size
-        if self.tp_size > 1:
-            head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
-            if config.tie_word_embeddings:
-                head.tie_weights(self.backbone.embeddings)
-            self.lm_head = head
-        elif config.tie_word_embeddings:
-            self.lm_head = None
-        else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.tp_size = tp_world_size()
+        tie_to = self.backbone.embeddings if config.tie_word_embeddings else None
+        self.lm_head = make_lm_head(config, dtype, tie_to)
         self.conv_backend = self.backbone.layers[0].mixer.backend
 
     def forward(
@@ -146,20 +135,16 @@ class Mamba2ForCausalLM(nn.Module):
         """
         if metadata is None:
             metadata = get_forward_context().mamba2_metadata
-        if state is None:
-            raise ValueError("Mamba2ForCausalLM needs the state pool (state=...)")
-        if input_ids.dim() != 1 or input_ids.shape[0] != metadata.num_tokens:
-            raise ValueError(
-                f"input_ids must be (num_tokens={metadata.num_tokens},), "
-                f"got {tuple(input_ids.shape)}"
-            )
-        if state.num_layers != self.config.num_hidden_layers or state.spec != self.state_spec():
-            raise ValueError("the state pool was allocated for another model shape")
-        if state.backend is not self.conv_backend:
-            raise ValueError(
-                f"the state pool has the {state.backend.value} conv layout but the model "
-                f"uses the {self.conv_backend.value} backend"
-            )
+        check_step_inputs(
+            "Mamba2ForCausalLM",
+            input_ids,
+            None,
+            metadata,
+            state,
+            num_layers=self.config.num_hidden_layers,
+            spec=self.state_spec(),
+            backend=self.conv_backend,
+        )
         if metadata.num_tokens == 0:
             return torch.empty(
                 0, self.config.hidden_size, dtype=self.dtype, device=input_ids.device

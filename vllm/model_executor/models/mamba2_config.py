@@ -14,7 +14,13 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from vllm.model_executor.models.config_utils import as_float, read_config_json
+from vllm.model_executor.models.config_utils import (
+    as_float,
+    check_bools,
+    check_positive_ints,
+    check_required,
+    read_config_json,
+)
 
 _ARCHITECTURE = "Mamba2ForCausalLM"
 _MODEL_TYPE = "mamba2"
@@ -55,25 +61,21 @@ class Mamba2ModelConfig:
         return self.expand * self.hidden_size
 
     def validate(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_heads",
-            "head_dim",
-            "state_size",
-            "n_groups",
-            "expand",
-            "chunk_size",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
-        for name in ("use_bias", "use_conv_bias", "residual_in_fp32", "tie_word_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"config field {name} must be true or false, got {getattr(self, name)!r}"
-                )
+        check_positive_ints(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_heads",
+                "head_dim",
+                "state_size",
+                "n_groups",
+                "expand",
+                "chunk_size",
+            ),
+        )
+        check_bools(self, ("use_bias", "use_conv_bias", "residual_in_fp32", "tie_word_embeddings"))
         if self.intermediate_size != self.num_heads * self.head_dim:
             raise ValueError(
                 f"config: expand * hidden_size = {self.intermediate_size} must equal "
@@ -107,9 +109,7 @@ class Mamba2ModelConfig:
                 f"unsupported model: model_type={model_type!r}, architectures={architectures}; "
                 f"this loader serves model_type {_MODEL_TYPE!r} ({_ARCHITECTURE})"
             )
-        missing = [n for n in ("hidden_size", "num_hidden_layers", "vocab_size") if n not in raw]
-        if missing:
-            raise ValueError(f"config is missing required fields: {', '.join(missing)}")
+        check_required(raw, ("hidden_size", "num_hidden_layers", "vocab_size"))
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             key = f.name

@@ -47,6 +47,7 @@ from vllm.model_executor.models.hybrid_base import (
     make_lm_head,
     residual_norm,
     tp_world_size,
+    with_layer_states,
 )
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 
@@ -134,11 +135,8 @@ class NemotronHModel(nn.Module):
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
 
     def forward(self, input_ids, state, metadata):
-        hidden, residual, k = self.embeddings(input_ids), None, 0
-        for layer in self.layers:
-            layer_state = None
-            if layer.layer_type == "mamba":
-                layer_state, k = state.layer(k), k + 1
+        hidden, residual = self.embeddings(input_ids), None
+        for layer, layer_state in with_layer_states(self.layers, state):
             hidden, residual = layer(hidden, residual, layer_state, metadata)
         return self.norm_f(hidden, residual)[0]
 
@@ -151,9 +149,6 @@ class NemotronHForCausalLM(MambaHybridForCausalLM):
 
     def _run(self, input_ids, positions, state, metadata):
         return self.model(input_ids, state, metadata)
-
-    def head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
 
     def hf_to_param_name(self, name: str) -> str | None:
         if name.startswith("mtp."):

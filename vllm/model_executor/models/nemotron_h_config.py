@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from vllm.model_executor.models.config_utils import (
+    block_types,
     check_attention_heads,
     check_bools,
     check_mamba_shape,
     check_positive_ints,
+    check_required,
     fields_from_dict,
     read_config_json,
 )
@@ -47,12 +49,7 @@ def layer_types_from(raw: dict[str, Any]) -> tuple[str, ...]:
     """Our layer kinds ("mamba", "attention", "mlp", "moe") from a NemotronH config.json."""
     listed = raw.get("layers_block_type")
     if listed is not None:
-        if not isinstance(listed, list) or any(t not in _BLOCK_TYPES for t in listed):
-            raise ValueError(
-                f"config field layers_block_type must be a list of {sorted(_BLOCK_TYPES)}, got "
-                f"{listed!r}"
-            )
-        return tuple(_BLOCK_TYPES[t] for t in listed)
+        return block_types(listed, _BLOCK_TYPES)
     pattern = raw.get("hybrid_override_pattern")
     if pattern is None:
         raise ValueError(
@@ -158,9 +155,7 @@ class NemotronHModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> NemotronHModelConfig:
-        missing = [n for n in ("hidden_size", "vocab_size") if n not in raw]
-        if missing:
-            raise ValueError(f"config is missing required fields: {', '.join(missing)}")
+        check_required(raw, ("hidden_size", "vocab_size"))
         raw = dict(raw)
         for old, new in _LEGACY_KEYS.items():
             if raw.get(old) is not None:

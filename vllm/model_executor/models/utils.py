@@ -6,6 +6,8 @@
   model's layer order, so the engine can hand each layer its tensors.
 - ``load_named_weights``: an HF checkpoint's (name, tensor) pairs into the parameters,
   through the model's name map, with the errors a user can act on.
+- ``check_step_inputs``: a forward step's input checks (shapes, the state pool's shape
+  and conv layout), with the errors every model gives.
 - ``lm_logits``: fp32 logits of final hidden states against the head (or the tied
   embeddings).
 """
@@ -81,3 +83,36 @@ def load_named_weights(
 def lm_logits(hidden_states: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
     """fp32 logits (rows, vocab) of final hidden states."""
     return F.linear(hidden_states.to(head_weight.dtype), head_weight).float()
+
+
+def check_step_inputs(
+    name: str,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor | None,
+    metadata,
+    state,
+    *,
+    num_layers: int,
+    spec,
+    backend,
+) -> None:
+    """ValueError unless ``state`` is a pool of ``num_layers`` layers of ``spec`` in the
+    ``backend`` layout and ``input_ids`` (and ``positions``, when given) are
+    (metadata.num_tokens,); ``name``: the model, for the message of a missing pool."""
+    if state is None:
+        raise ValueError(f"{name} needs the state pool (state=...)")
+    if input_ids.dim() != 1 or input_ids.shape[0] != metadata.num_tokens:
+        raise ValueError(
+            f"input_ids must be (num_tokens={metadata.num_tokens},), got {tuple(input_ids.shape)}"
+        )
+    if positions is not None and tuple(positions.shape) != tuple(input_ids.shape):
+        raise ValueError(
+            f"positions must be (num_tokens={metadata.num_tokens},), got {tuple(positions.shape)}"
+        )
+    if state.num_layers != num_layers or state.spec != spec:
+        raise ValueError("the state pool was allocated for another model shape")
+    if state.backend is not backend:
+        raise ValueError(
+            f"the state pool has the {state.backend.value} conv layout but the model "
+            f"uses the {backend.value} backend"
+        )

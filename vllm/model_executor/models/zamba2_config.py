@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from vllm.model_executor.models.config_utils import (
+    block_types,
     check_attention_heads,
     check_bools,
     check_mamba_shape,
     check_positive_ints,
+    check_required,
     fields_from_dict,
     read_config_json,
     rope_settings,
@@ -174,19 +176,12 @@ class Zamba2ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Zamba2ModelConfig:
-        missing = [n for n in ("hidden_size", "vocab_size") if n not in raw]
-        if missing:
-            raise ValueError(f"config is missing required fields: {', '.join(missing)}")
+        check_required(raw, ("hidden_size", "vocab_size"))
         kwargs = fields_from_dict(cls, raw, floats=("rms_norm_eps", "time_step_min"))
         kwargs.pop("layer_types", None)
         listed = raw.get("layers_block_type")
         if listed is not None:
-            if not isinstance(listed, list) or any(t not in _BLOCK_TYPES for t in listed):
-                raise ValueError(
-                    f"config field layers_block_type must be a list of {sorted(_BLOCK_TYPES)}, "
-                    f"got {listed!r}"
-                )
-            kwargs["layer_types"] = tuple(_BLOCK_TYPES[t] for t in listed)
+            kwargs["layer_types"] = block_types(listed, _BLOCK_TYPES)
         if raw.get("use_mem_rope"):
             kwargs["rope_theta"] = rope_settings(raw)["rope_theta"]
         return cls(**kwargs)

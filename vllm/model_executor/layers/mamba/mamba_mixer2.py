@@ -187,7 +187,6 @@ class MambaMixer2(nn.Module):
         self.n_groups = shard.local_n_groups
         self.intermediate_size = shard.local_intermediate_size
         self.spec = shard.state_spec()
-        inter = num_heads * self.head_dim
         self.in_proj = Mamba2InProj(shard, self.hidden_size, use_bias, dtype)
         self.conv1d = DepthwiseConvWeights(self.spec.conv_dim, conv_kernel, use_conv_bias, dtype)
         heads = torch.arange(shard.heads.start + 1, shard.heads.stop + 1, dtype=torch.float32)
@@ -200,7 +199,9 @@ class MambaMixer2(nn.Module):
             self.norm = RMSNormGated(
                 self.intermediate_size, shard.norm_group_size, eps=rms_norm_eps, dtype=dtype
             )
-        self.out_proj = RowParallelLinear(inter, self.hidden_size, bias=use_bias, dtype=dtype)
+        self.out_proj = RowParallelLinear(
+            shard.intermediate_size, self.hidden_size, bias=use_bias, dtype=dtype
+        )
         attach_mixer_loaders(self, shard)
 
     def get_state_spec(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> MambaStateSpec:

@@ -131,7 +131,24 @@ class Mamba2Shard:
     @property
     def norm_group_size(self) -> int:
         """Channels per group of the gated RMSNorm (the full layer's, I / G)."""
-        return self.num_heads * self.head_dim // self.n_groups
+        return self.intermediate_size // self.n_groups
+
+    # -- full sizes (the checkpoint tensors' rows) ----------------------------------------
+
+    @property
+    def intermediate_size(self) -> int:
+        """I: rows of z (and of x), of norm.weight, columns of out_proj."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """I + 2GN: rows of conv1d (x | B | C)."""
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+    @property
+    def in_proj_size(self) -> int:
+        """2I + 2GN + H: rows of in_proj (z | x | B | C | dt)."""
+        return self.intermediate_size + self.conv_dim + self.num_heads
 
     # -- local sizes ---------------------------------------------------------------------
 
@@ -180,7 +197,7 @@ class Mamba2Shard:
 
     def _xbc_blocks(self, x_src: int, dst: int) -> list[RowBlock]:
         """x, B, C of this rank when the full x block starts at row ``x_src``."""
-        inter = self.num_heads * self.head_dim
+        inter = self.intermediate_size
         gn, n = self.n_groups * self.state_size, self.state_size
         li, lgn = self.local_intermediate_size, self.local_n_groups * n
         return [
@@ -191,10 +208,9 @@ class Mamba2Shard:
 
     def in_proj_blocks(self) -> list[RowBlock]:
         """z, x, B, C, dt: rows of the full in_proj (weight and bias) -> local rows."""
-        inter = self.num_heads * self.head_dim
-        gn = self.n_groups * self.state_size
+        inter = self.intermediate_size
         li = self.local_intermediate_size
-        dt_src, dt_dst = 2 * inter + 2 * gn + self.heads.start, li + self.local_conv_dim
+        dt_src, dt_dst = inter + self.conv_dim + self.heads.start, li + self.local_conv_dim
         return [
             _block("z", self.channel_slice.start, 0, li),
             *self._xbc_blocks(inter, li),
@@ -246,9 +262,7 @@ def load_row_blocks(param, loaded_weight, blocks: list[RowBlock], full_rows: int
 def mamba2_weight_loaders(shard: Mamba2Shard) -> dict[str, object]:
     """``weight_loader(param, full_tensor, shard_id=None)`` for each parameter of a mixer
     (keys: its names relative to the mixer, as in HF checkpoints)."""
-    inter = shard.num_heads * shard.head_dim
-    conv_rows = inter + 2 * shard.n_groups * shard.state_size
-    in_rows = inter + conv_rows + shard.num_heads
+    inter, conv_rows, in_rows = shard.intermediate_size, shard.conv_dim, shard.in_proj_size
 
     def rows(blocks, full_rows):
         def loader(param, loaded_weight, shard_id=None):
@@ -288,8 +302,7 @@ def attach_mixer_loaders(mixer: nn.Module, shard: Mamba2Shard) -> None:
     """Give a sharded mixer's own parameters (conv1d, A_log, D, dt_bias, norm gains; the
     linears carry theirs) the loader that reads their rows from the full checkpoint tensor
     and ``full_shape``, that tensor's shape (dummy weights are drawn at it)."""
-    inter = shard.num_heads * shard.head_dim
-    conv_rows = inter + 2 * shard.n_groups * shard.state_size
+    inter, conv_rows = shard.intermediate_size, shard.conv_dim
     full_shapes = {
         "conv1d.weight": (conv_rows, shard.conv_kernel),
         "conv1d.bias": (conv_rows,),
@@ -311,9 +324,7 @@ class Mamba2InProj(LinearBase):
     heads stay local up to out_proj)."""
 
     def __init__(self, shard: Mamba2Shard, hidden_size: int, bias: bool, dtype=None):
-        inter = shard.num_heads * shard.head_dim
-        full = 2 * inter + 2 * shard.n_groups * shard.state_size + shard.num_heads
-        local = shard.local_in_proj_size
+        full, local = shard.in_proj_size, shard.local_in_proj_size
         super().__init__(hidden_size, full, hidden_size, local, bias, local, dtype)
         self.shard = shard
 
@@ -321,9 +332,6 @@ class Mamba2InProj(LinearBase):
         if shard_id is not None:
             raise ValueError(f"Mamba2 in_proj has no shards, got shard_id={shard_id!r}")
         load_row_blocks(param, loaded_weight, self.shard.in_proj_blocks(), self.output_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 def sharded_gated_rmsnorm(
