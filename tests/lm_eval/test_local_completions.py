@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.entrypoints.utils import MODEL_NAME, SERVER_ARGS, RemoteServer
+from tests.entrypoints.utils import MODEL_NAME, serve_for_module
 from tests.lm_eval.harness import (
     LIMIT,
     MAX_GEN_TOKS,
@@ -25,13 +25,7 @@ pytestmark = pytest.mark.timeout(1200)
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    remote = RemoteServer(tiny_model_dir, SERVER_ARGS)  # max_model_len 256, 4 slots
-    remote.start()
-    try:
-        yield remote
-    finally:
-        status = remote.stop()
-    assert status == 0, remote.log()
+    yield from serve_for_module(tiny_model_dir)  # SERVER_ARGS: max_model_len 256, 4 slots
 
 
 @pytest.fixture(scope="module")
