@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from tests.distributed.utils import run_ranks
-from tests.models.hybrid_utils import HybridDriver, engine, save_checkpoint, tokens
+from tests.models.hybrid_utils import HybridDriver, engine, mixed_steps, save_checkpoint, tokens
 from tests.models.test_bamba import make_hf as make_bamba
 from tests.models.test_nemotron_h import make_hf as make_nemotron_h
 from vllm import LLM, SamplingParams
@@ -30,18 +30,9 @@ from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 MAKERS = {"bamba": make_bamba, "nemotron_h": make_nemotron_h}
 
 
-def _steps() -> list[list[tuple[str, list[int]]]]:
-    a, b, c = tokens(13, "A"), tokens(6, "B"), tokens(4, "C")
-    return [
-        [("a", a[:5]), ("b", b)],
-        [("b", tokens(1, "B+")), ("a", a[5:11]), ("c", c)],
-        [("b", tokens(1, "B++")), ("c", tokens(1, "C+")), ("a", a[11:])],
-    ]
-
-
 def run_steps(model) -> list[list[torch.Tensor | None]]:
     driver = HybridDriver(model)
-    return [driver.step(rows) for rows in _steps()]
+    return [driver.step(rows) for rows in mixed_steps()]
 
 
 def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol=1e-5, load_format="auto"):

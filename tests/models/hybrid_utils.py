@@ -143,23 +143,27 @@ class HybridDriver:
         return out
 
 
-def check_mixed_steps_match_hf(model, hf) -> None:
-    """Three mixed steps (fresh prompts, a chunked prefill continued, decodes beside them,
-    sequences ending mid-block) against HF's full-sequence logits, row by row."""
+def mixed_steps() -> list[list[tuple[str, list[int]]]]:
+    """Three mixed steps of ``HybridDriver.step`` rows (fresh prompts, a chunked prefill
+    continued, decodes beside them, sequences ending mid-block)."""
     a, b, c = tokens(13, "A"), tokens(6, "B"), tokens(4, "C")
-    nb, nc = tokens(2, "B+"), tokens(1, "C+")
-    driver = HybridDriver(model)
-    got = {"a": [], "b": [], "c": []}
-    steps = [
+    return [
         [("a", a[:5]), ("b", b)],  # two fresh prompts, a's first chunk
-        [("b", nb[:1]), ("a", a[5:11]), ("c", c)],  # a decode, a continuation, a fresh one
-        [("b", nb[1:]), ("c", nc), ("a", a[11:])],  # two decodes, the continuation's end
+        [("b", tokens(1, "B+")), ("a", a[5:11]), ("c", c)],  # a decode, a continuation, a fresh one
+        [("b", tokens(1, "B++")), ("c", tokens(1, "C+")), ("a", a[11:])],  # two decodes, a's end
     ]
-    for rows in steps:
-        for (sid, _), logits in zip(rows, driver.step(rows), strict=True):
-            got[sid].append(logits)
-    for sid, full in (("a", a), ("b", b + nb), ("c", c + nc)):
-        assert_close(torch.cat(got[sid]), hf_logits(hf, full), "vs_hf", msg=f"sequence {sid}")
+
+
+def check_mixed_steps_match_hf(model, hf) -> None:
+    """``mixed_steps`` against HF's full-sequence logits, row by row."""
+    driver = HybridDriver(model)
+    got, full = {}, {}
+    for rows in mixed_steps():
+        for (sid, toks), logits in zip(rows, driver.step(rows), strict=True):
+            got.setdefault(sid, []).append(logits)
+            full[sid] = full.get(sid, []) + toks
+    for sid, seq in full.items():
+        assert_close(torch.cat(got[sid]), hf_logits(hf, seq), "vs_hf", msg=f"sequence {sid}")
 
 
 def engine(path, device="cpu", **kwargs) -> LLM:
