@@ -15,6 +15,7 @@ import torch
 from tests.models.mamba2_utils import BF16_ERROR_VS_HF_BF16, assert_close, gen_for
 from tests.tiny_model import save_tiny_tokenizer
 from vllm import LLM, SamplingParams
+from vllm.distributed import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.worker.cache_engine import CacheEngine
 
@@ -166,6 +167,25 @@ def check_mixed_steps_match_hf(model, hf) -> None:
         assert_close(torch.cat(got[sid]), hf_logits(hf, seq), "vs_hf", msg=f"sequence {sid}")
 
 
+def run_steps(model) -> list[list[torch.Tensor | None]]:
+    driver = HybridDriver(model)
+    return [driver.step(rows) for rows in mixed_steps()]
+
+
+def check_steps_match(model, expected, atol: float) -> None:
+    """``run_steps`` on this rank's shard of the model: rank 0's logits equal one rank's
+    ``expected`` within ``atol`` (rtol 1e-5); the other ranks get none."""
+    rank = get_tp_group().rank
+    for step, (rows, want) in enumerate(zip(run_steps(model), expected, strict=True)):
+        for g, e in zip(rows, want, strict=True):
+            if rank != 0:
+                assert g is None  # logits are gathered on rank 0 only
+            else:
+                torch.testing.assert_close(
+                    g, e, atol=atol, rtol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
+                )
+
+
 def engine(path, device="cpu", **kwargs) -> LLM:
     """An fp32 engine with small limits: chunked prefill beside decodes, small blocks."""
     options = dict(
@@ -282,3 +302,16 @@ def check_graphs_match_eager(path, device) -> None:
             assert llm.engine.runner.graphs._graphs, "no decode step ran through a graph"
         check_no_kv_leak(llm)
     assert outs[True] == outs[False]
+
+
+def check_generate_two_ranks_equals_one_rank(path) -> None:
+    """Greedy tokens of ``LLM.generate`` at tensor_parallel_size=2 equal one rank's."""
+    prompts = [tokens(n, "P", n) for n in (3, 11, 7)]
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    one = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params)]
+    llm = engine(path, tensor_parallel_size=2)
+    try:
+        two = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    finally:
+        llm.engine.core.shutdown()
+    assert two == one
