@@ -387,6 +387,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--md", help="markdown tables")
     ap.add_argument("--reps", type=int, default=50, help="cold samples per measurement")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, checks only on the CPU")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
@@ -402,7 +403,7 @@ def main(argv=None) -> dict:
         "gpu": torch.cuda.get_device_name() if cuda else "none (CPU, Triton interpreter)",
         "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
         "git_sha": git_sha(), "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
-        "command": "python " + shlex.join([str(Path(sys.argv[0])), *sys.argv[1:]]),
+        "command": shlex.join(["python", "benchmarks/kernels/conv1d_bounds.py", *argv]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "copy_gbps": None if copy is None else round(copy, 1), "smoke": args.smoke,
         "reps": args.reps,

@@ -36,6 +36,9 @@ def test_smoke_run_writes_every_key(bench, tmp_path):
     assert set(saved["environment"]) >= {"gpu", "torch", "triton", "git_sha", "command",
                                          "copy_gbps", "smoke"}  # fmt: skip
     assert saved["environment"]["smoke"] is True
+    assert saved["environment"]["command"] == (
+        f"python benchmarks/kernels/conv1d_bounds.py --smoke --reps 3 --out {out} --md {md}"
+    )
     assert saved["checks_passed"] is True
     cases = saved["cases"]
     assert list(cases) == list(bench.SMOKE_CASES)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from serving_datasets import read_sharegpt, sample_sharegpt  # noqa: E402
 from serving_metrics import DETAILED_KEYS  # noqa: E402
 
-from tests.entrypoints.utils import RemoteServer, server_env  # noqa: E402
+from tests.entrypoints.utils import serve_for_module, server_env  # noqa: E402
 from tests.tiny_model import make_tiny_model_dir  # noqa: E402
 
 MAX_MODEL_LEN = 96
@@ -65,13 +65,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir):
     args = ["--max-num-seqs", "4", "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0"]
-    remote = RemoteServer(model_dir, args)
-    remote.start()
-    try:
-        yield remote
-    finally:
-        status = remote.stop()
-    assert status == 0, remote.log()
+    yield from serve_for_module(model_dir, args)
 
 
 def sharegpt_file(path: Path, tokenizer) -> tuple[Path, str]:

@@ -15,10 +15,15 @@ import torch
 from torch import nn
 
 from tests.distributed.utils import run_ranks
-from tests.models.hybrid_utils import HybridDriver, engine, save_checkpoint, tokens
+from tests.models.hybrid_utils import (
+    check_generate_two_ranks_equals_one_rank,
+    check_steps_match,
+    run_steps,
+    save_checkpoint,
+)
 from tests.models.test_bamba import make_hf as make_bamba
 from tests.models.test_nemotron_h import make_hf as make_nemotron_h
-from vllm import LLM, SamplingParams
+from vllm import LLM
 from vllm.cache_spec import AttentionSpec
 from vllm.distributed import get_tp_group
 from vllm.model_executor.layers.attention import Attention
@@ -28,20 +33,6 @@ from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 
 MAKERS = {"bamba": make_bamba, "nemotron_h": make_nemotron_h}
-
-
-def _steps() -> list[list[tuple[str, list[int]]]]:
-    a, b, c = tokens(13, "A"), tokens(6, "B"), tokens(4, "C")
-    return [
-        [("a", a[:5]), ("b", b)],
-        [("b", tokens(1, "B+")), ("a", a[5:11]), ("c", c)],
-        [("b", tokens(1, "B++")), ("c", tokens(1, "C+")), ("a", a[11:])],
-    ]
-
-
-def run_steps(model) -> list[list[torch.Tensor | None]]:
-    driver = HybridDriver(model)
-    return [driver.step(rows) for rows in _steps()]
 
 
 def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol=1e-5, load_format="auto"):
@@ -56,20 +47,6 @@ def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol=1e-5, load_forma
     specs = [s for s in model.get_cache_specs(4, torch.float32).values()]
     assert [s.num_kv_heads for s in specs if isinstance(s, AttentionSpec)] == [local_kv] * 2
     check_steps_match(model, expected, atol)
-
-
-def check_steps_match(model, expected, atol: float) -> None:
-    """``run_steps`` on this rank's shard of the model: rank 0's logits equal one rank's
-    ``expected`` within ``atol`` (rtol 1e-5); the other ranks get none."""
-    rank = get_tp_group().rank
-    for step, (rows, want) in enumerate(zip(run_steps(model), expected, strict=True)):
-        for g, e in zip(rows, want, strict=True):
-            if rank != 0:
-                assert g is None  # logits are gathered on rank 0 only
-            else:
-                torch.testing.assert_close(
-                    g, e, atol=atol, rtol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
-                )
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])  # 1: fewer KV heads than ranks (replicated)
@@ -100,19 +77,6 @@ def test_dummy_weights_are_those_of_one_rank(tmp_path, arch):
     path = save_checkpoint(MAKERS[arch](seed=3, **bias), tmp_path / arch)
     expected = run_steps(get_model(path, load_format="dummy"))
     run_ranks(_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5, "dummy")
-
-
-def check_generate_two_ranks_equals_one_rank(path) -> None:
-    """Greedy tokens of ``LLM.generate`` at tensor_parallel_size=2 equal one rank's."""
-    prompts = [tokens(n, "P", n) for n in (3, 11, 7)]
-    params = SamplingParams(max_tokens=5, ignore_eos=True)
-    one = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params)]
-    llm = engine(path, tensor_parallel_size=2)
-    try:
-        two = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    finally:
-        llm.engine.core.shutdown()
-    assert two == one
 
 
 @pytest.mark.parametrize("arch", ["bamba", "nemotron_h"])

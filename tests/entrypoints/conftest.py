@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.entrypoints.utils import SERVER_ARGS, RemoteServer
+from tests.entrypoints.utils import serve_for_module
 from tests.tiny_model import make_tiny_model_dir
 
 
@@ -23,13 +23,7 @@ def tiny_model_dir_no_template(tmp_path_factory):
 def server(tiny_model_dir):
     """One server for the whole module (start-up costs seconds on the CPU); it must exit
     cleanly (status 0) on SIGTERM at the end."""
-    remote = RemoteServer(tiny_model_dir, SERVER_ARGS)
-    remote.start()
-    try:
-        yield remote
-    finally:
-        status = remote.stop()
-    assert status == 0, remote.log()
+    yield from serve_for_module(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")

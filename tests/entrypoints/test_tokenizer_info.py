@@ -8,20 +8,14 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.entrypoints.utils import SERVER_ARGS, RemoteServer
+from tests.entrypoints.utils import SERVER_ARGS, serve_for_module
 
 TEXTS = ["Mamba layers keep a state.", "", "  two  spaces, ünïcode and 123"]
 
 
 @pytest.fixture(scope="module")
 def info_server(tiny_model_dir):
-    remote = RemoteServer(tiny_model_dir, [*SERVER_ARGS, "--enable-tokenizer-info-endpoint"])
-    remote.start()
-    try:
-        yield remote
-    finally:
-        status = remote.stop()
-    assert status == 0, remote.log()
+    yield from serve_for_module(tiny_model_dir, [*SERVER_ARGS, "--enable-tokenizer-info-endpoint"])
 
 
 def test_tokenizer_info_reports_the_served_tokenizer(info_server, tiny_model_dir):

@@ -175,6 +175,18 @@ class RemoteServer:
         )
 
 
+def serve_for_module(model: str | os.PathLike, args: list[str] = SERVER_ARGS, **kwargs):
+    """The body of a module-scoped server fixture (``yield from serve_for_module(...)``): a
+    started ``RemoteServer``, which must exit cleanly (status 0) on SIGTERM at the end."""
+    remote = RemoteServer(model, args, **kwargs)
+    remote.start()
+    try:
+        yield remote
+    finally:
+        status = remote.stop()
+    assert status == 0, remote.log()
+
+
 def assert_serves(server: RemoteServer) -> None:
     """The server still answers a real generation (after a bad request, a disconnect...)."""
     r = httpx.post(

@@ -13,7 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.entrypoints.utils import REPO, server_env
+from tests.lm_eval.reference import same_text
 
 # lm-eval is a test dependency (requirements/test.txt), so CI always has it; the GPU box has
 # it only once gpu_check.sh's lm_eval step installed the carried wheels.
@@ -70,3 +73,47 @@ def config(model: str, model_args: dict, task_dir: Path, batch_size) -> dict:
 
 def samples(out: dict, task: str, filter_name: str) -> list[dict]:
     return [s for s in out["samples"][task] if s["filter"] == filter_name]
+
+
+TASK_FILTERS = (("gsm8k_local", "strict-match"), ("mc_local", "none"))
+
+
+def check_both_tasks_ran(out: dict) -> None:
+    """Both tasks report their metric and a sample of every document."""
+    results = out["results"]
+    assert 0.0 <= results["gsm8k_local"]["exact_match,strict-match"] <= 1.0
+    assert 0.0 <= results["mc_local"]["acc,none"] <= 1.0
+    for task, filter_name in TASK_FILTERS:
+        assert [s["doc_id"] for s in samples(out, task, filter_name)] == list(range(LIMIT))
+
+
+def check_loglikelihoods(out: dict, reference, *, add_bos: bool) -> None:
+    """Every choice's loglikelihood and is-greedy equal the reference's (HF's forward)."""
+    for sample in samples(out, "mc_local", "none"):
+        assert len(sample["arguments"]) == len(sample["resps"]) == 4  # one per choice
+        for (context, continuation), [(logprob, greedy)] in zip(
+            sample["arguments"], sample["resps"], strict=True
+        ):
+            want, want_greedy = reference.loglikelihood(context, continuation, add_bos=add_bos)
+            assert logprob == pytest.approx(want, abs=1e-4), (sample["doc_id"], continuation)
+            assert greedy == want_greedy
+
+
+def check_generations(
+    out: dict, reference, *, add_bos: bool, skip_special_tokens: bool, max_len: int
+) -> None:
+    """Every generation is the reference's greedy decoding cut at the task's stops; no
+    prompt was truncated (its tokens + MAX_GEN_TOKS are at most ``max_len``)."""
+    for sample in samples(out, "gsm8k_local", "strict-match"):
+        [(context, gen_kwargs)] = sample["arguments"]
+        [[text]] = sample["resps"]
+        assert gen_kwargs["max_gen_toks"] == MAX_GEN_TOKS
+        want, prompt = reference.generate_until(
+            context,
+            gen_kwargs["until"],
+            MAX_GEN_TOKS,
+            add_bos=add_bos,
+            skip_special_tokens=skip_special_tokens,
+        )
+        assert len(prompt) + MAX_GEN_TOKS <= max_len  # lm-eval truncated nothing
+        assert same_text(text, want), (sample["doc_id"], text, want)

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.entrypoints.utils import MODEL_NAME, SERVER_ARGS, RemoteServer
+from tests.entrypoints.utils import MODEL_NAME, serve_for_module
 from tests.lm_eval.harness import (
-    LIMIT,
-    MAX_GEN_TOKS,
     MAX_MODEL_LEN,
     NEEDS_LM_EVAL,
+    check_both_tasks_ran,
+    check_generations,
+    check_loglikelihoods,
     config,
     evaluate,
-    samples,
 )
-from tests.lm_eval.reference import same_text
 
 pytest.importorskip("lm_eval", reason=NEEDS_LM_EVAL)
 pytestmark = pytest.mark.timeout(1200)
@@ -25,13 +24,7 @@ pytestmark = pytest.mark.timeout(1200)
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    remote = RemoteServer(tiny_model_dir, SERVER_ARGS)  # max_model_len 256, 4 slots
-    remote.start()
-    try:
-        yield remote
-    finally:
-        status = remote.stop()
-    assert status == 0, remote.log()
+    yield from serve_for_module(tiny_model_dir)  # SERVER_ARGS: max_model_len 256, 4 slots
 
 
 @pytest.fixture(scope="module")
@@ -51,31 +44,15 @@ def api_run(server, tiny_model_dir, task_dir, tmp_path_factory):
 
 
 def test_both_tasks_run_to_completion(api_run):
-    results = api_run["results"]
-    assert 0.0 <= results["gsm8k_local"]["exact_match,strict-match"] <= 1.0
-    assert 0.0 <= results["mc_local"]["acc,none"] <= 1.0
-    for task, filter_name in (("gsm8k_local", "strict-match"), ("mc_local", "none")):
-        assert [s["doc_id"] for s in samples(api_run, task, filter_name)] == list(range(LIMIT))
+    check_both_tasks_ran(api_run)
 
 
 def test_loglikelihoods_are_the_models_own(api_run, reference):
-    for sample in samples(api_run, "mc_local", "none"):
-        assert len(sample["arguments"]) == len(sample["resps"]) == 4
-        for (context, continuation), [(logprob, greedy)] in zip(
-            sample["arguments"], sample["resps"], strict=True
-        ):
-            # local-completions sends token ids encoded without special tokens (no BOS).
-            want, want_greedy = reference.loglikelihood(context, continuation, add_bos=False)
-            assert logprob == pytest.approx(want, abs=1e-4), (sample["doc_id"], continuation)
-            assert greedy == want_greedy
+    # local-completions sends token ids encoded without special tokens (no BOS).
+    check_loglikelihoods(api_run, reference, add_bos=False)
 
 
 def test_generations_are_greedy_decoding_cut_at_the_stops(api_run, reference):
-    for sample in samples(api_run, "gsm8k_local", "strict-match"):
-        [(context, gen_kwargs)] = sample["arguments"]
-        [[text]] = sample["resps"]
-        want, prompt = reference.generate_until(
-            context, gen_kwargs["until"], MAX_GEN_TOKS, add_bos=False, skip_special_tokens=True
-        )
-        assert len(prompt) + MAX_GEN_TOKS < MAX_MODEL_LEN  # lm-eval truncated nothing
-        assert same_text(text, want), (sample["doc_id"], text, want)
+    check_generations(
+        api_run, reference, add_bos=False, skip_special_tokens=True, max_len=MAX_MODEL_LEN - 1
+    )

@@ -15,6 +15,7 @@ import torch
 from tests.models.mamba2_utils import BF16_ERROR_VS_HF_BF16, assert_close, gen_for
 from tests.tiny_model import save_tiny_tokenizer
 from vllm import LLM, SamplingParams
+from vllm.distributed import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.worker.cache_engine import CacheEngine
 
@@ -143,23 +144,46 @@ class HybridDriver:
         return out
 
 
-def check_mixed_steps_match_hf(model, hf) -> None:
-    """Three mixed steps (fresh prompts, a chunked prefill continued, decodes beside them,
-    sequences ending mid-block) against HF's full-sequence logits, row by row."""
+def mixed_steps() -> list[list[tuple[str, list[int]]]]:
+    """Three mixed steps of ``HybridDriver.step`` rows (fresh prompts, a chunked prefill
+    continued, decodes beside them, sequences ending mid-block)."""
     a, b, c = tokens(13, "A"), tokens(6, "B"), tokens(4, "C")
-    nb, nc = tokens(2, "B+"), tokens(1, "C+")
-    driver = HybridDriver(model)
-    got = {"a": [], "b": [], "c": []}
-    steps = [
+    return [
         [("a", a[:5]), ("b", b)],  # two fresh prompts, a's first chunk
-        [("b", nb[:1]), ("a", a[5:11]), ("c", c)],  # a decode, a continuation, a fresh one
-        [("b", nb[1:]), ("c", nc), ("a", a[11:])],  # two decodes, the continuation's end
+        [("b", tokens(1, "B+")), ("a", a[5:11]), ("c", c)],  # a decode, a continuation, a fresh one
+        [("b", tokens(1, "B++")), ("c", tokens(1, "C+")), ("a", a[11:])],  # two decodes, a's end
     ]
-    for rows in steps:
-        for (sid, _), logits in zip(rows, driver.step(rows), strict=True):
-            got[sid].append(logits)
-    for sid, full in (("a", a), ("b", b + nb), ("c", c + nc)):
-        assert_close(torch.cat(got[sid]), hf_logits(hf, full), "vs_hf", msg=f"sequence {sid}")
+
+
+def check_mixed_steps_match_hf(model, hf) -> None:
+    """``mixed_steps`` against HF's full-sequence logits, row by row."""
+    driver = HybridDriver(model)
+    got, full = {}, {}
+    for rows in mixed_steps():
+        for (sid, toks), logits in zip(rows, driver.step(rows), strict=True):
+            got.setdefault(sid, []).append(logits)
+            full[sid] = full.get(sid, []) + toks
+    for sid, seq in full.items():
+        assert_close(torch.cat(got[sid]), hf_logits(hf, seq), "vs_hf", msg=f"sequence {sid}")
+
+
+def run_steps(model) -> list[list[torch.Tensor | None]]:
+    driver = HybridDriver(model)
+    return [driver.step(rows) for rows in mixed_steps()]
+
+
+def check_steps_match(model, expected, atol: float) -> None:
+    """``run_steps`` on this rank's shard of the model: rank 0's logits equal one rank's
+    ``expected`` within ``atol`` (rtol 1e-5); the other ranks get none."""
+    rank = get_tp_group().rank
+    for step, (rows, want) in enumerate(zip(run_steps(model), expected, strict=True)):
+        for g, e in zip(rows, want, strict=True):
+            if rank != 0:
+                assert g is None  # logits are gathered on rank 0 only
+            else:
+                torch.testing.assert_close(
+                    g, e, atol=atol, rtol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
+                )
 
 
 def engine(path, device="cpu", **kwargs) -> LLM:
@@ -278,3 +302,16 @@ def check_graphs_match_eager(path, device) -> None:
             assert llm.engine.runner.graphs._graphs, "no decode step ran through a graph"
         check_no_kv_leak(llm)
     assert outs[True] == outs[False]
+
+
+def check_generate_two_ranks_equals_one_rank(path) -> None:
+    """Greedy tokens of ``LLM.generate`` at tensor_parallel_size=2 equal one rank's."""
+    prompts = [tokens(n, "P", n) for n in (3, 11, 7)]
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    one = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params)]
+    llm = engine(path, tensor_parallel_size=2)
+    try:
+        two = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    finally:
+        llm.engine.core.shutdown()
+    assert two == one
