@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_stats  # noqa: E402
 from bench_setup import make_requests, triton_cache  # noqa: E402
 from model_shapes import HYBRID_CONFIGS, NAMED_CONFIGS, named_config  # noqa: E402
+from run_info import git_sha  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
 PROFILE_PREFIX = "engine:"
@@ -206,6 +207,7 @@ def run(args, t_start: float, cache: dict) -> dict:
             "torch": torch.__version__,
             "triton": triton_version(),
             "python": platform.python_version(),
+            "commit": git_sha(),
             **setup,
         },
         "phases": phases,

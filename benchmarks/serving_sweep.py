@@ -230,11 +230,14 @@ def main(argv=None) -> None:
                 if not over_budget(record):
                     cmd = offline_command(args, workload, n, out / record["result"])
                     run_one(cmd, env, out / f"{name}.log", record)
-    (out / "sweep.json").write_text(
-        json.dumps({"argv": argv or sys.argv[1:], "runs": records}, indent=2)
-    )
     sys.path.insert(0, str(HERE))
+    from run_info import git_sha
     from sweep_summary import summarize
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    (out / "sweep.json").write_text(
+        json.dumps({"argv": argv, "commit": git_sha(), "runs": records}, indent=2)
+    )
 
     (out / "sweep.md").write_text(summarize(out, records))
     print((out / "sweep.md").read_text())

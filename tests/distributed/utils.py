@@ -16,8 +16,7 @@ from vllm.distributed import parallel_state
 COLLECTIVE_TIMEOUT_S = 30.0
 RUN_TIMEOUT_S = 90.0
 GPU2_SKIP_REASON = (
-    "needs 2 CUDA GPUs (the nvidia-h200-x2 kind): multi-GPU machines are withheld now; "
-    "the lead runs these when one is lent"
+    "needs 2 CUDA GPUs: gpu_check's tp step runs these on a 2-GPU machine (docs/tensor_parallel.md)"
 )
 
 
