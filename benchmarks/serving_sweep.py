@@ -9,7 +9,8 @@ backend, one command per device call:
         --offline-repeats 2   # the server-vs-offline gap, with its spread
 
 For each ``VLLM_USE_TRITON_CONV1D`` value in ``--conv-backends`` (1: the Triton conv, 0:
-the CUDA split) it starts ``vllm serve MODEL_DIR`` with ``--server-args``, waits for
+the CUDA split) it starts ``vllm serve MODEL_DIR`` with ``--server-args`` (on its own
+empty Triton cache, as a first start meets it), waits for
 /health, runs every ``--runs`` item ``WORKLOAD@RATE:PROMPTS`` (WORKLOAD ``sharegpt`` for the
 ShareGPT output lengths or a number of output tokens, always with ``--ignore-eos``) with
 ``vllm bench serve``, and stops the server with SIGTERM. Each run writes
@@ -33,10 +34,12 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -205,7 +208,12 @@ def main(argv=None) -> None:
         records.append(server)
         if over_budget(server):
             continue
-        proc, server["startup_s"] = start_server(args, env, port, server_log)
+        # Each server starts from its own empty Triton cache, as a user's first start does,
+        # so the backends' start-up times compare (the second would find the first's).
+        cache = tempfile.mkdtemp(prefix=f"triton_cold_conv{conv}_")
+        server_env = {**env, "TRITON_CACHE_DIR": cache}
+        server["triton_cache"] = "fresh, empty"
+        proc, server["startup_s"] = start_server(args, server_env, port, server_log)
         for i, suffix in enumerate(suffixes(args.repeats)):
             for workload, rate, n in runs:
                 item = f"conv{conv}-{workload}-rate{rate}"
@@ -218,6 +226,7 @@ def main(argv=None) -> None:
                     cmd = bench_command(args, port, conv, workload, rate, n, path, repeat)
                     run_one(cmd, env, out / f"{name}.log", record)
         server["exit_status"] = stop_server(proc)
+        shutil.rmtree(cache, ignore_errors=True)
     for conv in args.conv_backends.split(","):
         env = tree_env(conv)
         for workload, n in offline:
