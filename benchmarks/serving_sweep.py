@@ -26,6 +26,12 @@ source tree's vllm (``PYTHONPATH``). A run that would start after ``--budget-s``
 skipped and recorded as such. ``OUT/sweep.json`` lists every run and ``OUT/sweep.md``
 tabulates them (sweep_summary.py: every run, the repeats' mean and spread, and the engine
 step stats of the server runs beside the offline ones).
+
+``--engine-process 1,0`` starts each backend's server twice, with the engine core in a
+process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, the default) and on a thread of
+the server's process (``=0``), so the two compare in one sweep; the server tags are then
+``conv<b>_proc`` and ``conv<b>_thread`` (the offline runs stay ``offline-conv<b>``) and
+the label ``<backend>/<mode>``. One value keeps the tags ``conv<b>``.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CLI = ["-m", "vllm.entrypoints.cli.main"]
 BACKEND_NAMES = {"1": "triton", "0": "cuda"}
+ENGINE_MODES = {"1": "proc", "0": "thread"}
 PERCENTILES = "50,90,99"
 
 
@@ -107,10 +114,11 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 
 def bench_command(
-    args, port: int, conv: str, workload: str, rate: str, n: int, out: Path, repeat=None
+    args, port: int, conv: str, workload: str, rate: str, n: int, out: Path, repeat=None, mode=None
 ):
-    """``vllm bench serve`` (the CLI, so that its record names the CLI's command)."""
-    name = BACKEND_NAMES.get(conv, conv)
+    """``vllm bench serve`` (the CLI, so that its record names the CLI's command); ``mode``
+    (proc or thread) labels a sweep over both engine modes."""
+    name = BACKEND_NAMES.get(conv, conv) + (f"/{mode}" if mode else "")
     cmd = [sys.executable, *CLI, "bench", "serve", "--model", args.model]
     cmd += ["--port", str(port), "--dataset-name", "sharegpt", "--ignore-eos"]
     if args.dataset_path:
@@ -123,6 +131,7 @@ def bench_command(
     cmd += ["--disable-tqdm", "--metadata", f"conv_backend={name}"]
     cmd += [f"VLLM_USE_TRITON_CONV1D={conv}", f"workload={workload}"]
     cmd += [f"repeat={repeat}"] if repeat is not None else []
+    cmd += [f"engine_process={mode}"] if mode else []
     return cmd + shlex.split(args.bench_args)
 
 
@@ -169,6 +178,11 @@ def main(argv=None) -> None:
     p.add_argument("--dataset-path", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--conv-backends", default="1,0")
+    p.add_argument(
+        "--engine-process",
+        default="1",
+        help="VLLM_ENABLE_V1_MULTIPROCESSING values to run each backend's server with (1,0)",
+    )
     p.add_argument("--runs", default="sharegpt@inf:500")
     p.add_argument("--repeats", type=int, default=1, help="run the --runs list N times")
     p.add_argument("--offline", default="", help="WORKLOAD:PROMPTS,... after the servers")
@@ -186,6 +200,10 @@ def main(argv=None) -> None:
     if args.repeats < 1 or args.offline_repeats < 1:
         p.error("--repeats and --offline-repeats must be >= 1")
     runs = parse_runs(args.runs)
+    modes = args.engine_process.split(",")
+    if not modes or any(m not in ENGINE_MODES for m in modes):
+        p.error(f"--engine-process: a list of 1 and 0, got {args.engine_process!r}")
+    servers = [(conv, m) for conv in args.conv_backends.split(",") for m in modes]
     offline = [
         (check_workload(w), int(n)) for w, n in (x.split(":") for x in args.offline.split(",") if x)
     ]
@@ -200,30 +218,34 @@ def main(argv=None) -> None:
         print(f"sweep: {record['name']}: skipped ({record['skipped']})")
         return True
 
-    for conv in args.conv_backends.split(","):
+    for conv, engine_process in servers:
         env = tree_env(conv)
+        mode = ENGINE_MODES[engine_process] if len(modes) > 1 else None
+        tag = f"conv{conv}" + (f"_{mode}" if mode else "")
         port = free_port()
-        server_log = out / f"server-conv{conv}.log"
-        server = {"name": f"server conv{conv}", "log": server_log.name}
+        server_log = out / f"server-{tag}.log"
+        server = {"name": f"server {tag}", "log": server_log.name}
+        server["engine_process"] = engine_process
         records.append(server)
         if over_budget(server):
             continue
         # Each server starts from its own empty Triton cache, as a user's first start does,
         # so the backends' start-up times compare (the second would find the first's).
-        cache = tempfile.mkdtemp(prefix=f"triton_cold_conv{conv}_")
+        cache = tempfile.mkdtemp(prefix=f"triton_cold_{tag}_")
         server_env = {**env, "TRITON_CACHE_DIR": cache}
+        server_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = engine_process
         server["triton_cache"] = "fresh, empty"
         proc, server["startup_s"] = start_server(args, server_env, port, server_log)
         for i, suffix in enumerate(suffixes(args.repeats)):
             for workload, rate, n in runs:
-                item = f"conv{conv}-{workload}-rate{rate}"
+                item = f"{tag}-{workload}-rate{rate}"
                 name = item + suffix
                 record = {"name": name, "item": item, "repeat": i, "prompts": n}
                 record["result"] = f"{name}.json"
                 records.append(record)
                 if not over_budget(record):
                     path, repeat = out / record["result"], i if suffix else None
-                    cmd = bench_command(args, port, conv, workload, rate, n, path, repeat)
+                    cmd = bench_command(args, port, conv, workload, rate, n, path, repeat, mode)
                     run_one(cmd, env, out / f"{name}.log", record)
         server["exit_status"] = stop_server(proc)
         shutil.rmtree(cache, ignore_errors=True)

@@ -77,7 +77,8 @@ def gap_lines(serving: list, offline: list) -> list[str]:
     }
     lines = []
     for item, results in _items(serving).items():
-        conv, _, rest = item.partition("-")
+        tag, _, rest = item.partition("-")
+        conv = tag.split("_")[0]  # conv1_proc / conv1_thread: both against offline-conv1
         workload, _, rate = rest.rpartition("-rate")
         off = off_items.get(f"offline-{conv}-{workload}")
         results = [r for r in results if "server_step_stats" in r]

@@ -24,6 +24,12 @@ VLLM_API_KEY (str, default unset)
     The key `vllm serve` requires as ``Authorization: Bearer KEY`` on /v1/*, as vLLM
     reads it; ``--api-key`` takes precedence.
 
+VLLM_ENABLE_V1_MULTIPROCESSING (bool, default True)
+    vLLM's name: whether the server's engine core (scheduler, model runner, sampler) runs
+    in a process of its own (``vllm/engine/core_proc.py``), so that its steps never wait
+    for the GIL while the server's event loop streams; "0": it runs on a thread of the
+    server's process. ``LLM`` (offline) always runs the core in the calling thread.
+
 TRITON_INTERPRET (bool, default False)
     Triton's own variable: run ``@triton.jit`` kernels in Triton's Python interpreter,
     on CPU tensors. Read here, with Triton's own reading of the value ("1", "true",
@@ -86,6 +92,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_BUILD_CUDA_OPS": lambda: _optional_flag("VLLM_BUILD_CUDA_OPS"),
     "VLLM_LOGGING_LEVEL": lambda: _level("VLLM_LOGGING_LEVEL", "INFO"),
     "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
+    "VLLM_ENABLE_V1_MULTIPROCESSING": lambda: _flag("VLLM_ENABLE_V1_MULTIPROCESSING", True),
     "TRITON_INTERPRET": lambda: _triton_flag("TRITON_INTERPRET"),
 }
 

@@ -91,3 +91,33 @@ def test_a_tiny_sweep(tmp_path):
     assert len(steps) == 2 + 4  # the repeats table's two items, the steps table's four runs
     assert "| offline-conv1-4 | " in md.split("Engine steps")[1]
     assert "- conv1-4-rateinf vs offline-conv1-4: server / offline output tok/s = " in md
+
+
+def test_a_sweep_over_both_engine_modes(tmp_path):
+    """--engine-process 1,0: one server with the engine core in its own process, one with
+    it on a thread, each against the same offline run."""
+    model = make_tiny_model_dir(tmp_path / "tiny")
+    records = [
+        {"id": "0", "conversations": [{"from": "human", "value": "Name a state space model."}]}
+    ]
+    records[0]["conversations"].append({"from": "gpt", "value": "Mamba2 is one."})
+    (tmp_path / "sample.json").write_text(json.dumps(records))
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "serving_sweep.py"), "--model", str(model)]
+    cmd += ["--dataset-path", str(tmp_path / "sample.json"), "--out", str(out)]
+    cmd += ["--conv-backends", "1", "--engine-process", "1,0", "--runs", "4@inf:1"]
+    cmd += ["--offline", "4:1"]
+    cmd += ["--server-args", "--load-format dummy --max-num-seqs 2 --max-model-len 128"]
+    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    for mode, value in (("proc", "1"), ("thread", "0")):
+        assert runs[f"server conv1_{mode}"]["engine_process"] == value
+        res = json.loads((out / f"conv1_{mode}-4-rateinf.json").read_text())
+        assert (res["completed"], res["total_output_tokens"]) == (1, 4)
+        assert res["conv_backend"] == f"triton/{mode}" and res["engine_process"] == mode
+        log = (out / f"server-conv1_{mode}.log").read_text()
+        assert ("the engine core runs in process" in log) == (mode == "proc"), log
+    md = (out / "sweep.md").read_text()
+    for mode in ("proc", "thread"):
+        assert f"- conv1_{mode}-4-rateinf vs offline-conv1-4: server / offline" in md

@@ -1,6 +1,8 @@
 """AsyncLLM: many concurrent streams over one engine loop, each with exactly its own
 outputs; leaving a stream early aborts it and frees its slot; a failing request fails
-alone; a bad request is refused before anything is queued."""
+alone; a bad request is refused before anything is queued. Each with the engine core on
+the loop's thread (``engine_process=False``) and, where it applies, in its own process
+(test_core_proc.py has that mode's own cases)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.sampling_params import RequestOutputKind
 
 pytestmark = pytest.mark.timeout(600)
+MODES = pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
 
 CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128})
 OPTS = dict(
@@ -59,7 +62,16 @@ def prompts(n: int) -> list[list[int]]:
     return [[(5 * i + j) % 128 for j in range(1 + i % 7)] for i in range(n)]
 
 
-def test_concurrent_streams_get_exactly_their_tokens(offline):
+def slots_all_free(engine: AsyncLLM) -> bool:
+    """No slot taken: the scheduler's count on the loop's thread; with the core in its own
+    process, what its last step reported (and no request left on this side)."""
+    if engine.engine_process:
+        return engine.num_requests_running == 0 and not engine.engine.has_unfinished_requests()
+    return engine.engine.scheduler.slots.num_used == 0
+
+
+@MODES
+def test_concurrent_streams_get_exactly_their_tokens(offline, engine_process):
     ps = prompts(12)
     want = [
         o.outputs[0].token_ids
@@ -67,20 +79,21 @@ def test_concurrent_streams_get_exactly_their_tokens(offline):
     ]
 
     async def main():
-        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS), None, engine_process)
         got = await asyncio.gather(
             *(collect(engine, f"c{i}", p, delta(5)) for i, p in enumerate(ps))
         )
-        assert engine.engine.scheduler.slots.num_used == 0
+        assert slots_all_free(engine)
         await engine.shutdown()
         return got
 
     assert run(main()) == want
 
 
-def test_leaving_early_aborts_and_frees_slots():
+@MODES
+def test_leaving_early_aborts_and_frees_slots(engine_process):
     async def main():
-        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS), None, engine_process)
         # Closed generators and cancelled tasks: both are how a client disconnect arrives.
         early = [collect(engine, f"e{i}", [1, 2, i], delta(40), stop_after=2) for i in range(4)]
         await asyncio.gather(*early)
@@ -97,7 +110,7 @@ def test_leaving_early_aborts_and_frees_slots():
                 break
             await asyncio.sleep(0.05)
         assert engine.num_requests_running == 0
-        assert engine.engine.scheduler.slots.num_used == 0
+        assert slots_all_free(engine)
         assert not engine.engine.has_unfinished_requests()
         await engine.shutdown()
 
@@ -105,6 +118,8 @@ def test_leaving_early_aborts_and_frees_slots():
 
 
 def test_a_failing_request_fails_alone(monkeypatch):
+    # The fault is patched into this process's Sampler, so the core runs on the loop's
+    # thread here; the same core code fails a request alone in the core process.
     real = Sampler._generator
 
     def failing(self, seq):
@@ -113,7 +128,7 @@ def test_a_failing_request_fails_alone(monkeypatch):
         return real(self, seq)
 
     async def main():
-        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS), engine_process=False)
         monkeypatch.setattr(Sampler, "_generator", failing)
         bad = SamplingParams(temperature=1.0, seed=13, max_tokens=5, output_kind=DELTA)
         results = await asyncio.gather(
@@ -133,9 +148,10 @@ def test_a_failing_request_fails_alone(monkeypatch):
     run(main())
 
 
-def test_bad_requests_are_refused_before_queueing():
+@MODES
+def test_bad_requests_are_refused_before_queueing(engine_process):
     async def main():
-        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS))
+        engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS), None, engine_process)
         with pytest.raises(ValueError, match="outside the vocabulary"):
             engine.add_request("v", [1, 500], delta(3))
         with pytest.raises(ValueError, match="maximum model length"):

@@ -15,16 +15,28 @@ closed) aborts the request, which frees its slot in the next step.
 A request that fails while running raises ``RequestFailedError`` from its stream; the
 others go on. Should the loop itself die (a bug, a device fault), every stream raises
 ``EngineDeadError``, ``errored`` turns True and new requests are refused.
+
+``engine_process`` (default: ``VLLM_ENABLE_V1_MULTIPROCESSING``, on) moves the engine core
+(scheduler, runner, sampler) into a process of its own (``core_proc.py``): the background
+thread then only forwards requests and aborts to it and turns its step results into
+outputs (detokenizing, stop strings) while the core runs the next step, so the core's
+steps never wait for the GIL that the event loop holds while it streams. The stat records
+then carry the core process's step and loop times. A core process that dies is an engine
+death as above.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import AsyncGenerator
+from multiprocessing.connection import wait as wait_for
 
+from vllm import envs
 from vllm.engine.config import EngineConfig
+from vllm.engine.core_proc import EngineCoreClient, EngineCoreDied
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import ProcessedPrompt
 from vllm.engine.stats import IterationStats, StatLoggerBase
@@ -70,9 +82,24 @@ class RequestStream:
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig, stat_loggers: list[StatLoggerBase] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        stat_loggers: list[StatLoggerBase] | None = None,
+        engine_process: bool | None = None,
+    ):
         self.config = config
-        self.engine = LLMEngine(config)
+        if engine_process is None:
+            engine_process = envs.VLLM_ENABLE_V1_MULTIPROCESSING
+        self.engine_process = engine_process
+        if engine_process:
+            self.engine = LLMEngine(config, core_class=EngineCoreClient)
+            # The loop thread waits on the core's pipe and on this socket, which a queued
+            # request or abort pokes.
+            self._poke_r, self._poke_w = socket.socketpair()
+            self._poke_r.setblocking(False)
+        else:
+            self.engine = LLMEngine(config)
         self.tokenizer = self.engine.tokenizer
         self.stat_loggers = list(stat_loggers or [])
         self._streams: dict[str, RequestStream] = {}
@@ -83,14 +110,15 @@ class AsyncLLM:
         self._inbox = []
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._shut_down = False
         self.errored = False
         self.dead_error: BaseException | None = None
         self.num_requests_running = 0
         self.num_requests_waiting = 0
 
     @classmethod
-    def from_engine_args(cls, args, stat_loggers=None) -> AsyncLLM:
-        return cls(args.create_engine_config(), stat_loggers)
+    def from_engine_args(cls, args, stat_loggers=None, engine_process=None) -> AsyncLLM:
+        return cls(args.create_engine_config(), stat_loggers, engine_process)
 
     # -- requests (event loop thread) ------------------------------------------------
 
@@ -109,10 +137,16 @@ class AsyncLLM:
         self._ensure_loop()
         stream = RequestStream(request_id)
         self._streams[request_id] = stream
-        with self._wake:
-            self._inbox.append(("add", request_id, processed, params, time.monotonic()))
-            self._wake.notify()
+        self._queue(("add", request_id, processed, params, time.monotonic()))
         return stream
+
+    def _queue(self, item) -> None:
+        with self._wake:
+            poke = self.engine_process and not self._inbox
+            self._inbox.append(item)
+            self._wake.notify()
+        if poke:
+            self._poke_w.send(b"\0")
 
     async def generate(
         self, prompt, sampling_params: SamplingParams, request_id: str
@@ -134,27 +168,37 @@ class AsyncLLM:
         if stream is None:
             return
         stream.finished = True
-        with self._wake:
-            self._inbox.append(("abort", request_id, None, None, 0.0))
-            self._wake.notify()
+        self._queue(("abort", request_id, None, None, 0.0))
 
     async def shutdown(self) -> None:
         """Abort what runs, stop the loop thread and wait for it, then the core (its
-        tensor-parallel workers)."""
+        tensor-parallel workers). A second call does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         for rid in list(self._streams):
             stream = self._streams.pop(rid)
             stream.put(EngineDeadError("the engine is shutting down"))
         with self._wake:
             self._stopping = True
             self._wake.notify()
+        if self.engine_process:
+            self._poke_w.send(b"\0")
+        loop = asyncio.get_running_loop()
         if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-        self.engine.core.shutdown()  # the tensor-parallel workers, if any
+            await loop.run_in_executor(None, self._thread.join)
+        if self.engine_process:
+            await loop.run_in_executor(None, self.engine.core.join)  # the core process
+            self._poke_r.close()
+            self._poke_w.close()
+        else:
+            self.engine.core.shutdown()  # the tensor-parallel workers, if any
 
     def _ensure_loop(self) -> None:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
-            self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+            run = self._run_proc if self.engine_process else self._run
+            self._thread = threading.Thread(target=run, name="engine-loop", daemon=True)
             self._thread.start()
 
     # -- the engine loop (its own thread) -------------------------------------------
@@ -183,28 +227,87 @@ class AsyncLLM:
                 outputs = []
                 if engine.has_unfinished_requests():
                     outputs = engine.step(stats)
-                self.num_requests_running = stats.num_running = engine.core.num_running
-                self.num_requests_waiting = stats.num_waiting = engine.core.num_waiting
                 # The loop's time since its last record, less the wait and the step.
                 now, step = clock(), stats.step
                 stats.loop_other_s = max(
                     0.0, now - last_record - stats.loop_wait_s - (step.total_s if step else 0.0)
                 )
                 last_record = now
-                # Counted before the outputs go out: a client that has its last token and
-                # then reads /metrics sees its request in them.
-                for stat_logger in self.stat_loggers:
-                    stat_logger.record(stats)
-                if outputs:
-                    self._loop.call_soon_threadsafe(self._deliver, outputs, dict(engine.errors))
-                    engine.errors.clear()
+                self._publish(stats, outputs)
         except BaseException as err:  # noqa: BLE001 - every stream must hear of it
-            logger.exception("the engine loop died")
-            self.errored, self.dead_error = True, err
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._fail_all, err)
+            self._died(err)
         finally:
             self._abort_all()
+
+    def _died(self, err: BaseException) -> None:
+        logger.exception("the engine loop died")
+        self.errored, self.dead_error = True, err
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._fail_all, err)
+
+    def _run_proc(self) -> None:
+        """The loop with the core in its own process: forward what the event loop queued,
+        and turn each step result into outputs."""
+        engine = self.engine
+        client: EngineCoreClient = engine.core
+        try:
+            while True:
+                ready = wait_for([client.conn, self._poke_r])
+                if self._poke_r in ready:
+                    self._take_inbox(engine, client)
+                if client.conn not in ready:
+                    continue
+                try:
+                    result = client.recv()
+                except EngineCoreDied:
+                    if client.closed:
+                        break  # it was told to stop
+                    raise
+                if result is None:
+                    break  # it said bye
+                stats = IterationStats(
+                    loop_wait_s=result.loop_wait_s, loop_other_s=result.loop_other_s
+                )
+                outputs = engine.process_step(result.outputs, result.step, stats)
+                self._publish(stats, outputs)
+        except BaseException as err:  # noqa: BLE001 - every stream must hear of it
+            self._died(err)
+        finally:
+            client.join()
+
+    def _take_inbox(self, engine: LLMEngine, client: EngineCoreClient) -> None:
+        try:
+            while self._poke_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._wake:
+            inbox, self._inbox = self._inbox, []
+            stopping = self._stopping
+        stats = IterationStats()
+        for op, rid, processed, params, arrival in inbox:
+            if op == "add":
+                engine.add_processed(rid, processed, params, arrival)
+            else:
+                engine.abort_request(rid, stats)
+        if stats.finished:
+            self._publish(stats, [])
+        if stopping:
+            client.shutdown()
+
+    def _publish(self, stats: IterationStats, outputs: list[RequestOutput]) -> None:
+        """Record the stats, then hand the outputs to the event loop (counted before they
+        go out: a client that has its last token and then reads /metrics sees its request
+        in them)."""
+        core = self.engine.core
+        self.num_requests_running = stats.num_running = core.num_running
+        self.num_requests_waiting = stats.num_waiting = core.num_waiting
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(stats)
+        errors = self.engine.errors
+        if outputs:
+            self._loop.call_soon_threadsafe(self._deliver, outputs, dict(errors))
+        errors.clear()
 
     def _abort_all(self) -> None:
         """Leave no slot taken when the loop ends."""

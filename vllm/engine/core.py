@@ -169,6 +169,11 @@ class EngineCore:
         del self.requests[seq.request_id]
 
     @property
+    def startup(self) -> dict:
+        """The runner's start-up times (weights, compile, graphs) and sizes."""
+        return self.runner.startup
+
+    @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
 

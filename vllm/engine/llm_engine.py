@@ -8,6 +8,10 @@ ends requests and frees their slots at once. A request that fails while running 
 detokenizing) comes back finished with reason "error" and its message in ``errors``; the
 other requests and the engine go on. ``step_totals`` sums every step's ``StepStats`` (host
 timing and token counts: ``stats.py``) from the engine's start.
+
+``core_class`` builds the core (``EngineCore`` by default): the server may pass
+``EngineCoreClient`` (``core_proc.py``), whose core runs in a process of its own and whose
+steps arrive through ``process_step`` rather than ``step``.
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ logger = init_logger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, core_class=EngineCore):
         t0 = time.perf_counter()
         self.config = config
-        self.core = EngineCore(config)
+        self.core = core_class(config)
         vocab = self.core.vocab_size
         self.tokenizer = get_tokenizer(config.tokenizer, vocab)
         self.processor = InputProcessor(config, self.tokenizer, vocab)
@@ -39,7 +43,7 @@ class LLMEngine:
         # Requests that failed while running: {request id: message}, until read.
         self.errors: dict[str, str] = {}
         self.step_totals = StepTotals()
-        self.startup = {**self.core.runner.startup, "total_s": time.perf_counter() - t0}
+        self.startup = {**self.core.startup, "total_s": time.perf_counter() - t0}
         logger.info(startup_line(self.startup))
 
     @classmethod
@@ -125,6 +129,14 @@ class LLMEngine:
         that failed: finished, reason "error", the message in ``self.errors``)."""
         t0 = time.perf_counter()
         core_outputs = self.core.step()
+        return self.process_step(core_outputs, self.core.last_step, stats, t0)
+
+    def process_step(
+        self, core_outputs, step, stats: IterationStats | None = None, t0: float | None = None
+    ) -> list[RequestOutput]:
+        """A core step's outputs -> ``RequestOutput``s. Its ``StepStats`` (None: the core ran
+        no step) get the output time, and ``total_s`` the call's from ``t0`` (None: the
+        core's own step time stays; the output processing ran beside its next step)."""
         t1 = time.perf_counter()
         outputs, to_abort, errors = self.output_processor.process_outputs(core_outputs, stats)
         if to_abort:
@@ -133,10 +145,12 @@ class LLMEngine:
             logger.warning("request %s failed: %s", rid, message)
             self.errors[rid] = message
             outputs.append(self._error_output(rid, message))
-        step = self.core.last_step
         t2 = time.perf_counter()
-        step.output_s, step.total_s = t2 - t1, t2 - t0
-        self.step_totals.add(step)
+        if step is not None:
+            step.output_s = t2 - t1
+            if t0 is not None:
+                step.total_s = t2 - t0
+            self.step_totals.add(step)
         if stats is not None:
             stats.num_running = self.core.num_running
             stats.num_waiting = self.core.num_waiting
