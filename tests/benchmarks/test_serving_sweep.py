@@ -46,9 +46,10 @@ def test_offline_command_takes_the_servers_engine_sizes(tmp_path):
     assert "--temperature 0 --seed 3" in line and "--port" not in line
 
 
-def test_a_tiny_sweep(tmp_path):
+def run_sweep(tmp_path, turns: list[str], args: list[str]) -> tuple[Path, dict]:
+    """serving_sweep.py on a tiny model and a ShareGPT file of ``turns`` (question, answer,
+    ...); its output directory and its runs by name."""
     model = make_tiny_model_dir(tmp_path / "tiny")
-    turns = ["What is a state space model?", "A model with a state.", "Say hi.", "Hi there!"]
     records = [
         {
             "id": str(i),
@@ -59,14 +60,20 @@ def test_a_tiny_sweep(tmp_path):
     (tmp_path / "sample.json").write_text(json.dumps(records))
     out = tmp_path / "sweep"
     cmd = [sys.executable, str(REPO / "benchmarks" / "serving_sweep.py"), "--model", str(model)]
-    cmd += ["--dataset-path", str(tmp_path / "sample.json"), "--out", str(out)]
-    # 4 output tokens: benchmark_throughput.py drops pairs under 4, even of a fixed length.
-    cmd += ["--conv-backends", "1", "--runs", "4@inf:2,4@50:2", "--offline", "4:2"]
-    cmd += ["--repeats", "2"]
-    cmd += ["--server-args", "--load-format dummy --max-num-seqs 4 --max-model-len 128"]
+    cmd += ["--dataset-path", str(tmp_path / "sample.json"), "--out", str(out), *args]
     proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    return out, runs
+
+
+def test_a_tiny_sweep(tmp_path):
+    turns = ["What is a state space model?", "A model with a state.", "Say hi.", "Hi there!"]
+    # 4 output tokens: benchmark_throughput.py drops pairs under 4, even of a fixed length.
+    args = ["--conv-backends", "1", "--runs", "4@inf:2,4@50:2", "--offline", "4:2"]
+    args += ["--repeats", "2"]
+    args += ["--server-args", "--load-format dummy --max-num-seqs 4 --max-model-len 128"]
+    out, runs = run_sweep(tmp_path, turns, args)
     assert runs["server conv1"]["exit_status"] == 0
     names = [f"conv1-4-rate{r}-r{i}" for i in (0, 1) for r in ("inf", "50")]
     assert [n for n in runs if n.startswith("conv1")] == names  # the list, then again
@@ -96,21 +103,11 @@ def test_a_tiny_sweep(tmp_path):
 def test_a_sweep_over_both_engine_modes(tmp_path):
     """--engine-process 1,0: one server with the engine core in its own process, one with
     it on a thread, each against the same offline run."""
-    model = make_tiny_model_dir(tmp_path / "tiny")
-    records = [
-        {"id": "0", "conversations": [{"from": "human", "value": "Name a state space model."}]}
-    ]
-    records[0]["conversations"].append({"from": "gpt", "value": "Mamba2 is one."})
-    (tmp_path / "sample.json").write_text(json.dumps(records))
-    out = tmp_path / "sweep"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "serving_sweep.py"), "--model", str(model)]
-    cmd += ["--dataset-path", str(tmp_path / "sample.json"), "--out", str(out)]
-    cmd += ["--conv-backends", "1", "--engine-process", "1,0", "--runs", "4@inf:1"]
-    cmd += ["--offline", "4:1"]
-    cmd += ["--server-args", "--load-format dummy --max-num-seqs 2 --max-model-len 128"]
-    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+    turns = ["Name a state space model.", "Mamba2 is one."]
+    args = ["--conv-backends", "1", "--engine-process", "1,0", "--runs", "4@inf:1"]
+    args += ["--offline", "4:1"]
+    args += ["--server-args", "--load-format dummy --max-num-seqs 2 --max-model-len 128"]
+    out, runs = run_sweep(tmp_path, turns, args)
     for mode, value in (("proc", "1"), ("thread", "0")):
         assert runs[f"server conv1_{mode}"]["engine_process"] == value
         res = json.loads((out / f"conv1_{mode}-4-rateinf.json").read_text())
