@@ -30,7 +30,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from vllm.engine.config import EngineConfig
 from vllm.engine.core import EngineCoreOutput, EngineCoreRequest
@@ -189,8 +189,7 @@ class EngineCoreClient:
         self._next_id += 1
         self._internal[req.request_id] = internal
         self._external[internal] = req.request_id
-        req = EngineCoreRequest(internal, req.prompt_token_ids, req.params, req.eos_token_id)
-        self._outbox.put(("add", req))
+        self._outbox.put(("add", replace(req, request_id=internal)))
 
     def abort_requests(self, request_ids) -> None:
         internal = [i for rid in request_ids if (i := self._internal.pop(rid, None))]
