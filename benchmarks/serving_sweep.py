@@ -218,6 +218,14 @@ def main(argv=None) -> None:
         print(f"sweep: {record['name']}: skipped ({record['skipped']})")
         return True
 
+    def new_run(item: str, i: int, suffix: str, n: int) -> dict | None:
+        """Record repeat ``i`` of ``item``; the record to run, None when over budget."""
+        name = item + suffix
+        record = {"name": name, "item": item, "repeat": i, "prompts": n}
+        record["result"] = f"{name}.json"
+        records.append(record)
+        return None if over_budget(record) else record
+
     for conv, engine_process in servers:
         env = tree_env(conv)
         mode = ENGINE_MODES[engine_process] if len(modes) > 1 else None
@@ -238,29 +246,19 @@ def main(argv=None) -> None:
         proc, server["startup_s"] = start_server(args, server_env, port, server_log)
         for i, suffix in enumerate(suffixes(args.repeats)):
             for workload, rate, n in runs:
-                item = f"{tag}-{workload}-rate{rate}"
-                name = item + suffix
-                record = {"name": name, "item": item, "repeat": i, "prompts": n}
-                record["result"] = f"{name}.json"
-                records.append(record)
-                if not over_budget(record):
+                if (record := new_run(f"{tag}-{workload}-rate{rate}", i, suffix, n)) is not None:
                     path, repeat = out / record["result"], i if suffix else None
                     cmd = bench_command(args, port, conv, workload, rate, n, path, repeat, mode)
-                    run_one(cmd, env, out / f"{name}.log", record)
+                    run_one(cmd, env, out / f"{record['name']}.log", record)
         server["exit_status"] = stop_server(proc)
         shutil.rmtree(cache, ignore_errors=True)
     for conv in args.conv_backends.split(","):
         env = tree_env(conv)
         for workload, n in offline:
-            item = f"offline-conv{conv}-{workload}"
             for i, suffix in enumerate(suffixes(args.offline_repeats)):
-                name = item + suffix
-                record = {"name": name, "item": item, "repeat": i, "prompts": n}
-                record["result"] = f"{name}.json"
-                records.append(record)
-                if not over_budget(record):
+                if (record := new_run(f"offline-conv{conv}-{workload}", i, suffix, n)) is not None:
                     cmd = offline_command(args, workload, n, out / record["result"])
-                    run_one(cmd, env, out / f"{name}.log", record)
+                    run_one(cmd, env, out / f"{record['name']}.log", record)
     sys.path.insert(0, str(HERE))
     from run_info import git_sha
     from sweep_summary import summarize
