@@ -1,7 +1,8 @@
 """The engine over two tensor-parallel ranks (CPU, gloo): ``LLM(..., tensor_parallel_size=2)``
 gives the greedy tokens of one rank for a tiny Mamba2 (n_groups 1 and 2) through
-``LLM.generate``; a config that does not shard, or a model that does not shard yet, is
-refused before any process starts; a killed worker fails every request with an error
+``LLM.generate``; a config that does not shard is refused before any process starts, and
+so is a model class without ``supports_tensor_parallel`` (every registered one has it: the
+check is run on a plain class); a killed worker fails every request with an error
 naming it, instead of hanging, and the engine then refuses new requests."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.distributed.utils import GPU2_SKIP_REASON
 from tests.tiny_model import make_tiny_model_dir
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.model_loader.loader import check_tensor_parallel_support
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 # Small limits: prompts longer than the token budget are prefilled in chunks, next to
@@ -64,6 +66,12 @@ def test_configs_that_do_not_shard_are_refused_before_any_process(tmp_path):
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         LLM(odd, load_format="dummy", tensor_parallel_size=0, **ENGINE)
     assert set(multiprocessing.active_children()) == before
+
+
+def test_a_model_class_without_tensor_parallelism_is_refused():
+    check_tensor_parallel_support(type("Plain", (), {}), 1)
+    with pytest.raises(ValueError, match="Plain does not support tensor parallelism"):
+        check_tensor_parallel_support(type("Plain", (), {}), 2)
 
 
 def test_the_cli_takes_the_tensor_parallel_size():

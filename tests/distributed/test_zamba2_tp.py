@@ -44,7 +44,6 @@ from vllm.model_executor.layers.linear import (
     QKVParallelLinear,
 )
 from vllm.model_executor.model_loader import get_model
-from vllm.model_executor.model_loader.loader import check_tensor_parallel_support
 from vllm.model_executor.model_loader.tp_weight_utils import iterate_checkpoint_slices
 from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
@@ -169,9 +168,3 @@ def test_configs_that_do_not_shard_are_refused_before_any_process():
     ):
         LLM(odd, **opts)
     assert set(multiprocessing.active_children()) == before
-
-
-def test_a_model_class_without_tensor_parallelism_is_refused():
-    check_tensor_parallel_support(type("Plain", (), {}), 1)
-    with pytest.raises(ValueError, match="Plain does not support tensor parallelism"):
-        check_tensor_parallel_support(type("Plain", (), {}), 2)

@@ -1,10 +1,11 @@
 """The face the hybrid models (Bamba, NemotronH, Zamba2) share with ``Mamba2ForCausalLM``.
 
-A subclass builds its layers and defines ``_run(input_ids, positions, state, metadata)``
-(final hidden states) and ``head_weight()``; this base checks a step's inputs, reads the
-Mamba2 metadata from the forward context, and gives the engine the rest of the registry's
-interface: ``get_cache_specs``, ``metadata_builder``, ``set_conv_backend``,
-``compute_logits`` and ``load_weights`` (through the subclass's ``hf_to_param_name``).
+A subclass builds its layers (``_set_model``, or its own ``self.model`` and ``lm_head``)
+and may override ``_run(input_ids, positions, state, metadata)`` (final hidden states)
+and ``head_weight()``; this base checks a step's inputs, reads the Mamba2 metadata from
+the forward context, and gives the engine the rest of the registry's interface:
+``get_cache_specs``, ``metadata_builder``, ``set_conv_backend``, ``compute_logits`` and
+``load_weights`` (through the subclass's ``hf_to_param_name``).
 
 A step's tokens come in the canonical order of ``Mamba2Metadata`` (decode rows first, as
 the scheduler batches them), because the attention metadata is built in the same order:
