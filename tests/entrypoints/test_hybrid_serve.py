@@ -40,10 +40,7 @@ PROMPTS = [tokens(n, "serve", n) for n in (3, 21, 9, 14)]
 MAX_TOKENS = 6
 
 
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def _cli_args(device: str) -> list[str]:

@@ -78,6 +78,24 @@ def _scrape(server) -> dict[str, float]:
     return samples
 
 
+def _scrape_once_recorded(server, before: dict[str, float], num_requests: int):
+    """/metrics once the engine has recorded ``num_requests`` more finished requests than
+    ``before`` shows (it records a step's stats right after handing out its outputs: the
+    last step's may land a moment after the last response; at most 5 s), and ``delta``:
+    a sample's change since ``before``."""
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    deadline = time.monotonic() + 5
+    after = _scrape(server)
+    while delta("vllm:e2e_request_latency_seconds_count") < num_requests:
+        assert time.monotonic() < deadline, after
+        time.sleep(0.05)
+        after = _scrape(server)
+    return after, delta
+
+
 KINDS = ("prefill", "decode")
 
 
@@ -112,17 +130,7 @@ def test_metrics_count_what_was_sent(server, client):
     prompt_tokens += chat.usage.prompt_tokens
     generated += chat.usage.completion_tokens
 
-    def delta(name):
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    # The engine records a step's stats right after handing out its outputs: the last
-    # step's may land a moment after the last response.
-    deadline = time.monotonic() + 5
-    after = _scrape(server)
-    while delta("vllm:e2e_request_latency_seconds_count") < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        after = _scrape(server)
-
+    after, delta = _scrape_once_recorded(server, before, 4)
     assert delta("vllm:prompt_tokens_total") == prompt_tokens
     assert delta("vllm:generation_tokens_total") == generated == sum(lengths) + 2
     assert delta('vllm:request_success_total{finished_reason="length"}') == 4
@@ -276,19 +284,10 @@ def test_vllm_serve_takes_long_prefill_token_threshold(client, tiny_model_dir):
     with RemoteServer(tiny_model_dir, args, console_script=True) as capped:
         before = _scrape(capped)
         out = capped.openai_client().completions.create(**body)
-        deadline = time.monotonic() + 5
-        after = _scrape(capped)
-        while after.get("vllm:e2e_request_latency_seconds_count", 0) < 1:
-            assert time.monotonic() < deadline, after
-            time.sleep(0.05)
-            after = _scrape(capped)
+        _, delta = _scrape_once_recorded(capped, before, 1)
     assert out.choices[0].text == ref.choices[0].text
     n = out.usage.prompt_tokens
     assert n > 8 and n % 4 != 1, n  # (a one-token last chunk would run as a decode row)
-
-    def delta(name):
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
     assert delta('vllm:engine_step_tokens_total{token_kind="prefill"}') == n
     # ceil(n / 4) batches with prompt tokens; under async scheduling the call that
     # dispatches the first decode waits on the last of them, so it counts as one too.

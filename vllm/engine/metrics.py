@@ -115,7 +115,7 @@ class PrometheusStatLogger(StatLoggerBase):
             registry=reg,
         )
         self.step_phase_seconds = {p: phases.labels(name, p) for p in STEP_PHASES}
-        # (counter, StepStats field) per phase, made once for log()'s per-step loop.
+        # (counter, StepStats field) per phase, made once for record()'s per-step loop.
         self._step_phases = [(self.step_phase_seconds[p], f"{p}_s") for p in STEP_PHASES]
         tokens = Counter(
             "vllm:engine_step_tokens_total",

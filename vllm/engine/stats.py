@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -72,7 +72,7 @@ class StepTotals:
 
     def as_dict(self) -> dict:
         """A copy, as plain numbers (what benchmarks subtract and summarize)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
 
 @dataclass
