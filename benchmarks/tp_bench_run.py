@@ -171,7 +171,8 @@ def time_all_reduce(worker, shape, dtype: str, warmup: int, iters: int, repeats:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        t0 = time.perf_counter()
+        else:
+            t0 = time.perf_counter()
         for _ in range(iters):
             tensor_model_parallel_all_reduce(x)
         if cuda:
