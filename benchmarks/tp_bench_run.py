@@ -72,13 +72,19 @@ def make_inputs(rows: list[tuple[int, int]], done: dict[int, int], rng, vocab: i
     return inp
 
 
+def logits_prompt_lens(n: int) -> tuple[int, int, int]:
+    """The logits steps' three first prompts (their first step, the largest of them)."""
+    return n, n // 2 + 1, n // 4 + 1
+
+
 def logits_plan(n: int, decode_steps: int, vocab: int, seed: int) -> tuple[list, list[dict]]:
     """The fixed steps whose logits are compared: three fresh prompts (n, n/2 + 1, n/4 + 1
     tokens); a mixed step (two decodes, the third prompt continued, a fourth prompt);
     then ``decode_steps`` decodes of the four sequences."""
     rng, done = random.Random(seed), {}
+    a, b, c = logits_prompt_lens(n)
     plan = [
-        ("prefill", [(0, n), (1, n // 2 + 1), (2, n // 4 + 1)]),
+        ("prefill", [(0, a), (1, b), (2, c)]),
         ("mixed", [(0, 1), (1, 1), (2, n // 4 + 1), (3, n // 2)]),
         *[("decode", [(s, 1) for s in range(4)]) for _ in range(decode_steps)],
     ]
