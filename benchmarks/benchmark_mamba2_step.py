@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 
 from model_shapes import NAMED_CONFIGS  # noqa: E402
-from run_info import cuda_skip_reason, git_sha  # noqa: E402
+from run_info import cuda_skip_reason, git_sha, quantiles  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
 STEP_PREFIX = "step:"
@@ -92,14 +92,6 @@ def parse_args(argv):
     if args.prefill_len < 1 or args.num_decodes < 0 or args.decode_batch < 1 or args.iters < 1:
         p.error("need --prefill-len >= 1, --num-decodes >= 0, --decode-batch >= 1, --iters >= 1")
     return args
-
-
-def quantiles(samples: list[float]) -> dict:
-    if len(samples) > 1:
-        p20, _, _, p80 = statistics.quantiles(samples, n=5, method="inclusive")
-    else:
-        p20 = p80 = samples[0]
-    return {"median": statistics.median(samples), "p20": p20, "p80": p80}
 
 
 class StepCase:

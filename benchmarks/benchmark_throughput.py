@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_stats  # noqa: E402
 from bench_setup import make_requests, triton_cache  # noqa: E402
 from model_shapes import HYBRID_CONFIGS, NAMED_CONFIGS, named_config  # noqa: E402
-from run_info import git_sha  # noqa: E402
+from run_info import git_sha, triton_version  # noqa: E402
 from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
 
 PROFILE_PREFIX = "engine:"
@@ -330,14 +330,6 @@ def state_dtype(runner) -> str | None:
     pool = getattr(runner, "pool", None)
     state = getattr(pool, "ssm_state", None)
     return str(state.dtype) if state is not None else None
-
-
-def triton_version() -> str | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__
 
 
 def profile_engine(llm, requests, args) -> dict:

@@ -57,6 +57,7 @@ sys.path.insert(0, str(HERE))
 import tp_bench_report as report  # noqa: E402
 from model_shapes import NAMED_CONFIGS, named_config  # noqa: E402
 from run_info import git_sha, write_results  # noqa: E402
+from tp_bench_run import logits_prompt_lens  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:
@@ -92,7 +93,7 @@ def parse_args(argv):
     p.add_argument("--md", default=None, help="results as markdown")
     args = p.parse_args(argv)
     n = args.logits_len
-    logits_tokens = n + n // 2 + 1 + n // 4 + 1
+    logits_tokens = sum(logits_prompt_lens(n))
     if args.tp < 2:
         p.error("--tp must be >= 2 (it is set against TP=1)")
     if min(args.decode_batches, default=0) < 1 or max(args.decode_batches) > args.max_num_seqs:
@@ -137,9 +138,8 @@ def specs(args) -> list[tuple[str, dict]]:
     out = [("tp1", {**base, "tp": 1, "role": "bench"})]
     out.append((f"tp{args.tp}", {**base, "tp": args.tp, "role": "bench"}))
     if args.dtype != "float32" and not args.no_reference:
-        n = args.logits_len
         ref = {**base, "tp": 1, "role": "reference", "dtype": "float32", "enforce_eager": True}
-        ref.update(max_num_seqs=4, max_num_batched_tokens=n + n // 2 + n // 4 + 2)
+        ref.update(max_num_seqs=4, max_num_batched_tokens=sum(logits_prompt_lens(args.logits_len)))
         out.append(("reference_fp32", ref))
     return out
 

@@ -1,5 +1,6 @@
-"""What the end-to-end and step benchmarks share: the code version a run names, why a run
-cannot use the CUDA conv backend, and writing the results files.
+"""What the end-to-end and step benchmarks share: the code version a run names, the Triton
+version, why a run cannot use the CUDA conv backend, the median and p20/p80 of timing
+samples, and writing the results files.
 
 ``VLLM_RUN_SHA``, when set, is taken as it is: a machine that gets a copy of the working
 tree may carry a stale ``.git`` (the GPU box's did), so whoever launches the run there
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -30,6 +32,23 @@ def git_sha() -> str:
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def quantiles(samples: list[float]) -> dict:
+    """Median, p20 and p80 of ``samples`` (one sample: itself for all three)."""
+    if len(samples) > 1:
+        p20, _, _, p80 = statistics.quantiles(samples, n=5, method="inclusive")
+    else:
+        p20 = p80 = samples[0]
+    return {"median": statistics.median(samples), "p20": p20, "p80": p80}
 
 
 def cuda_skip_reason(on_cuda: bool) -> str | None:

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,17 +35,14 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from model_shapes import named_config  # noqa: E402
+from run_info import quantiles, triton_version  # noqa: E402
 
 # The torch.distributed calls a step can make (communication_op's collectives).
 COLLECTIVES = ("all_reduce", "all_gather", "gather", "broadcast")
 
 
-def quantiles(samples: list[float]) -> dict:
-    if len(samples) > 1:
-        p20, _, _, p80 = statistics.quantiles(samples, n=5, method="inclusive")
-    else:
-        p20 = p80 = samples[0]
-    return {"median": statistics.median(samples), "p20": p20, "p80": p80, "n": len(samples)}
+def _stats(samples: list[float]) -> dict:
+    return {**quantiles(samples), "n": len(samples)}
 
 
 # -- the steps -----------------------------------------------------------------------------
@@ -76,13 +72,19 @@ def make_inputs(rows: list[tuple[int, int]], done: dict[int, int], rng, vocab: i
     return inp
 
 
+def logits_prompt_lens(n: int) -> tuple[int, int, int]:
+    """The logits steps' three first prompts (their first step, the largest of them)."""
+    return n, n // 2 + 1, n // 4 + 1
+
+
 def logits_plan(n: int, decode_steps: int, vocab: int, seed: int) -> tuple[list, list[dict]]:
     """The fixed steps whose logits are compared: three fresh prompts (n, n/2 + 1, n/4 + 1
     tokens); a mixed step (two decodes, the third prompt continued, a fourth prompt);
     then ``decode_steps`` decodes of the four sequences."""
     rng, done = random.Random(seed), {}
+    a, b, c = logits_prompt_lens(n)
     plan = [
-        ("prefill", [(0, n), (1, n // 2 + 1), (2, n // 4 + 1)]),
+        ("prefill", [(0, a), (1, b), (2, c)]),
         ("mixed", [(0, 1), (1, 1), (2, n // 4 + 1), (3, n // 2)]),
         *[("decode", [(s, 1) for s in range(4)]) for _ in range(decode_steps)],
     ]
@@ -175,7 +177,8 @@ def time_all_reduce(worker, shape, dtype: str, warmup: int, iters: int, repeats:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        t0 = time.perf_counter()
+        else:
+            t0 = time.perf_counter()
         for _ in range(iters):
             tensor_model_parallel_all_reduce(x)
         if cuda:
@@ -184,7 +187,7 @@ def time_all_reduce(worker, shape, dtype: str, warmup: int, iters: int, repeats:
             samples.append(start.elapsed_time(end) * 1e3 / iters)
         else:
             samples.append((time.perf_counter() - t0) * 1e6 / iters)
-    return {"us": quantiles(samples), "bytes": x.numel() * x.element_size()}
+    return {"us": _stats(samples), "bytes": x.numel() * x.element_size()}
 
 
 def rank_device(worker) -> str:
@@ -271,7 +274,7 @@ def run_latency(eng: Engine, spec: dict) -> list[dict]:
             eng.sync()
             samples.append((time.perf_counter() - t0) * 1e3)
         row = {"step": name, "tokens": len(inp.ids), "rows": len(inp.lens)}
-        row.update(ms=quantiles(samples), cuda_graph=eng.uses_graph(inp))
+        row.update(ms=_stats(samples), cuda_graph=eng.uses_graph(inp))
         if eng.executor is not None:
             row["collectives"] = eng.on_ranks(record_collectives, inp)
         rows.append(row)
@@ -327,17 +330,11 @@ def environment(spec: dict) -> dict:
 
     from vllm.distributed.parallel_state import MULTICAST_OFF_ENV
 
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "triton": triton_version,
+        "triton": triton_version(),
         "host": platform.node(),
         "env": {
             k: os.environ.get(k)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.benchmarks.test_benchmark_e2e import _interpreter_blocker
+from tests.benchmarks.test_benchmark_e2e import _BLOCKER
 from vllm.distributed.parallel_state import MULTICAST_OFF_ENV
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_tp.py"
@@ -21,6 +21,8 @@ TINY += ["--max-num-batched-tokens", "32", "--logits-len", "8", "--logits-decode
 TINY += ["--decode-batches", "1,4", "--prefill-len", "16", "--warmup", "1", "--iters", "2"]
 TINY += ["--allreduce-warmup", "1", "--allreduce-iters", "2", "--allreduce-repeats", "2"]
 TINY += ["--num-prompts", "2", "--input-len", "4", "--output-len", "3"]
+# The runs' CPU ranks go through Triton's interpreter (test_benchmark_e2e says when it fails).
+needs_interpreter = pytest.mark.skipif(_BLOCKER is not None, reason=_BLOCKER or "")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def multicast_env(monkeypatch):
         monkeypatch.setenv(key, "unset-by-test")
 
 
-@pytest.mark.skipif(_interpreter_blocker() is not None, reason=_interpreter_blocker() or "")
+@needs_interpreter
 @pytest.mark.timeout(240)
 def test_tiny_on_two_gloo_ranks(bench, tmp_path, multicast_env):
     out, md = tmp_path / "tp.json", tmp_path / "tp.md"
@@ -94,7 +96,7 @@ def test_tiny_on_two_gloo_ranks(bench, tmp_path, multicast_env):
         assert heading in saved["markdown"]
 
 
-@pytest.mark.skipif(_interpreter_blocker() is not None, reason=_interpreter_blocker() or "")
+@needs_interpreter
 @pytest.mark.timeout(240)
 def test_bf16_runs_against_an_fp32_reference(bench, tmp_path, multicast_env):
     """A bf16 run adds the fp32 TP=1 reference (logits steps only, eager, 4 slots)."""
