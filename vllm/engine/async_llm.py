@@ -186,9 +186,10 @@ class AsyncLLM:
             self._poke_w.send(b"\0")
         loop = asyncio.get_running_loop()
         if self._thread is not None:
-            await loop.run_in_executor(None, self._thread.join)
+            await loop.run_in_executor(None, self._thread.join)  # it joins the core process
+        elif self.engine_process:
+            await loop.run_in_executor(None, self.engine.core.join)
         if self.engine_process:
-            await loop.run_in_executor(None, self.engine.core.join)  # the core process
             self._poke_r.close()
             self._poke_w.close()
         else:

@@ -80,7 +80,7 @@ def run_engine_core(config: EngineConfig, conn) -> None:
         conn.send(("failed", _describe(err)))
         return
     try:
-        conn.send(("ready", {"vocab_size": core.vocab_size, "startup": core.runner.startup}))
+        conn.send(("ready", {"vocab_size": core.vocab_size, "startup": core.startup}))
         _serve(core, conn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         logger.info("the engine core's parent went away; stopping")
@@ -152,7 +152,6 @@ class EngineCoreClient:
         self.proc.start()
         child.close()
         self.num_running = self.num_waiting = 0
-        self.last_step = StepStats()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._next_id = 0
         self._internal: dict[str, str] = {}  # caller's id -> the child's
@@ -265,6 +264,4 @@ class EngineCoreClient:
             outputs.append(out)
         result.outputs = outputs
         self.num_running, self.num_waiting = result.num_running, result.num_waiting
-        if result.step is not None:
-            self.last_step = result.step
         return result
