@@ -60,7 +60,8 @@ class EngineConfig:
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
     against the model's heads and groups (``check_tp_divisibility``) and refused for a
-    model that does not shard yet (the hybrids).
+    model class that does not shard (``check_tensor_parallel_support``; every registered
+    model shards, the hybrids included).
     """
 
     model: str | os.PathLike | Any

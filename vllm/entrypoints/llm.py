@@ -132,8 +132,8 @@ class LLM:
     (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``long_prefill_token_threshold``, ``max_model_len``,
     ``enforce_eager``, ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the
-    options ``vllm serve`` takes (``tensor_parallel_size`` among them: Mamba2 models shard
-    over that many processes; the hybrids are refused), or vLLM's other ``LLM`` keywords
+    options ``vllm serve`` takes (``tensor_parallel_size`` among them: the model shards
+    over that many processes, the hybrids as Mamba2), or vLLM's other ``LLM`` keywords
     (``swap_space``, ``quantization``, ``trust_remote_code``, ``revision``,
     ``tokenizer_mode``, ``enable_lora``, ``enable_prefix_caching``, ...): each is either
     run as asked or refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As
