@@ -13,7 +13,11 @@ Async scheduling (``EngineConfig.async_scheduling``, on by default, as vLLM's
 ``--async-scheduling``): a step is dispatched before the host has read the previous
 step's tokens. Its decode rows take their input tokens on the device from the previous
 step's sampled tokens (``PENDING_TOKEN`` stands for them on the host), and only then does
-the host read the previous step's tokens while the GPU runs the new step. A sequence that
+the host read the previous step's tokens while the GPU runs the new step. That read waits
+for the previous step only: each step's tokens are copied into pinned host memory right
+behind it, and the read waits for that copy's event (``host_copy.HostCopy``). A plain
+``.tolist()`` would wait for the new step as well, and the GPU would then sit idle while the
+host applies the tokens and prepares the next step. A sequence that
 ends (EOS, or an abort: a stop string, a client gone) has been dispatched in one more step
 by then; that step's token for it is dropped, so outputs are the same as without async
 scheduling. ``max_tokens`` is known ahead, so no step is wasted on it.
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm.engine.config import EngineConfig
+from vllm.engine.host_copy import HostCopy
 from vllm.engine.sampler import SampledLogprobs, Sampler, compute_logprobs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
 from vllm.engine.sequence import PENDING_TOKEN, Sequence
@@ -84,7 +89,9 @@ class EngineCoreOutput:
 class _Dispatched:
     """A step whose sampled tokens are still on the device: ``tokens[rows[i]]`` is the token
     of ``seqs[i]``, to go at ``positions[i]`` of its token list. ``prompt`` holds the
-    step's prompt logprobs (device values, and (sequence, first position, count) spans)."""
+    step's prompt logprobs (device values, and (sequence, first position, count) spans).
+    ``host`` is the copy of the tokens, then the logprobs' and the prompt logprobs'
+    tensors, queued right behind the step, which the read waits for."""
 
     seqs: list[Sequence]
     positions: list[int]
@@ -92,6 +99,7 @@ class _Dispatched:
     tokens: torch.Tensor
     logprobs: SampledLogprobs | None
     prompt: tuple[SampledLogprobs, list[tuple[Sequence, int, int]]] | None
+    host: HostCopy
     num_prefill_tokens: int = 0  # the prompt tokens the step computed
 
 
@@ -252,7 +260,11 @@ class EngineCore:
             seq.token_ids.append(PENDING_TOKEN)
             seq.pending_row = row
         self.num_steps += 1
-        return _Dispatched(seqs, positions, rows, tokens, logprobs, prompt)
+        parts = [tokens]
+        for values in (logprobs, prompt[0] if prompt is not None else None):
+            if values is not None:
+                parts += values.tensors()
+        return _Dispatched(seqs, positions, rows, tokens, logprobs, prompt, HostCopy(parts))
 
     def _die(self, err: BaseException) -> None:
         """A tensor-parallel step failed: the ranks are out of step, so every request
@@ -304,16 +316,17 @@ class EngineCore:
         )
 
     def _read(self, step: _Dispatched) -> list[EngineCoreOutput]:
-        """Read a dispatched step's tokens (waits for that step only) and apply them."""
-        tokens = step.tokens.tolist()
-        lps = step.logprobs.to_lists() if step.logprobs is not None else None
+        """Read a dispatched step's tokens (waits for that step only, not for a step queued
+        after it) and apply them."""
+        tokens, lps, prompt_values = self._host_lists(step)
         if step.prompt is not None:
-            values, spans = step.prompt
-            values, offset = values.to_lists(), 0
-            for seq, _, count in spans:
+            offset = 0
+            for seq, _, count in step.prompt[1]:
                 if seq.prompt_logprobs is not None:  # None: finished meanwhile
                     k = seq.params.prompt_logprobs
-                    seq.prompt_logprobs += [values.position(offset + j, k) for j in range(count)]
+                    seq.prompt_logprobs += [
+                        prompt_values.position(offset + j, k) for j in range(count)
+                    ]
                 offset += count
         outputs = []
         for seq, pos, row in zip(step.seqs, step.positions, step.rows, strict=True):
@@ -333,6 +346,18 @@ class EngineCore:
                 out.finish_reason, out.stop_reason = reason, stop_token
             outputs.append(out)
         return outputs
+
+    @staticmethod
+    def _host_lists(step: _Dispatched):
+        """The step's tokens, and its logprobs and prompt logprobs where it has them, as host
+        lists (the host copy holds them in that order)."""
+        host = list(step.host.get())
+        tokens = host.pop(0).tolist()
+        n = SampledLogprobs.NUM_TENSORS
+        lists = [SampledLogprobs(*host[i : i + n]).to_lists() for i in range(0, len(host), n)]
+        lps = lists.pop(0) if step.logprobs is not None else None
+        prompt = lists.pop(0) if step.prompt is not None else None
+        return tokens, lps, prompt
 
     @staticmethod
     def _check_stop(seq: Sequence, pos: int) -> tuple[str | None, int | None]:

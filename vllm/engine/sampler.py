@@ -115,6 +115,13 @@ class SampledLogprobs:
     topk_ids: torch.Tensor
     topk_logprobs: torch.Tensor
 
+    NUM_TENSORS = 5
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The fields in order (``SampledLogprobs(*tensors)`` rebuilds it, e.g. from host
+        copies)."""
+        return (self.token_ids, self.token_logprobs, self.ranks, self.topk_ids, self.topk_logprobs)
+
     def to_lists(self) -> LogprobLists:
         return LogprobLists(
             self.token_ids.tolist(),
