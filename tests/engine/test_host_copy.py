@@ -92,3 +92,37 @@ def test_async_read_leaves_the_next_step_running(monkeypatch):
     # After every step that read its predecessor, the step it dispatched was still running.
     assert len(busy) >= 5 and all(busy), busy
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_a_step_never_waits_for_the_whole_stream():
+    """No stream or device sync anywhere in a step (scheduling, inputs, metadata, forward,
+    sampling, the read): ``set_sync_debug_mode("error")`` raises on any of them. Greedy,
+    seeded sampling with top-k/top-p, logprobs and prompt logprobs, prefills chunked beside
+    decodes."""
+    llm = make_llm(async_scheduling=True)
+    engine = llm.engine
+    prompts = {"g": [1, 2, 3], "s": list(range(5, 30)), "p": [7] * 11, "l": [9, 8, 7, 6]}
+    params = {
+        "g": SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+        "s": SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3, max_tokens=5),
+        "p": SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=2),
+        "l": SamplingParams(temperature=0.0, max_tokens=4, logprobs=3, ignore_eos=True),
+    }
+    for rid, p in prompts.items():
+        engine.add_request(rid, p, params[rid])
+    finished = {}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert sorted(finished) == sorted(prompts)
+    for rid, out in finished.items():
+        assert out.outputs[0].finish_reason in ("length", "stop"), (rid, out)
+    assert len(finished["p"].prompt_logprobs) == len(prompts["p"])
+    assert len(finished["l"].outputs[0].logprobs) == 4
