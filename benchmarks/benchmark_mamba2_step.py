@@ -29,8 +29,10 @@ Timing: CUDA events around each step, median (p20, p80) of ``--iters`` after ``-
 (on CPU: ``time.perf_counter``); ``host ms`` is the time the host takes to issue the step.
 ``--profile`` then runs ``--profile-steps`` more steps of each kind under
 ``torch.profiler`` and splits the wall time into conv, scan, matmul, other and idle (see
-``step_profile.py``). The CUDA backend is skipped, with the reason printed, when the CUDA
-ops are not built or the device is not CUDA.
+``step_profile.py``), and lists, per eager step kind, the host's self time by event (aten
+ops, CUDA runtime calls such as launches, and the Python between ops as the ranges' own
+time): where the host's time to issue a step goes. The CUDA backend is skipped, with the
+reason printed, when the CUDA ops are not built or the device is not CUDA.
 
 Budget on an H200 (7B shape, defaults): a mixed step is a few hundred ms and an eager
 256-decode step ~150-200 ms (the PyTorch scan reads and writes the 4 MiB fp32 SSM state of
@@ -56,7 +58,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 
 from model_shapes import NAMED_CONFIGS  # noqa: E402
 from run_info import cuda_skip_reason, git_sha, quantiles  # noqa: E402
-from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
+from step_profile import (  # noqa: E402
+    MARKDOWN_HEADER,
+    host_records,
+    kernel_records,
+    markdown_rows,
+    summarize,
+    top_by_name,
+)
 
 STEP_PREFIX = "step:"
 
@@ -163,26 +172,14 @@ def profile_steps(steps: dict, n: int, on_cuda: bool, graphed: tuple[str, ...]) 
                     if on_cuda:
                         torch.cuda.synchronize()
                 walls[name] = (kind, (time.perf_counter() - t0) * 1e3)
-    records = kernel_records(prof.events(), STEP_PREFIX, on_cuda)
-    return summarize(records, walls, STEP_PREFIX, graphed), top_kernels(records, "decode_graph", n)
-
-
-def top_kernels(records, kind: str, num_steps: int, top: int = 15) -> list[dict]:
-    """The kernels of the ``kind`` steps by total time: name, us per step, launches per step."""
-    from collections import defaultdict
-
-    total: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    for rec in records:
-        step = next((r for r in rec.ranges if r.startswith(f"{STEP_PREFIX}{kind}#")), None)
-        if step is not None:
-            total[rec.name] += rec.duration_us
-            count[rec.name] += 1
-    ranked = sorted(total, key=total.get, reverse=True)[:top]
-    return [
-        {"kernel": k[:90], "us_per_step": total[k] / num_steps, "per_step": count[k] / num_steps}
-        for k in ranked
-    ]
+    events = prof.events()
+    records = kernel_records(events, STEP_PREFIX, on_cuda)
+    kernels = top_by_name(records, f"{STEP_PREFIX}decode_graph#", n)
+    host = host_records(events, STEP_PREFIX)
+    host_ops = {
+        kind: top_by_name(host, f"{STEP_PREFIX}{kind}#", n) for kind in steps if kind not in graphed
+    }
+    return summarize(records, walls, STEP_PREFIX, graphed), kernels, host_ops
 
 
 def decode_floor(model, pool, batch: int) -> dict:
@@ -274,7 +271,7 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
             flush=True,
         )
     if args.profile:
-        out["profile"], out["decode_graph_kernels"] = profile_steps(
+        out["profile"], out["decode_graph_kernels"], out["host_ops"] = profile_steps(
             steps, args.profile_steps, on_cuda, ("decode_graph",)
         )
     return out  # the pool and the graphs die here, before the next backend's are made
@@ -329,7 +326,13 @@ def markdown(results: dict) -> str:
             lines += ["", f"Kernels of the decode graph step ({name}):", ""]
             lines += ["| kernel | us per step | launches per step |", "| --- | ---: | ---: |"]
             for k in r["decode_graph_kernels"]:
-                lines.append(f"| `{k['kernel']}` | {k['us_per_step']:.1f} | {k['per_step']:.0f} |")
+                lines.append(f"| `{k['name']}` | {k['us_per_step']:.1f} | {k['per_step']:.0f} |")
+    for name, r in results["backends"].items():
+        for kind, ops in r.get("host_ops", {}).items():
+            lines += ["", f"Host self time of the {kind} step by event ({name}):", ""]
+            lines += ["| event | us per step | calls per step |", "| --- | ---: | ---: |"]
+            for k in ops:
+                lines.append(f"| `{k['name']}` | {k['us_per_step']:.1f} | {k['per_step']:.1f} |")
     profiles = [(n, r["profile"]) for n, r in results["backends"].items() if "profile" in r]
     if profiles:
         lines += ["", "Share of step wall time (profiled steps):", "", *MARKDOWN_HEADER]

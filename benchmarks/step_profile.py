@@ -99,11 +99,7 @@ def kernel_records(events, step_prefix: str, on_cuda: bool) -> list[KernelRecord
     ]
     all_spans = step_spans + mamba_spans
     if not on_cuda:
-        ranges = _ranges_at([e.time_range.start for e in cpu], all_spans)
-        return [
-            KernelRecord(e.name, float(e.self_cpu_time_total), r)
-            for e, r in zip(cpu, ranges, strict=True)
-        ]
+        return _self_time_records(cpu, all_spans)
     launch_time = {e.id: e.time_range.start for e in cpu if _LAUNCH.match(e.name)}
     kernels = [
         e
@@ -117,6 +113,44 @@ def kernel_records(events, step_prefix: str, on_cuda: bool) -> list[KernelRecord
     return [
         KernelRecord(e.name, float(e.time_range.end - e.time_range.start), r if t is None else a)
         for e, t, a, r in zip(kernels, launched, at_launch, at_run, strict=True)
+    ]
+
+
+def _self_time_records(cpu, spans) -> list[KernelRecord]:
+    ranges = _ranges_at([e.time_range.start for e in cpu], spans)
+    return [
+        KernelRecord(e.name, float(e.self_cpu_time_total), r)
+        for e, r in zip(cpu, ranges, strict=True)
+    ]
+
+
+def host_records(events, step_prefix: str) -> list[KernelRecord]:
+    """The host's side of a profile, on CPU and CUDA runs alike: every CPU event's self
+    time (aten ops, CUDA runtime calls such as kernel launches and syncs, and the ranges'
+    own self time, which is the Python between their ops), with the step range open at its
+    start."""
+    from torch.autograd import DeviceType
+
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in cpu]
+    steps = [s for s in spans if s[2].startswith(step_prefix)]
+    return _self_time_records(cpu, steps)
+
+
+def top_by_name(records, step_range_prefix: str, num_steps: int, top: int = 15) -> list[dict]:
+    """The records of the steps whose range starts with ``step_range_prefix`` (one step
+    kind, e.g. ``step:mixed#``), summed by name: us per step and calls per step, largest
+    first."""
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for rec in records:
+        if any(r.startswith(step_range_prefix) for r in rec.ranges):
+            total[rec.name] += rec.duration_us
+            count[rec.name] += 1
+    ranked = sorted(total, key=total.get, reverse=True)[:top]
+    return [
+        {"name": k[:90], "us_per_step": total[k] / num_steps, "per_step": count[k] / num_steps}
+        for k in ranked
     ]
 
 

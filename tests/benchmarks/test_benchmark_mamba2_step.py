@@ -42,6 +42,12 @@ def test_tiny_step_on_cpu(bench, tmp_path, capsys, monkeypatch):
         prof = triton["profile"][kind]
         assert prof["steps"] == 1 and prof["share"]["conv"] > 0 and prof["share"]["scan"] > 0
         assert sum(prof["share"].values()) == pytest.approx(1.0, abs=1e-6)
+    # The host's self time by event, per eager step kind: the model's ops are there.
+    for kind in ("mixed", "decode"):
+        names = {op["name"] for op in triton["host_ops"][kind]}
+        assert "aten::linear" in names or "aten::mm" in names or "aten::addmm" in names, names
+        assert all(op["us_per_step"] >= 0 and op["per_step"] > 0 for op in triton["host_ops"][kind])
+    assert "Host self time of the mixed step" in saved["markdown"]
     assert "CPU" in saved["backends"]["cuda"]["skipped"]
     assert saved["check"] == {"triton_logits_finite": True}
     assert "triton_over_cuda" not in saved

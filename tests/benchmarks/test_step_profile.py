@@ -95,3 +95,35 @@ def test_cpu_attribution_uses_self_times():
     )
     assert summary["decode"]["ms"] == pytest.approx({"conv": 3, "scan": 0, "matmul": 2, "other": 4})
     assert summary["decode"]["idle_ms"] == pytest.approx(1)
+
+
+def test_host_self_times_by_name_per_step():
+    trace = [
+        event("step:mixed#0", 0, 10),
+        event("aten::linear", 1, 3),
+        event("cuLaunchKernelEx", 4, 4.5),
+        event("cuLaunchKernelEx", 5, 5.5),
+        event("step:mixed#1", 10, 20),
+        event("aten::linear", 11, 12),
+        event("step:decode#0", 20, 30),
+        event("aten::linear", 21, 29),
+        event("_causal_conv1d_fwd_kernel", 4, 5, device=CUDA, corr=1),  # not host time
+    ]
+    trace[0].self_cpu_time_total = 7e3  # the step's own time: its Python between ops
+    trace[4].self_cpu_time_total = 9e3
+    records = step_profile.host_records(trace, "step:")
+    assert all(r.name != "_causal_conv1d_fwd_kernel" for r in records)
+    mixed = step_profile.top_by_name(records, "step:mixed#", num_steps=2)
+    assert [m["name"] for m in mixed] == [
+        "step:mixed#1",
+        "step:mixed#0",
+        "aten::linear",
+        "cuLaunchKernelEx",
+    ]
+    by_name = {m["name"]: m for m in mixed}
+    assert by_name["aten::linear"]["us_per_step"] == pytest.approx(1.5e3)
+    assert by_name["aten::linear"]["per_step"] == 1.0
+    assert by_name["cuLaunchKernelEx"]["us_per_step"] == pytest.approx(0.5e3)
+    assert by_name["cuLaunchKernelEx"]["per_step"] == 1.0
+    decode = step_profile.top_by_name(records, "step:decode#", num_steps=1)
+    assert {d["name"] for d in decode} == {"step:decode#0", "aten::linear"}
