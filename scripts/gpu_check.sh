@@ -90,9 +90,11 @@ host_cost() {
     python3 benchmarks/kernels/benchmark_conv_host_cost.py --profile --out "$out/host_cost.json" \
         --md "$out/host_cost.md" 2>&1 | tee "$out/host_cost.log"
 }
+# One Mamba2 step per kind and backend, profiled (STEP_BENCH_ARGS adds options, e.g.
+# "--backends triton --num-decodes 63 --prefill-len 1024 --decode-batch 64 --no-cuda-graph").
 step_bench() {
-    python3 benchmarks/benchmark_mamba2_step.py --profile --out "$out/step.json" 2>&1 |
-        tee "$out/step.log"
+    python3 benchmarks/benchmark_mamba2_step.py --profile ${STEP_BENCH_ARGS:-} \
+        --out "$out/step.json" 2>&1 | tee "$out/step.log"
 }
 e2e() {
     python3 benchmarks/benchmark_e2e.py --num-prompts 200 --profile --out "$out/e2e.json" \
