@@ -88,17 +88,17 @@ class EngineCoreOutput:
 @dataclass
 class _Dispatched:
     """A step whose sampled tokens are still on the device: ``tokens[rows[i]]`` is the token
-    of ``seqs[i]``, to go at ``positions[i]`` of its token list. ``prompt`` holds the
-    step's prompt logprobs (device values, and (sequence, first position, count) spans).
-    ``host`` is the copy of the tokens, then the logprobs' and the prompt logprobs'
-    tensors, queued right behind the step, which the read waits for."""
+    of ``seqs[i]``, to go at ``positions[i]`` of its token list. ``host`` is their copy to
+    the host, queued right behind the step (the read waits for it), followed by the
+    tensors of the step's logprobs when ``has_logprobs`` and of its prompt logprobs when
+    ``prompt_spans`` ((sequence, first position, count) of each) is not None."""
 
     seqs: list[Sequence]
     positions: list[int]
     rows: list[int]
     tokens: torch.Tensor
-    logprobs: SampledLogprobs | None
-    prompt: tuple[SampledLogprobs, list[tuple[Sequence, int, int]]] | None
+    has_logprobs: bool
+    prompt_spans: list[tuple[Sequence, int, int]] | None
     host: HostCopy
     num_prefill_tokens: int = 0  # the prompt tokens the step computed
 
@@ -261,10 +261,13 @@ class EngineCore:
             seq.pending_row = row
         self.num_steps += 1
         parts = [tokens]
-        for values in (logprobs, prompt[0] if prompt is not None else None):
-            if values is not None:
-                parts += values.tensors()
-        return _Dispatched(seqs, positions, rows, tokens, logprobs, prompt, HostCopy(parts))
+        if logprobs is not None:
+            parts += logprobs.tensors()
+        if prompt is not None:
+            parts += prompt[0].tensors()
+        spans = prompt[1] if prompt is not None else None
+        host = HostCopy(parts)
+        return _Dispatched(seqs, positions, rows, tokens, logprobs is not None, spans, host)
 
     def _die(self, err: BaseException) -> None:
         """A tensor-parallel step failed: the ranks are out of step, so every request
@@ -319,9 +322,9 @@ class EngineCore:
         """Read a dispatched step's tokens (waits for that step only, not for a step queued
         after it) and apply them."""
         tokens, lps, prompt_values = self._host_lists(step)
-        if step.prompt is not None:
+        if step.prompt_spans is not None:
             offset = 0
-            for seq, _, count in step.prompt[1]:
+            for seq, _, count in step.prompt_spans:
                 if seq.prompt_logprobs is not None:  # None: finished meanwhile
                     k = seq.params.prompt_logprobs
                     seq.prompt_logprobs += [
@@ -355,8 +358,8 @@ class EngineCore:
         tokens = host.pop(0).tolist()
         n = SampledLogprobs.NUM_TENSORS
         lists = [SampledLogprobs(*host[i : i + n]).to_lists() for i in range(0, len(host), n)]
-        lps = lists.pop(0) if step.logprobs is not None else None
-        prompt = lists.pop(0) if step.prompt is not None else None
+        lps = lists.pop(0) if step.has_logprobs else None
+        prompt = lists.pop(0) if step.prompt_spans is not None else None
         return tokens, lps, prompt
 
     @staticmethod
