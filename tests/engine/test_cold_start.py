@@ -12,6 +12,7 @@ step budget), arrivals in waves so decode steps run at many batch sizes, next to
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import subprocess
@@ -80,6 +81,34 @@ def test_no_launch_miss_after_startup(max_num_seqs, max_num_batched_tokens, devi
     served = serve_random_workload(llm, seed=max_num_seqs, waves=3, max_len=30, vocab=256)
     assert served > 0
     assert launch_misses() == before, "a kernel variant was first launched after start-up"
+    assert llm.engine.step_totals.kernel_compiles == 0
+
+
+def test_a_variant_missed_by_the_warmup_is_counted_and_logged(device, monkeypatch, caplog):
+    """What the server exports as vllm:engine_kernel_compiles_total: a step that launches a
+    variant the warm-up did not compile counts it in its StepStats and names the kernel in
+    a warning. The launch caches are emptied after start-up, as if the warm-up had missed
+    every variant."""
+    from vllm.triton_utils import launch
+
+    llm = LLM(CONFIG, load_format="dummy", dtype="float32", device=device.type,
+              max_num_seqs=4, max_num_batched_tokens=16)  # fmt: skip
+    for launcher in launch._LAUNCHERS:
+        monkeypatch.setattr(launcher, "seen", set())
+        monkeypatch.setattr(launcher, "cache", {})
+    before = launch_misses()
+    root = logging.getLogger("vllm")
+    root.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm"):
+            serve_random_workload(llm, seed=5, waves=1, max_len=20, vocab=256)
+    finally:
+        root.removeHandler(caplog.handler)
+    missed = {k: n - before.get(k, 0) for k, n in launch_misses().items() if n > before.get(k, 0)}
+    assert missed, "no launch went through a launcher"
+    assert llm.engine.step_totals.kernel_compiles == sum(missed.values())
+    logged = " ".join(r.getMessage() for r in caplog.records if "warm-up missed" in r.getMessage())
+    assert all(name in logged for name in missed), (missed, logged)
 
 
 def _decode_args(dim: int, batch: int, device):

@@ -126,3 +126,51 @@ def test_a_step_never_waits_for_the_whole_stream():
         assert out.outputs[0].finish_reason in ("length", "stop"), (rid, out)
     assert len(finished["p"].prompt_logprobs) == len(prompts["p"])
     assert len(finished["l"].outputs[0].logprobs) == 4
+
+
+def spin_seconds() -> float:
+    """The spin kernel's duration on this GPU, by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+@pytest.mark.gpu
+def test_device_span_is_the_steps_own_device_time(monkeypatch):
+    """``StepStats.device_s`` (the server's vllm:engine_step_device_seconds) spans the step's
+    device work: a spin queued inside the step (before its forward) is in every span; the
+    same spin queued after the step (before the next one) is in none."""
+    llm = make_llm(async_scheduling=True)
+    core, engine = llm.engine.core, llm.engine
+    spin = spin_seconds()
+    execute, dispatch = core.runner.execute, core._dispatch
+
+    def spin_inside(*args, **kwargs):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        return execute(*args, **kwargs)
+
+    def spin_after(batch):
+        step = dispatch(batch)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        return step
+
+    means = {}
+    for where, obj, name, fn in (
+        ("inside", core.runner, "execute", spin_inside),
+        ("after", core, "_dispatch", spin_after),
+    ):
+        before = engine.step_totals.as_dict()
+        with monkeypatch.context() as m:
+            m.setattr(obj, name, fn)
+            run(llm)
+        after = engine.step_totals.as_dict()
+        steps = after["steps"] - before["steps"]
+        spans = after["device_steps"] - before["device_steps"]
+        assert spans >= steps - 1 and spans >= 5, (steps, spans)  # the first read nothing
+        means[where] = (after["device_s"] - before["device_s"]) / spans
+    torch.cuda.synchronize()
+    assert means["inside"] >= 0.9 * spin, (means, spin)
+    assert means["after"] < 0.5 * spin, (means, spin)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 import vllm
 from tests.entrypoints.utils import (
@@ -163,6 +164,15 @@ def test_metrics_count_what_was_sent(server, client):
     assert delta('vllm:engine_loop_seconds_total{phase="wait"}') > 0
     assert 'vllm:engine_loop_seconds_total{phase="other"}' in after
     assert delta('vllm:engine_loop_seconds_total{phase="other"}') >= 0
+    # Every kernel variant was compiled (registered, under the interpreter) at start-up.
+    assert "vllm:engine_kernel_compiles_total" in after
+    assert delta("vllm:engine_kernel_compiles_total") == 0
+    # Device spans come from CUDA events: one per step that read a batch on a GPU (the
+    # server's default device where there is one); a CPU engine exports the series, empty.
+    device_steps = [f'vllm:engine_step_device_seconds_count{{step_kind="{k}"}}' for k in KINDS]
+    assert all(name in after for name in device_steps)
+    spans = sum(map(delta, device_steps))
+    assert 0 < spans <= steps if torch.cuda.is_available() else spans == 0
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,10 @@ the engine is then dead, every request fails with the error, new requests are re
 
 Each step leaves its host timing and token counts in ``last_step`` (``StepStats``: the
 scheduler, the dispatch, the read of a dispatched step's tokens); the clock reads add no
-device sync.
+device sync. On CUDA each dispatched batch also carries two timing events (queued before
+its forward and right behind its sampler), read with its tokens: the batch's device span.
+A step that compiled a Triton kernel variant (one the start-up warm-up missed) counts it
+and logs a warning naming the kernel.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from vllm.engine.stats import StepStats
 from vllm.executor.multiproc import MultiprocExecutor
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
+from vllm.triton_utils.launch import missed_kernels, num_launch_misses
 from vllm.worker.model_runner import ModelRunner
 from vllm.worker.worker import Worker
 
@@ -101,6 +105,16 @@ class _Dispatched:
     prompt_spans: list[tuple[Sequence, int, int]] | None
     host: HostCopy
     num_prefill_tokens: int = 0  # the prompt tokens the step computed
+    # CUDA timing events recorded when the step was queued and behind its sampling (ahead
+    # of the host copy): the step's device span, read once the copy is done. None on CPU.
+    span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    def device_s(self) -> float | None:
+        """The step's device span in seconds (its host copy must be done)."""
+        if self.span is None:
+            return None
+        start, end = self.span
+        return start.elapsed_time(end) / 1e3
 
 
 class EngineCore:
@@ -198,6 +212,7 @@ class EngineCore:
         """Dispatch one step and read the one before it (under async scheduling; without
         it, read this one); the outputs of every request that got a token or finished."""
         t0 = time.perf_counter()
+        misses = num_launch_misses()
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
         prefill = num_prompt_tokens(batch)
@@ -205,28 +220,44 @@ class EngineCore:
         if dispatched is not None:
             dispatched.num_prefill_tokens = prefill
         t2 = time.perf_counter()
-        waited_on = self._in_flight
+        read = self._in_flight
         outputs, self._pending_outputs = self._pending_outputs, []
         if self._in_flight is not None:
             outputs += self._read(self._in_flight)
         self._in_flight = dispatched
         if dispatched is not None and not self.config.async_scheduling:
+            read = dispatched
             outputs += self._read(dispatched)
             self._in_flight = None
-        read_prefill = waited_on.num_prefill_tokens if waited_on is not None else prefill
+        t3 = time.perf_counter()
+        compiles = num_launch_misses() - misses
+        if compiles:
+            logger.warning(
+                "step %d compiled %d Triton kernel variant(s) the start-up warm-up missed: %s",
+                self.num_steps,
+                compiles,
+                ", ".join(missed_kernels(misses)),
+            )
+        read_prefill = read.num_prefill_tokens if read is not None else prefill
         self.last_step = StepStats(
             schedule_s=t1 - t0,
             dispatch_s=t2 - t1,
-            read_s=time.perf_counter() - t2,
+            read_s=t3 - t2,
             num_prefill_tokens=prefill,
             num_decode_tokens=batch.total_tokens - prefill,
             waited_on_prefill=read_prefill > 0,
+            device_s=read.device_s() if read is not None else None,
+            kernel_compiles=compiles,
         )
         return outputs
 
     def _dispatch(self, batch: ScheduledBatch) -> _Dispatched | None:
         """Queue the step on the device: model, sampler; the tokens stay there."""
         prev = self._in_flight.tokens if self._in_flight is not None else None
+        start = None
+        if self.runner.device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
         try:
             if self.executor is None:
                 result = self.runner.execute(batch, prev)
@@ -266,8 +297,15 @@ class EngineCore:
         if prompt is not None:
             parts += prompt[0].tensors()
         spans = prompt[1] if prompt is not None else None
+        span = None
+        if start is not None:  # the end ahead of the copy, so the read finds it done
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            span = (start, end)
         host = HostCopy(parts)
-        return _Dispatched(seqs, positions, rows, tokens, logprobs is not None, spans, host)
+        return _Dispatched(
+            seqs, positions, rows, tokens, logprobs is not None, spans, host, span=span
+        )
 
     def _die(self, err: BaseException) -> None:
         """A tensor-parallel step failed: the ranks are out of step, so every request

@@ -13,7 +13,10 @@ pieces): ``vllm:engine_step_seconds{step_kind}``, the wall time of each step cal
 ``step_kind`` "prefill" when the batch the call waited for held prompt tokens, else
 "decode"; ``vllm:engine_step_phase_seconds_total{phase}`` (schedule, dispatch, read,
 output); ``vllm:iteration_tokens_total`` (vLLM's: tokens per step) and
-``vllm:engine_step_tokens_total{token_kind}`` (prefill, decode); and
+``vllm:engine_step_tokens_total{token_kind}`` (prefill, decode);
+``vllm:engine_step_device_seconds{step_kind}``, the device span of the batch each call
+read (CUDA only), by the same kind; ``vllm:engine_kernel_compiles_total``, Triton kernel
+variants compiled inside steps (0 unless the start-up warm-up missed one); and
 ``vllm:engine_loop_seconds_total{phase}``, the engine loop thread's wall time: in steps
 (step), blocked waiting for work (wait), and the rest (other: taking requests, recording
 stats, handing outputs to the event loop).
@@ -108,6 +111,22 @@ class PrometheusStatLogger(StatLoggerBase):
             registry=reg,
         )
         self.step_seconds = {k: steps.labels(name, k) for k in ("prefill", "decode")}
+        device = Histogram(
+            "vllm:engine_step_device_seconds",
+            "Device span of the batch an engine step call read (CUDA events: from the GPU "
+            "reaching the batch to its sampler's end), by whether it held prompt tokens.",
+            ["model_name", "step_kind"],
+            buckets=STEP_BUCKETS,
+            registry=reg,
+        )
+        self.step_device_seconds = {k: device.labels(name, k) for k in ("prefill", "decode")}
+        self.kernel_compiles = Counter(
+            "vllm:engine_kernel_compiles_total",
+            "Triton kernel variants compiled inside engine steps (the start-up warm-up "
+            "compiles every variant a step can pick: anything else is one it missed).",
+            ["model_name"],
+            registry=reg,
+        ).labels(name)
         phases = Counter(
             "vllm:engine_step_phase_seconds_total",
             "Engine step seconds by piece (schedule, dispatch, read, output).",
@@ -160,9 +179,12 @@ class PrometheusStatLogger(StatLoggerBase):
         step = stats.step
         if step is not None:
             self.loop_seconds["step"].inc(step.total_s)
-            self.step_seconds["prefill" if step.waited_on_prefill else "decode"].observe(
-                step.total_s
-            )
+            kind = "prefill" if step.waited_on_prefill else "decode"
+            self.step_seconds[kind].observe(step.total_s)
+            if step.device_s is not None:
+                self.step_device_seconds[kind].observe(step.device_s)
+            if step.kernel_compiles:
+                self.kernel_compiles.inc(step.kernel_compiles)
             for counter, attr in self._step_phases:
                 counter.inc(getattr(step, attr))
             self.step_tokens["prefill"].inc(step.num_prefill_tokens)

@@ -28,7 +28,15 @@ class StepStats:
     ``waited_on_prefill``: under async scheduling a call dispatches batch N, then waits for
     batch N-1's tokens, so its time is mostly batch N-1's device time; it is True when the
     batch whose tokens the call read held prompt tokens (the batch it dispatched, when it
-    read none). Without async scheduling the two are the same batch."""
+    read none). Without async scheduling the two are the same batch.
+
+    ``device_s``: the device span of the batch the call read (CUDA events recorded when the
+    batch was queued and behind its sampler): from the GPU reaching the batch (the work
+    queued before it done) to the batch's end, gaps the host left inside it included; None
+    when the call read no batch or the device has no events (CPU).
+    ``kernel_compiles``: Triton kernel variants the call compiled (launches that missed
+    the launchers' caches: ``vllm.triton_utils.launch``); the start-up warm-up compiles
+    every variant a step can pick, so anything but 0 is a variant it missed."""
 
     schedule_s: float = 0.0
     dispatch_s: float = 0.0
@@ -38,13 +46,17 @@ class StepStats:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     waited_on_prefill: bool = False
+    device_s: float | None = None
+    kernel_compiles: int = 0
 
 
 @dataclass
 class StepTotals:
     """Sums over engine step calls (``LLMEngine.step_totals``, from its start): ``steps``
     and ``step_s`` split into those ``waited_on_prefill`` (``prefill_steps``,
-    ``prefill_step_s``) and the rest; the pieces' seconds and the tokens."""
+    ``prefill_step_s``) and the rest; the pieces' seconds and the tokens; the device spans
+    of the calls that have one, split the same way (``device_steps``, ``device_s``,
+    ``prefill_device_steps``, ``prefill_device_s``); the kernel compiles."""
 
     steps: int = 0
     step_s: float = 0.0
@@ -56,6 +68,11 @@ class StepTotals:
     output_s: float = 0.0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    device_steps: int = 0
+    device_s: float = 0.0
+    prefill_device_steps: int = 0
+    prefill_device_s: float = 0.0
+    kernel_compiles: int = 0
 
     def add(self, step: StepStats) -> None:
         self.steps += 1
@@ -69,6 +86,13 @@ class StepTotals:
         self.output_s += step.output_s
         self.prefill_tokens += step.num_prefill_tokens
         self.decode_tokens += step.num_decode_tokens
+        self.kernel_compiles += step.kernel_compiles
+        if step.device_s is not None:
+            self.device_steps += 1
+            self.device_s += step.device_s
+            if step.waited_on_prefill:
+                self.prefill_device_steps += 1
+                self.prefill_device_s += step.device_s
 
     def as_dict(self) -> dict:
         """A copy, as plain numbers (what benchmarks subtract and summarize)."""
