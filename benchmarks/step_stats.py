@@ -14,6 +14,12 @@ are the difference of two readings (``diff``); ``summarize`` turns them into:
 - ``phase_ms_per_step``: the mean schedule, dispatch, read and output ms of a step;
 - ``wall_s`` (the run's wall time: offline the timed generate, in a server the benchmark's
   duration) and ``share_of_wall_in_steps`` = total step seconds / wall;
+- ``mean_device_ms_with_prefill``, ``mean_device_ms_decode_only``: the device span (CUDA
+  events) of the batches the step calls read, by the same split; ``share_of_wall_device``
+  = their sum / wall, the share of the run the GPU was inside a step (None without
+  spans: a CPU engine, or a server without the series);
+- ``kernel_compiles``: Triton kernel variants compiled inside steps (0 when the start-up
+  warm-up covered every step);
 - server only: ``loop_wait_s`` and ``loop_other_s`` (the engine loop blocked waiting for
   work; its other time outside steps) and their shares of the wall time.
 
@@ -35,6 +41,11 @@ TOTAL_KEYS = (
     "output_s",
     "prefill_tokens",
     "decode_tokens",
+    "device_steps",
+    "device_s",
+    "prefill_device_steps",
+    "prefill_device_s",
+    "kernel_compiles",
 )
 LOOP_KEYS = ("loop_wait_s", "loop_other_s")
 PHASES = ("schedule", "dispatch", "read", "output")
@@ -47,6 +58,14 @@ PROMETHEUS_SERIES = {
     **{f'vllm:engine_step_phase_seconds_total{{phase="{p}"}}': (f"{p}_s",) for p in PHASES},
     'vllm:engine_step_tokens_total{token_kind="prefill"}': ("prefill_tokens",),
     'vllm:engine_step_tokens_total{token_kind="decode"}': ("decode_tokens",),
+    'vllm:engine_step_device_seconds_count{step_kind="prefill"}': (
+        "device_steps",
+        "prefill_device_steps",
+    ),
+    'vllm:engine_step_device_seconds_count{step_kind="decode"}': ("device_steps",),
+    'vllm:engine_step_device_seconds_sum{step_kind="prefill"}': ("device_s", "prefill_device_s"),
+    'vllm:engine_step_device_seconds_sum{step_kind="decode"}': ("device_s",),
+    "vllm:engine_kernel_compiles_total": ("kernel_compiles",),
     'vllm:engine_loop_seconds_total{phase="wait"}': ("loop_wait_s",),
     'vllm:engine_loop_seconds_total{phase="other"}': ("loop_other_s",),
 }
@@ -102,6 +121,13 @@ def summarize(totals: dict, wall_s: float) -> dict:
         "wall_s": wall_s,
         "share_of_wall_in_steps": _ratio(totals["step_s"], wall_s),
     }
+    dev_steps = int(totals.get("device_steps", 0))
+    dev_pre = int(totals.get("prefill_device_steps", 0))
+    dev_s, dev_pre_s = totals.get("device_s", 0.0), totals.get("prefill_device_s", 0.0)
+    out["mean_device_ms_with_prefill"] = _ms(_ratio(dev_pre_s, dev_pre))
+    out["mean_device_ms_decode_only"] = _ms(_ratio(dev_s - dev_pre_s, dev_steps - dev_pre))
+    out["share_of_wall_device"] = _ratio(dev_s, wall_s) if dev_steps else None
+    out["kernel_compiles"] = int(totals.get("kernel_compiles", 0))
     for key in LOOP_KEYS:
         if key in totals:
             out[key] = totals[key]
@@ -132,6 +158,15 @@ def format_block(s: dict, title: str = "Engine steps") -> str:
         f"in steps: {s['total_step_s']:.2f} s of {s['wall_s']:.2f} s wall "
         f"({_f(_pct(s['share_of_wall_in_steps']))}%)",
     ]
+    if s.get("share_of_wall_device") is not None:
+        lines.append(
+            f"device ms per step read: with prefill "
+            f"{_f(s['mean_device_ms_with_prefill'], '.2f')}, decode-only "
+            f"{_f(s['mean_device_ms_decode_only'], '.2f')}; GPU inside steps "
+            f"{_f(_pct(s['share_of_wall_device']))}% of wall"
+        )
+    if "kernel_compiles" in s:
+        lines.append(f"kernel compiles inside steps: {s['kernel_compiles']}")
     if "loop_wait_s" in s:
         lines.append(
             f"engine loop outside steps: waiting {s['loop_wait_s']:.2f} s "
@@ -148,7 +183,7 @@ def _pct(share: float | None) -> float | None:
 COMPARISON_HEAD = (
     "| run | output tok/s | steps | tokens/step (prefill + decode) | steps with prefill | "
     "step ms mean / with prefill / decode-only | schedule / dispatch / read / output ms "
-    "per step | "
+    "per step | device ms with prefill / decode-only | % wall GPU in steps | compiles | "
     "% wall in steps | % wall loop wait / other |"
 )
 
@@ -167,12 +202,15 @@ def comparison_row(name: str, output_tok_s: float, s: dict) -> str:
         f"{_f(s['mean_step_ms_with_prefill'], '.2f')} / "
         f"{_f(s['mean_step_ms_decode_only'], '.2f')} | "
         + " / ".join(_f(ph[p], ".2f") for p in PHASES)
-        + f" | {_f(_pct(s['share_of_wall_in_steps']))} | {loop} |"
+        + f" | {_f(s.get('mean_device_ms_with_prefill'), '.2f')} / "
+        f"{_f(s.get('mean_device_ms_decode_only'), '.2f')} | "
+        f"{_f(_pct(s.get('share_of_wall_device')))} | {_f(s.get('kernel_compiles'), 'd')} | "
+        f"{_f(_pct(s['share_of_wall_in_steps']))} | {loop} |"
     )
 
 
 def comparison_table(rows: list[tuple[str, float, dict]]) -> str:
     """Markdown: one row per (run name, output tok/s, step summary)."""
-    lines = [COMPARISON_HEAD, "| --- |" + " ---: |" * 8]
+    lines = [COMPARISON_HEAD, "| --- |" + " ---: |" * 11]
     lines += [comparison_row(*row) for row in rows]
     return "\n".join(lines) + "\n"

@@ -20,9 +20,10 @@ import step_stats  # noqa: E402
 from vllm.engine.stats import IterationStats, StepStats, StepTotals  # noqa: E402
 
 STEPS = [
-    StepStats(0.001, 0.010, 0.080, 0.002, 0.095, 40, 3, True),
-    StepStats(0.001, 0.004, 0.020, 0.001, 0.028, 0, 4, False),
-    StepStats(0.002, 0.005, 0.021, 0.002, 0.030, 8, 4, False),
+    StepStats(0.001, 0.010, 0.080, 0.002, 0.095, 40, 3, True, device_s=0.070),
+    StepStats(0.001, 0.004, 0.020, 0.001, 0.028, 0, 4, False, device_s=0.018, kernel_compiles=2),
+    StepStats(0.002, 0.005, 0.021, 0.002, 0.030, 8, 4, False, device_s=0.022),
+    StepStats(0.001, 0.003, 0.000, 0.001, 0.005, 8, 0, True),  # read nothing: no span
 ]
 
 
@@ -39,23 +40,40 @@ def test_prometheus_text_gives_the_engines_totals():
     logger.record(IterationStats(loop_wait_s=1.0))  # a loop pass without a step
     text = generate_latest(logger.registry).decode()
     parsed = step_stats.parse_prometheus(text)
-    expected = {**totals.as_dict(), "loop_wait_s": 2.5, "loop_other_s": 0.003}
+    expected = {**totals.as_dict(), "loop_wait_s": 4.0, "loop_other_s": 0.004}
     assert parsed == pytest.approx(expected)
     assert "vllm:iteration_tokens_total_sum" in text
 
     s = step_stats.summarize(step_stats.diff(parsed, dict.fromkeys(parsed, 0.0)), 1.0)
-    assert (s["num_steps"], s["num_steps_with_prefill"], s["num_steps_decode_only"]) == (3, 1, 2)
-    assert s["prefill_tokens"] == 48 and s["decode_tokens"] == 11
-    assert s["mean_tokens_per_step"] == pytest.approx(59 / 3)
-    assert s["mean_step_ms_with_prefill"] == pytest.approx(95.0)
+    assert (s["num_steps"], s["num_steps_with_prefill"], s["num_steps_decode_only"]) == (4, 2, 2)
+    assert s["prefill_tokens"] == 56 and s["decode_tokens"] == 11
+    assert s["mean_tokens_per_step"] == pytest.approx(67 / 4)
+    assert s["mean_step_ms_with_prefill"] == pytest.approx(50.0)
     assert s["mean_step_ms_decode_only"] == pytest.approx(29.0)
-    assert s["phase_ms_per_step"]["read"] == pytest.approx(121 / 3)
-    assert s["share_of_wall_in_steps"] == pytest.approx(0.153)
-    assert s["share_of_wall_loop_wait"] == pytest.approx(2.5)
+    assert s["phase_ms_per_step"]["read"] == pytest.approx(121 / 4)
+    assert s["share_of_wall_in_steps"] == pytest.approx(0.158)
+    assert s["share_of_wall_loop_wait"] == pytest.approx(4.0)
+    # Device spans: the call that read no batch has none and is not in the means.
+    assert s["mean_device_ms_with_prefill"] == pytest.approx(70.0)
+    assert s["mean_device_ms_decode_only"] == pytest.approx(20.0)
+    assert s["share_of_wall_device"] == pytest.approx(0.110)
+    assert s["kernel_compiles"] == 2
     block = step_stats.format_block(s)
-    assert "3 (1 with prefill)" in block and "waiting 2.50 s" in block
+    assert "4 (2 with prefill)" in block and "waiting 4.00 s" in block
+    assert "with prefill 70.00, decode-only 20.00; GPU inside steps 11.0% of wall" in block
+    assert "kernel compiles inside steps: 2" in block
     table = step_stats.comparison_table([("server", 10.0, s), ("offline", 12.0, s)])
-    assert table.count("\n") == 4 and "| offline | 12.0 | 3 | 19.7 (16.0 + 3.7) | 1 |" in table
+    assert table.count("\n") == 4 and "| offline | 12.0 | 4 | 16.8 (14.0 + 2.8) | 2 |" in table
+    assert "| 70.00 / 20.00 | 11.0 | 2 |" in table
+
+
+def test_a_cpu_engine_has_no_device_spans():
+    totals = StepTotals()
+    totals.add(StepStats(0.001, 0.004, 0.020, 0.001, 0.028, 0, 4, False))
+    s = step_stats.summarize(totals.as_dict(), 1.0)
+    assert s["mean_device_ms_decode_only"] is None and s["share_of_wall_device"] is None
+    assert "device ms" not in step_stats.format_block(s)
+    assert "| - / - | - | 0 |" in step_stats.comparison_table([("offline", 1.0, s)])
 
 
 def test_no_step_series_is_none():
