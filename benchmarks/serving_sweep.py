@@ -27,6 +27,12 @@ skipped and recorded as such. ``OUT/sweep.json`` lists every run and ``OUT/sweep
 tabulates them (sweep_summary.py: every run, the repeats' mean and spread, and the engine
 step stats of the server runs beside the offline ones).
 
+``--interleave`` (with ``--repeats N``) starts a fresh server for each repeat instead,
+the backends in the given order on even repeats and reversed on odd ones (ABBA...): one
+backend then never runs all its repeats before the other, nor on an older server, which a
+comparison at finite rates (one run per point moves by more than the backends differ)
+needs. Server logs are then ``server-<tag>-r<i>.log``.
+
 ``--engine-process 1,0`` starts each backend's server twice, with the engine core in a
 process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, the default) and on a thread of
 the server's process (``=0``), so the two compare in one sweep; the server tags are then
@@ -163,6 +169,20 @@ def suffixes(n: int) -> list[str]:
     return [f"-r{i}" for i in range(n)] if n > 1 else [""]
 
 
+def server_sessions(servers: list, repeats: int, interleave: bool) -> list[tuple[object, list]]:
+    """(server, the repeats it runs) in start order. Plain: one server each, every repeat.
+    Interleaved: a fresh server per repeat, in the given order on even repeats and reversed
+    on odd ones (A B, B A, A B, ...), so that drift over the sweep and the servers' age
+    fall on every backend alike."""
+    if not interleave:
+        return [(server, list(range(repeats))) for server in servers]
+    return [
+        (server, [i])
+        for i in range(repeats)
+        for server in (servers if i % 2 == 0 else servers[::-1])
+    ]
+
+
 def run_one(cmd: list[str], env: dict, log: Path, record: dict) -> None:
     t0 = time.monotonic()
     with log.open("w") as f:
@@ -185,6 +205,11 @@ def main(argv=None) -> None:
     )
     p.add_argument("--runs", default="sharegpt@inf:500")
     p.add_argument("--repeats", type=int, default=1, help="run the --runs list N times")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="a fresh server per repeat, the backends' order reversed every other repeat",
+    )
     p.add_argument("--offline", default="", help="WORKLOAD:PROMPTS,... after the servers")
     p.add_argument("--offline-repeats", type=int, default=1)
     p.add_argument(
@@ -226,13 +251,14 @@ def main(argv=None) -> None:
         records.append(record)
         return None if over_budget(record) else record
 
-    for conv, engine_process in servers:
+    for (conv, engine_process), repeats in server_sessions(servers, args.repeats, args.interleave):
         env = tree_env(conv)
         mode = ENGINE_MODES[engine_process] if len(modes) > 1 else None
         tag = f"conv{conv}" + (f"_{mode}" if mode else "")
         port = free_port()
-        server_log = out / f"server-{tag}.log"
-        server = {"name": f"server {tag}", "log": server_log.name}
+        started = tag + (f"-r{repeats[0]}" if args.interleave else "")
+        server_log = out / f"server-{started}.log"
+        server = {"name": f"server {started}", "log": server_log.name}
         server["engine_process"] = engine_process
         records.append(server)
         if over_budget(server):
@@ -244,7 +270,8 @@ def main(argv=None) -> None:
         server_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = engine_process
         server["triton_cache"] = "fresh, empty"
         proc, server["startup_s"] = start_server(args, server_env, port, server_log)
-        for i, suffix in enumerate(suffixes(args.repeats)):
+        for i in repeats:
+            suffix = suffixes(args.repeats)[i]
             for workload, rate, n in runs:
                 if (record := new_run(f"{tag}-{workload}-rate{rate}", i, suffix, n)) is not None:
                     path, repeat = out / record["result"], i if suffix else None

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from serving_sweep import offline_command, parse_runs  # noqa: E402
+from serving_sweep import offline_command, parse_runs, server_sessions  # noqa: E402
 
 from tests.entrypoints.utils import server_env  # noqa: E402
 from tests.tiny_model import make_tiny_model_dir  # noqa: E402
@@ -100,21 +100,38 @@ def test_a_tiny_sweep(tmp_path):
     assert "- conv1-4-rateinf vs offline-conv1-4: server / offline output tok/s = " in md
 
 
-def test_a_sweep_over_both_engine_modes(tmp_path):
-    """--engine-process 1,0: one server with the engine core in its own process, one with
-    it on a thread, each against the same offline run."""
+def test_server_sessions_interleave_abba():
+    assert server_sessions(["A", "B"], 3, False) == [("A", [0, 1, 2]), ("B", [0, 1, 2])]
+    assert server_sessions(["A", "B"], 4, True) == [
+        ("A", [0]), ("B", [0]), ("B", [1]), ("A", [1]), ("A", [2]), ("B", [2]), ("B", [3]),
+        ("A", [3]),
+    ]  # fmt: skip
+    assert server_sessions(["A"], 2, True) == [("A", [0]), ("A", [1])]
+
+
+def test_an_interleaved_sweep_over_both_engine_modes(tmp_path):
+    """--engine-process 1,0: servers with the engine core in its own process and on a
+    thread, each against the same offline run; --interleave --repeats 2: a fresh server per
+    repeat, the second repeat in the reverse order."""
     turns = ["Name a state space model.", "Mamba2 is one."]
     args = ["--conv-backends", "1", "--engine-process", "1,0", "--runs", "4@inf:1"]
-    args += ["--offline", "4:1"]
+    args += ["--offline", "4:1", "--repeats", "2", "--interleave"]
     args += ["--server-args", "--load-format dummy --max-num-seqs 2 --max-model-len 128"]
     out, runs = run_sweep(tmp_path, turns, args)
+    order = [n for n in runs if n.startswith("server ")]
+    assert order == [f"server conv1_{m}-r{i}" for m, i in
+                     (("proc", 0), ("thread", 0), ("thread", 1), ("proc", 1))]  # fmt: skip
     for mode, value in (("proc", "1"), ("thread", "0")):
-        assert runs[f"server conv1_{mode}"]["engine_process"] == value
-        res = json.loads((out / f"conv1_{mode}-4-rateinf.json").read_text())
-        assert (res["completed"], res["total_output_tokens"]) == (1, 4)
-        assert res["conv_backend"] == f"triton/{mode}" and res["engine_process"] == mode
-        log = (out / f"server-conv1_{mode}.log").read_text()
-        assert ("the engine core runs in process" in log) == (mode == "proc"), log
+        for i in (0, 1):
+            assert runs[f"server conv1_{mode}-r{i}"]["engine_process"] == value
+            assert runs[f"server conv1_{mode}-r{i}"]["exit_status"] == 0
+            res = json.loads((out / f"conv1_{mode}-4-rateinf-r{i}.json").read_text())
+            assert (res["completed"], res["total_output_tokens"]) == (1, 4)
+            assert res["conv_backend"] == f"triton/{mode}" and res["engine_process"] == mode
+            assert res["repeat"] == str(i)
+            log = (out / f"server-conv1_{mode}-r{i}.log").read_text()
+            assert ("the engine core runs in process" in log) == (mode == "proc"), log
     md = (out / "sweep.md").read_text()
     for mode in ("proc", "thread"):
+        assert f"| conv1_{mode}-4-rateinf | 2 | " in md  # the repeats' spread
         assert f"- conv1_{mode}-4-rateinf vs offline-conv1-4: server / offline" in md
