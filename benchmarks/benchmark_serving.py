@@ -21,6 +21,10 @@ the server's /metrics is read; when it has the engine step series (this project'
 serve`), their difference over the run goes into the result as ``server_step_stats``
 (step_stats.py's fields, the wall time being ``duration``) and is printed under the table.
 A server without them is benchmarked all the same, with a note and no such key.
+
+``client_setup_s`` in the result (and one printed line): the client's seconds outside the
+timed run, by piece (imports, tokenizer, dataset, the ready check), so that a sweep's time
+per run beyond its benchmark is accounted for.
 """
 
 from __future__ import annotations
@@ -213,7 +217,9 @@ async def run(args, requests, tokenizer) -> dict:
 
         first = requests[0]
         test = request_input(first, min(first.expected_output_len, TEST_OUTPUT_TOKENS))
+        t_ready = time.perf_counter()
         out = await wait_until_ready(session, args.backend, test, args.ready_check_timeout_sec)
+        ready_s = time.perf_counter() - t_ready
         if not out.success:
             raise SystemExit(f"the test request to {api_url} failed: {out.error}")
         if args.num_warmups:
@@ -248,6 +254,7 @@ async def run(args, requests, tokenizer) -> dict:
             totals_after = await scrape_step_totals(session, base_url(args), headers)
     result = calculate_metrics(outputs, duration, tokenizer, args.metrics, args.percentiles)
     result["model_id"] = model
+    result["client_setup_s"] = {"ready_check": ready_s}
     if totals_after is not None:
         import step_stats
 
@@ -300,19 +307,29 @@ def result_path(args, record: dict) -> Path:
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
+    t_import = time.perf_counter()
     from serving_metrics import format_table
     from transformers import AutoTokenizer
 
+    t0 = time.perf_counter()
     check_args(args)
     if args.model is None:
         args.model = first_model_id(base_url(args))
     args.tokenizer = args.tokenizer or args.model
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    t1 = time.perf_counter()
     requests = load_requests(args, tokenizer)
+    t2 = time.perf_counter()
     if not requests:
         raise SystemExit("no request passed the dataset's filters")
     args.num_prompts = len(requests)
     result = asyncio.run(run(args, requests, tokenizer))
+    # Where the client's time outside the timed run goes (the process start and imports
+    # before main() are not in it).
+    setup = {"imports": t0 - t_import, "tokenizer": t1 - t0, "dataset": t2 - t1}
+    setup.update(result["client_setup_s"])
+    result["client_setup_s"] = setup
+    print("client setup s: " + ", ".join(f"{k} {v:.2f}" for k, v in setup.items()))
     record = result_record(args, result, argv)
     print(format_table(record, args.metrics, args.percentiles))
     if "server_step_stats" in record:

@@ -160,6 +160,11 @@ def test_random_run_keys_and_counts(results):
     assert r["mean_e2el_ms"] > r["mean_ttft_ms"]
     assert r["errors"] == [""] * 4 and all(isinstance(t, str) for t in r["generated_texts"])
     assert "Successful requests:" in results["random_stdout"]
+    # The client's own time outside the timed run, by piece.
+    setup = r["client_setup_s"]
+    assert list(setup) == ["imports", "tokenizer", "dataset", "ready_check"]
+    assert all(v >= 0 for v in setup.values()) and setup["ready_check"] > 0
+    assert "client setup s: imports " in results["random_stdout"]
 
 
 def test_server_step_stats_of_the_run(results):
