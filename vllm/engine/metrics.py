@@ -102,24 +102,22 @@ class PrometheusStatLogger(StatLoggerBase):
 
     def _init_step_metrics(self) -> None:
         reg, name = self.registry, self.model_name
-        steps = Histogram(
+
+        def by_step_kind(series: str, doc: str) -> dict:
+            hist = Histogram(series, doc, ["model_name", "step_kind"], buckets=STEP_BUCKETS,
+                             registry=reg)  # fmt: skip
+            return {k: hist.labels(name, k) for k in ("prefill", "decode")}
+
+        self.step_seconds = by_step_kind(
             "vllm:engine_step_seconds",
             "Wall time of one engine step call (schedule, forward, sample, outputs), by "
             "whether the batch it waited for held prompt tokens.",
-            ["model_name", "step_kind"],
-            buckets=STEP_BUCKETS,
-            registry=reg,
         )
-        self.step_seconds = {k: steps.labels(name, k) for k in ("prefill", "decode")}
-        device = Histogram(
+        self.step_device_seconds = by_step_kind(
             "vllm:engine_step_device_seconds",
             "Device span of the batch an engine step call read (CUDA events: from the GPU "
             "reaching the batch to its sampler's end), by whether it held prompt tokens.",
-            ["model_name", "step_kind"],
-            buckets=STEP_BUCKETS,
-            registry=reg,
         )
-        self.step_device_seconds = {k: device.labels(name, k) for k in ("prefill", "decode")}
         self.kernel_compiles = Counter(
             "vllm:engine_kernel_compiles_total",
             "Triton kernel variants compiled inside engine steps (the start-up warm-up "
