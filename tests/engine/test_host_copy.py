@@ -8,7 +8,7 @@ import torch
 
 from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
-from vllm.engine.host_copy import HostCopy
+from vllm.engine.host_copy import DeviceSpan, HostCopy
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
@@ -25,6 +25,7 @@ def test_cpu_tensors_are_kept_as_they_are():
     assert not copy.pending
     got = copy.get()
     assert got[0] is a and got[1] is b
+    assert DeviceSpan.open(torch.device("cpu")) is None  # no events: no device span
 
 
 @pytest.mark.gpu

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm.engine.config import EngineConfig
-from vllm.engine.host_copy import HostCopy
+from vllm.engine.host_copy import DeviceSpan, HostCopy
 from vllm.engine.sampler import SampledLogprobs, Sampler, compute_logprobs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
 from vllm.engine.sequence import PENDING_TOKEN, Sequence
@@ -105,16 +105,9 @@ class _Dispatched:
     prompt_spans: list[tuple[Sequence, int, int]] | None
     host: HostCopy
     num_prefill_tokens: int = 0  # the prompt tokens the step computed
-    # CUDA timing events recorded when the step was queued and behind its sampling (ahead
-    # of the host copy): the step's device span, read once the copy is done. None on CPU.
-    span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-
-    def device_s(self) -> float | None:
-        """The step's device span in seconds (its host copy must be done)."""
-        if self.span is None:
-            return None
-        start, end = self.span
-        return start.elapsed_time(end) / 1e3
+    # From the step's queueing to its sampler's end (ahead of the host copy, so it is done
+    # when the copy is); None on CPU.
+    span: DeviceSpan | None = None
 
 
 class EngineCore:
@@ -246,7 +239,7 @@ class EngineCore:
             num_prefill_tokens=prefill,
             num_decode_tokens=batch.total_tokens - prefill,
             waited_on_prefill=read_prefill > 0,
-            device_s=read.device_s() if read is not None else None,
+            device_s=read.span.seconds() if read is not None and read.span else None,
             kernel_compiles=compiles,
         )
         return outputs
@@ -254,10 +247,7 @@ class EngineCore:
     def _dispatch(self, batch: ScheduledBatch) -> _Dispatched | None:
         """Queue the step on the device: model, sampler; the tokens stay there."""
         prev = self._in_flight.tokens if self._in_flight is not None else None
-        start = None
-        if self.runner.device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
+        span = DeviceSpan.open(self.runner.device)
         try:
             if self.executor is None:
                 result = self.runner.execute(batch, prev)
@@ -297,11 +287,7 @@ class EngineCore:
         if prompt is not None:
             parts += prompt[0].tensors()
         spans = prompt[1] if prompt is not None else None
-        span = None
-        if start is not None:  # the end ahead of the copy, so the read finds it done
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            span = (start, end)
+        span = span.close() if span is not None else None  # ahead of the copy
         host = HostCopy(parts)
         return _Dispatched(
             seqs, positions, rows, tokens, logprobs is not None, spans, host, span=span

@@ -6,6 +6,9 @@ step N+1, and the host's work between steps (applying the tokens, scheduling and
 step N+2) then runs while the GPU has nothing queued. ``HostCopy`` queues copies into pinned
 host memory right behind the tensors' producers and records an event; ``get()`` waits for
 that event only, so step N+1 keeps the GPU busy while the host works.
+
+``DeviceSpan`` times a step's device work the same way, with two CUDA timing events: read
+once the step's host copy (queued after its end) is done, it needs no sync of its own.
 """
 
 from __future__ import annotations
@@ -44,3 +47,28 @@ class HostCopy:
             self._event.synchronize()
             self._event = None
         return self._tensors
+
+
+class DeviceSpan:
+    """A span of the current stream's work: ``DeviceSpan.open(device)`` records its start
+    (None off CUDA), ``close()`` its end; ``seconds()`` once the end is done (the GPU
+    reaching the start, everything queued before it done, to the end)."""
+
+    def __init__(self):
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._start.record()
+        self._end: torch.cuda.Event | None = None
+
+    @classmethod
+    def open(cls, device: torch.device) -> DeviceSpan | None:
+        return cls() if device.type == "cuda" else None
+
+    def close(self) -> DeviceSpan:
+        self._end = torch.cuda.Event(enable_timing=True)
+        self._end.record()
+        return self
+
+    def seconds(self) -> float:
+        if self._end is None:
+            raise RuntimeError("DeviceSpan.seconds() before close()")
+        return self._start.elapsed_time(self._end) / 1e3
