@@ -121,13 +121,12 @@ def summarize(totals: dict, wall_s: float) -> dict:
         "wall_s": wall_s,
         "share_of_wall_in_steps": _ratio(totals["step_s"], wall_s),
     }
-    dev_steps = int(totals.get("device_steps", 0))
-    dev_pre = int(totals.get("prefill_device_steps", 0))
-    dev_s, dev_pre_s = totals.get("device_s", 0.0), totals.get("prefill_device_s", 0.0)
+    dev_steps, dev_pre = int(totals["device_steps"]), int(totals["prefill_device_steps"])
+    dev_s, dev_pre_s = totals["device_s"], totals["prefill_device_s"]
     out["mean_device_ms_with_prefill"] = _ms(_ratio(dev_pre_s, dev_pre))
     out["mean_device_ms_decode_only"] = _ms(_ratio(dev_s - dev_pre_s, dev_steps - dev_pre))
     out["share_of_wall_device"] = _ratio(dev_s, wall_s) if dev_steps else None
-    out["kernel_compiles"] = int(totals.get("kernel_compiles", 0))
+    out["kernel_compiles"] = int(totals["kernel_compiles"])
     for key in LOOP_KEYS:
         if key in totals:
             out[key] = totals[key]

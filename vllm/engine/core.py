@@ -60,7 +60,7 @@ from vllm.engine.stats import StepStats
 from vllm.executor.multiproc import MultiprocExecutor
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
-from vllm.triton_utils.launch import missed_kernels, num_launch_misses
+from vllm.triton_utils.launch import launch_misses
 from vllm.worker.model_runner import ModelRunner
 from vllm.worker.worker import Worker
 
@@ -205,7 +205,7 @@ class EngineCore:
         """Dispatch one step and read the one before it (under async scheduling; without
         it, read this one); the outputs of every request that got a token or finished."""
         t0 = time.perf_counter()
-        misses = num_launch_misses()
+        misses = launch_misses()  # a dict over the ~10 launchers: microseconds
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
         prefill = num_prompt_tokens(batch)
@@ -223,13 +223,14 @@ class EngineCore:
             outputs += self._read(dispatched)
             self._in_flight = None
         t3 = time.perf_counter()
-        compiles = num_launch_misses() - misses
+        missed = {k: n - misses.get(k, 0) for k, n in launch_misses().items()}
+        compiles = sum(missed.values())
         if compiles:
             logger.warning(
                 "step %d compiled %d Triton kernel variant(s) the start-up warm-up missed: %s",
                 self.num_steps,
                 compiles,
-                ", ".join(missed_kernels(misses)),
+                ", ".join(f"{k} ({n})" for k, n in missed.items() if n),
             )
         read_prefill = read.num_prefill_tokens if read is not None else prefill
         self.last_step = StepStats(

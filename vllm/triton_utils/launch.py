@@ -41,8 +41,6 @@ _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 
 # Every launcher made, for statistics and the warm-up's bookkeeping.
 _LAUNCHERS: list[CachedLauncher] = []
-# The kernel name of every launch that missed, in order (misses are compiles: rare).
-_MISSED: list[str] = []
 
 
 def _flag_set(kernel, attr: str, names: list[str]) -> frozenset[int]:
@@ -129,12 +127,12 @@ class CachedLauncher:
         if not self.direct:
             if key not in self.seen:
                 self.seen.add(key)
-                self._miss()
+                self.misses += 1
             self.kernel[grid](*args, **constexprs)
             return
         entry = self.cache.get(key)
         if entry is None:
-            self._miss()
+            self.misses += 1
             compiled = self.kernel[grid](*args, **constexprs)
             self._enter(key, args, constexprs, compiled)
             return
@@ -155,10 +153,6 @@ class CachedLauncher:
             *args,
             *tail,
         )
-
-    def _miss(self) -> None:
-        self.misses += 1
-        _MISSED.append(self.name)
 
     def _enter(self, key, args, constexprs, compiled) -> None:
         if hasattr(compiled, "result"):  # an asynchronous compile
@@ -241,17 +235,6 @@ def precompile(max_workers: int | None = None) -> Iterator[PrecompileReport]:
     t0 = time.perf_counter()
     session.compile_all(report, max_workers)
     report.seconds = time.perf_counter() - t0
-
-
-def num_launch_misses() -> int:
-    """Launches so far, over all kernels, of a variant not compiled before (a counter: the
-    difference of two readings is the compiles in between)."""
-    return len(_MISSED)
-
-
-def missed_kernels(since: int) -> list[str]:
-    """The kernel of each miss after the first ``since`` (``num_launch_misses()`` then)."""
-    return _MISSED[since:]
 
 
 def launch_misses() -> dict[str, int]:
