@@ -26,6 +26,7 @@ from benchmark_utils import ColdTimer  # noqa: E402
 from ssd_bench_cases import CASES, build_inputs, reference, rel_l2  # noqa: E402
 
 from vllm.model_executor.layers.mamba.ops import ssd_combined  # noqa: E402
+from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS  # noqa: E402
 from vllm.triton_utils.launch import precompile  # noqa: E402
 
 # (kernel, changes); "default" first.
@@ -77,10 +78,12 @@ def patched(kernel: str, changes: dict):
 def run_variant(kernel, changes, call):
     original, configs = patched(kernel, changes)
     ssd_combined.ssd_configs = configs
+    PLANS.clear()  # plans keep the configuration they were made with
     try:
         return call()
     finally:
         ssd_combined.ssd_configs = original
+        PLANS.clear()
 
 
 def kernel_split(call, reps: int = 5) -> dict[str, float]:

@@ -90,10 +90,14 @@ class CachedLauncher:
         which cannot read CPU tensors."""
         return HAS_TRITON and envs.TRITON_INTERPRET and not self.direct
 
+    def keys_alignment(self, i: int) -> bool:
+        """Whether the 16-byte alignment of pointer argument ``i`` selects the compiled
+        kernel (Triton specialises on it unless the kernel marks it otherwise)."""
+        return i not in self._plain and i not in self._unaligned
+
     def _spec(self, i: int, arg) -> object:
         if isinstance(arg, torch.Tensor):
-            aligned = i not in self._plain and i not in self._unaligned
-            return (arg.dtype, aligned and arg.data_ptr() % 16 == 0)
+            return (arg.dtype, self.keys_alignment(i) and arg.data_ptr() % 16 == 0)
         if arg is None:
             return None
         if isinstance(arg, bool):

@@ -12,6 +12,7 @@ from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     plan_ssd_chunks,
     use_ssd_kernel,
 )
+from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
 
 CASE = Case((6, 3), groups=2)
 
@@ -133,3 +134,25 @@ def test_op_writes_what_the_function_writes(device):
     torch.ops.vllm.mamba_chunk_scan_combined_varlen(*args)
     pool, out = args[9], args[17]
     assert torch.equal(out[3:12], y[3:12]) and torch.equal(pool, inp.pool)
+
+
+def test_a_plan_serves_its_layout_and_leaves_bad_counts_to_the_checks(device):
+    """Calls with one argument layout share one plan (made after the full checks); a call
+    whose counts do not fit it gets the full checks' error, and the plan still serves."""
+    PLANS.clear()
+    _call(device)
+    y = _call(device)
+    assert len(PLANS) == 1
+    bad = plan_ssd_chunks(torch.tensor([3, 9, 12, 12], dtype=torch.int32), 8).to(device)
+    with pytest.raises(ValueError, match=r"state_indices must be \(num_seqs=3,\)"):
+        _call(device, layout=bad)
+    inp = build(CASE, device)
+    with pytest.raises(ValueError, match="dt must be"):
+        _call(device, dt=inp.kwargs["dt"][1:])
+    with pytest.raises(ValueError, match="has_initial_state must be"):
+        _call(device, has_initial_state=inp.kwargs["has_initial_state"][:1])
+    assert len(PLANS) == 1
+    assert torch.equal(_call(device)[3:12], y[3:12])
+    # another layout of the same tensors (out=None: allocated) is another plan
+    assert torch.equal(_call(device, out=None)[3:12], y[3:12])
+    assert len(PLANS) == 2

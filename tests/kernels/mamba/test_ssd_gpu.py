@@ -192,3 +192,39 @@ def test_gpu_no_compile_for_a_new_step_shape(dtype):
     after = launch_misses()
     ssd = [k for k in after if "ssd" in k]
     assert len(ssd) == 3 and all(after[k] == before.get(k, 0) for k in ssd), (before, after)
+
+
+def test_gpu_plans_launch_directly_and_agree_with_the_general_path(monkeypatch, nan_poison):
+    """From a plan's second call on, the three kernels are launched directly: bit for bit
+    what the CachedLauncher path wrote, and right at another step shape of the same layout;
+    a pointer that is not 16-byte aligned (the strided case's C) takes the general path."""
+    from vllm.model_executor.layers.mamba.ops import ssd_launch
+
+    direct = []
+    original = ssd_launch.SSDPlan._launch_direct
+
+    def counted(self, ptrs, num_chunks, num_seqs):
+        direct.append((num_chunks, num_seqs))
+        original(self, ptrs, num_chunks, num_seqs)
+
+    monkeypatch.setattr(ssd_launch.SSDPlan, "_launch_direct", counted)
+    ssd_launch.PLANS.clear()
+    device = torch.device("cuda")
+    case = Case((700, 1, 300, 0), **CODESTRAL, dtype=BF16, pads=1)
+    inp = build(case, device)
+    runs = []
+    for _ in range(2):
+        pool = inp.pool.clone()
+        y = run_ssd(case, inp, device, pool=pool, out=inp.kwargs["out"].clone())
+        runs.append((y, pool))
+    assert direct == [(6, 4)]  # chunks 3 + 1 + 2 + 0, four sequences
+    (y0, pool0), (y1, pool1) = runs
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(pool1, pool0)
+    other = Case((3, 900, 0, 64), **CODESTRAL, dtype=BF16, init="all", offset=40)
+    check_against_torch(other, build(other, device), device)
+    assert direct[1:] == [(6, 4)] and len(ssd_launch.PLANS) == 1  # 1 + 4 + 0 + 1 chunks
+    strided = Case((300, 20), **CODESTRAL, dtype=BF16, strided=True)
+    for _ in range(2):
+        check_against_torch(strided, build(strided, device), device)
+    assert len(direct) == 2

@@ -179,13 +179,19 @@ def _ssd_chunk_scan_kernel(
 _LAUNCH = CachedLauncher(_ssd_chunk_scan_kernel)
 
 
+def chunk_scan_programs(num_chunks: int, nheads: int, headdim: int, cfg: dict) -> int:
+    """Launch 3's grid: one program per (chunk, head, headdim block, row-block lane)."""
+    return num_chunks * nheads * -(-headdim // cfg["BLOCK_P"]) * cfg["ROW_BLOCKS"]
+
+
 def launch_chunk_scan(
     x, C, D, layout, state_indices, has_initial_state, ws, out, cfg: dict
-) -> None:
-    """Launch 3 over ``ws`` (the call's ``SSDWorkspace``): y of every chunk into ``out``."""
+) -> tuple:
+    """Launch 3 over ``ws`` (the call's ``SSDWorkspace``): y of every chunk into ``out``.
+    Returns what it launched: (launcher, grid, args, constexprs)."""
     _, nheads, headdim = x.shape
     ngroups, dstate = C.shape[1:]
-    grid = (layout.num_chunks * nheads * triton.cdiv(headdim, cfg["BLOCK_P"]) * cfg["ROW_BLOCKS"],)
+    grid = (chunk_scan_programs(layout.num_chunks, nheads, headdim, cfg),)
     init = has_initial_state
     args = (
         x,
@@ -218,3 +224,4 @@ def launch_chunk_scan(
     )
     constexprs = dict(HAS_D=D is not None, HAS_INIT=init is not None, **cfg)
     _LAUNCH(grid, args, constexprs)
+    return _LAUNCH, grid, args, constexprs

@@ -185,18 +185,19 @@ def _ssd_chunk_state_kernel(
 _LAUNCH = CachedLauncher(_ssd_chunk_state_kernel)
 
 
-def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg: dict) -> None:
+def chunk_state_programs(num_chunks: int, nheads: int, headdim: int, dstate: int, cfg: dict) -> int:
+    """Launch 1's grid: one program per (chunk, head, headdim block, dstate block)."""
+    return num_chunks * nheads * -(-headdim // cfg["BLOCK_P"]) * -(-dstate // cfg["BLOCK_N"])
+
+
+def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg: dict) -> tuple:
     """Launch 1 over ``ws`` (the call's ``SSDWorkspace``); ``flags`` are the dt constexprs
-    (HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT) plus dt_min/dt_max, ``cfg`` the launch config."""
+    (HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT) plus dt_min/dt_max, ``cfg`` the launch config.
+    Returns what it launched: (launcher, grid, args, constexprs)."""
     num_chunks = chunk_starts.shape[0] - 1
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
-    grid = (
-        num_chunks
-        * nheads
-        * triton.cdiv(headdim, cfg["BLOCK_P"])
-        * triton.cdiv(dstate, cfg["BLOCK_N"]),
-    )
+    grid = (chunk_state_programs(num_chunks, nheads, headdim, dstate, cfg),)
     args = (
         x,
         dt,
@@ -230,3 +231,4 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg:
         **cfg,
     )
     _LAUNCH(grid, args, constexprs)
+    return _LAUNCH, grid, args, constexprs

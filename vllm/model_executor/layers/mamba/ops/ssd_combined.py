@@ -31,7 +31,10 @@ Tensors (logical shapes; views with any strides, every stride honoured; int64 ad
 ``plan_ssd_chunks`` builds the layout on the host (once per step, shared by every layer).
 Nothing here reads device data on the host, and the launch configurations depend only on
 the model's shapes and dtypes (``ssd_configs``), never on the step's counts, which the
-kernels take as non-specialised arguments: a new step shape compiles nothing. Registered as
+kernels take as non-specialised arguments: a new step shape compiles nothing. A call whose
+arguments have the layout of an earlier one (every layer of every step) runs through that
+layout's launch plan (``ssd_launch.SSDPlan``): light checks and three direct launches,
+tens of microseconds of host time less than the full path. Registered as
 ``torch.ops.vllm.mamba_chunk_scan_combined_varlen``. CUDA tensors run the kernels; CPU
 tensors only under ``TRITON_INTERPRET=1`` (``use_ssd_kernel``), where ``mamba_ssm_torch``'s
 ``chunk_scan_varlen`` is the CPU path.
@@ -41,16 +44,20 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
-from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from vllm.model_executor.layers.mamba.ops.ssd_chunk_scan import _LAUNCH as _SCAN_LAUNCH
-from vllm.model_executor.layers.mamba.ops.ssd_chunk_scan import launch_chunk_scan
-from vllm.model_executor.layers.mamba.ops.ssd_chunk_state import launch_chunk_state
-from vllm.model_executor.layers.mamba.ops.ssd_state_passing import launch_state_passing
+from vllm.model_executor.layers.mamba.ops.ssd_launch import (
+    KEY_ERRORS,
+    PLANS,
+    Chunks,
+    SSDPlan,
+    WorkspaceLayout,
+    launch_all,
+    plan_key,
+)
+from vllm.model_executor.layers.mamba.ops.ssd_layout import SSDChunkLayout, plan_ssd_chunks
 from vllm.tensor_checks import FLOAT_DTYPES, check_scan_shapes, check_tensor
 from vllm.triton_utils import HAS_TRITON, triton
 
@@ -64,79 +71,6 @@ __all__ = [
 
 _NO_LIMIT = (0.0, math.inf)
 _INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-@dataclass
-class SSDChunkLayout:
-    """The chunks of one step's sequences, rows absolute in the step's token axis.
-
-    Sequence i covers rows ``[q[i], q[i+1])`` of ``query_start_loc``; it is cut into chunks
-    of ``chunk_size`` rows, the last one partial, so no chunk mixes sequences. Host ints:
-    ``num_seqs``, ``num_chunks``, ``num_tokens`` (rows covered), ``first_row`` and
-    ``end_row`` (``q[0]``, ``q[-1]``). int32 tensors: ``chunk_starts`` (num_chunks+1,) the
-    first row of each chunk (then ``end_row``: chunks tile the rows), ``chunk_seqs``
-    (num_chunks,) each chunk's sequence, ``seq_chunk_starts`` (num_seqs+1,) each sequence's
-    first chunk (a sequence without tokens has none).
-    """
-
-    chunk_size: int
-    num_seqs: int
-    num_chunks: int
-    num_tokens: int
-    first_row: int
-    end_row: int
-    chunk_starts: torch.Tensor
-    chunk_seqs: torch.Tensor
-    seq_chunk_starts: torch.Tensor
-
-    TENSOR_FIELDS = ("chunk_starts", "chunk_seqs", "seq_chunk_starts")
-
-    def to(self, device: torch.device | str) -> SSDChunkLayout:
-        moved = {n: getattr(self, n).to(device, non_blocking=True) for n in self.TENSOR_FIELDS}
-        return replace(self, **moved)
-
-
-def plan_ssd_chunks(query_start_loc_cpu: torch.Tensor, chunk_size: int) -> SSDChunkLayout:
-    """The chunk layout of sequences at rows ``query_start_loc_cpu`` (CPU, (num_seqs+1,),
-    non-decreasing, starting anywhere); CPU tensors, ``.to(device)`` moves them.
-
-    Built with numpy on the tensor's memory: a handful of vector operations of a
-    microsecond each, where as many torch calls would cost tens of microseconds per step.
-    """
-    q = query_start_loc_cpu
-    if not isinstance(q, torch.Tensor) or q.device.type != "cpu":
-        raise ValueError("query_start_loc_cpu must be a CPU tensor")
-    if q.dim() != 1 or q.numel() < 1 or q.is_floating_point() or q.dtype == torch.bool:
-        raise ValueError(
-            f"query_start_loc_cpu must be 1-D integers (num_seqs+1,), got {q.dtype} "
-            f"{tuple(q.shape)}"
-        )
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
-    rows = q.numpy().astype(np.int64)
-    lens = np.diff(rows)
-    if (lens < 0).any() or rows[0] < 0 or rows[-1] >= 2**31:
-        raise ValueError("query_start_loc_cpu must be non-decreasing rows in [0, 2**31)")
-    num_seqs = lens.size
-    seq_chunk_starts = np.zeros(num_seqs + 1, dtype=np.int32)
-    np.cumsum(-(-lens // chunk_size), out=seq_chunk_starts[1:])
-    num_chunks = int(seq_chunk_starts[-1])
-    chunk_seqs = np.repeat(np.arange(num_seqs, dtype=np.int32), np.diff(seq_chunk_starts))
-    chunk_starts = np.empty(num_chunks + 1, dtype=np.int32)
-    pos = np.arange(num_chunks) - seq_chunk_starts[chunk_seqs]
-    chunk_starts[:num_chunks] = rows[chunk_seqs] + pos * chunk_size
-    chunk_starts[num_chunks] = rows[-1]
-    return SSDChunkLayout(
-        chunk_size=chunk_size,
-        num_seqs=num_seqs,
-        num_chunks=num_chunks,
-        num_tokens=int(rows[-1] - rows[0]),
-        first_row=int(rows[0]),
-        end_row=int(rows[-1]),
-        chunk_starts=torch.from_numpy(chunk_starts),
-        chunk_seqs=torch.from_numpy(chunk_seqs),
-        seq_chunk_starts=torch.from_numpy(seq_chunk_starts),
-    )
 
 
 # --------------------------------------------------------------------------------------
@@ -208,56 +142,6 @@ def ssd_configs(
             num_stages=1,
         ),
     }
-
-
-class SSDWorkspace(NamedTuple):
-    """One call's fp32 intermediates (views of one allocation): ``states`` (chunks, nheads,
-    headdim, dstate) chunk contributions, then start states; ``cb`` (chunks, ngroups, L, L);
-    ``dt``, ``cs`` (chunks, nheads, L); ``decay`` (chunks, nheads)."""
-
-    states: torch.Tensor
-    cb: torch.Tensor
-    dt: torch.Tensor
-    cs: torch.Tensor
-    decay: torch.Tensor
-
-
-def _workspace(num_chunks, nheads, headdim, dstate, ngroups, chunk_size, device) -> SSDWorkspace:
-    n, L = num_chunks, chunk_size
-    shapes = dict(
-        states=(n, nheads, headdim, dstate),
-        cb=(n, ngroups, L, L),
-        dt=(n, nheads, L),
-        cs=(n, nheads, L),
-        decay=(n, nheads),
-    )
-    sizes = {k: math.prod(s) for k, s in shapes.items()}
-    # Each part starts 128-byte aligned; at least one element, so no pointer is null.
-    offsets, total = {}, 0
-    for k, size in sizes.items():
-        offsets[k] = total
-        total += -(-max(size, 1) // 32) * 32
-    buf = torch.empty(total, dtype=torch.float32, device=device)
-    return SSDWorkspace(
-        **{k: buf[offsets[k] : offsets[k] + sizes[k]].view(shapes[k]) for k in shapes}
-    )
-
-
-class _Chunks(NamedTuple):
-    """The layout's tensors as the op takes them (a dataclass cannot cross torch.library)."""
-
-    chunk_size: int
-    chunk_starts: torch.Tensor
-    chunk_seqs: torch.Tensor
-    seq_chunk_starts: torch.Tensor
-
-    @property
-    def num_chunks(self) -> int:
-        return self.chunk_starts.shape[0] - 1
-
-    @property
-    def num_seqs(self) -> int:
-        return self.seq_chunk_starts.shape[0] - 1
 
 
 # --------------------------------------------------------------------------------------
@@ -346,27 +230,44 @@ def _launch(
     dt_hi: float,
     out: torch.Tensor,
 ) -> None:
-    chunks = _Chunks(chunk_size, chunk_starts, chunk_seqs, seq_chunk_starts)
+    chunks = Chunks(chunk_size, chunk_starts, chunk_seqs, seq_chunk_starts)
     if chunks.num_seqs == 0:
         return
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
     cfg = ssd_configs(nheads, headdim, dstate, ngroups, chunk_size, x.dtype, out.dtype)
-    ws = _workspace(chunks.num_chunks, nheads, headdim, dstate, ngroups, chunk_size, x.device)
+    ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size).allocate(
+        chunks.num_chunks, x.device
+    )
     # Triton takes a bool tensor as i1 pointers; bytes are plainer.
     init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
-    if chunks.num_chunks:
-        flags = dict(
-            HAS_DT_BIAS=dt_bias is not None,
-            DT_SOFTPLUS=bool(dt_softplus),
-            HAS_DT_LIMIT=(dt_lo, dt_hi) != _NO_LIMIT,
-            dt_min=dt_lo,
-            dt_max=dt_hi,
-        )
-        launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags, cfg["chunk_state"])
-    launch_state_passing(B, C, chunks, ssm_states, state_indices, init, ws, cfg["state_passing"])
-    if chunks.num_chunks:
-        launch_chunk_scan(x, C, D, chunks, state_indices, init, ws, out, cfg["chunk_scan"])
+    launch_all(x, dt, A, B, C, chunks, ssm_states, state_indices, init, D, dt_bias,
+               dt_softplus, dt_lo, dt_hi, out, cfg, ws)  # fmt: skip
+
+
+def _plan_for(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D,
+              dt_bias, dt_softplus, dt_limit, out) -> SSDPlan | None:  # fmt: skip
+    """The plan of these arguments' layout (made, after the full checks, on its first
+    call), or None when the call must take the full checks (which then name what is
+    wrong): arguments that are not tensors, or counts that do not fit."""
+    args = (x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D, dt_bias)
+    try:
+        key = plan_key(*args, dt_softplus, dt_limit, out)
+        plan = PLANS.get(key)
+        if plan is None:
+            _check_args(*args, out)
+            _, nheads, headdim = x.shape
+            ngroups, dstate = B.shape[1:]
+            out_dtype = x.dtype if out is None else out.dtype
+            cfg = ssd_configs(nheads, headdim, dstate, ngroups, layout.chunk_size, x.dtype,
+                              out_dtype)  # fmt: skip
+            plan = SSDPlan(x, B, layout.chunk_size, cfg, dt_limit, use_ssd_kernel)
+            PLANS.put(key, plan)
+        if plan.fits(x, dt, B, C, layout, state_indices, has_initial_state, out):
+            return plan
+    except KEY_ERRORS:
+        pass
+    return None
 
 
 def mamba_chunk_scan_combined_varlen(
@@ -387,6 +288,15 @@ def mamba_chunk_scan_combined_varlen(
 ) -> torch.Tensor:
     """Scan every sequence of ``layout`` (see the module docstring); returns ``out``
     (allocated in x's dtype when None), updates the sequences' lines of ``ssm_states``."""
+    if not torch.compiler.is_compiling():
+        plan = _plan_for(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+                         D, dt_bias, dt_softplus, dt_limit, out)  # fmt: skip
+        if plan is not None:
+            if out is None:
+                out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            plan.run(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D,
+                     dt_bias, dt_softplus, out)  # fmt: skip
+            return out
     _check_args(
         x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D, dt_bias, out
     )

@@ -221,22 +221,30 @@ def _ssd_state_passing_kernel(
 _LAUNCH = CachedLauncher(_ssd_state_passing_kernel)
 
 
+def state_passing_programs(
+    num_seqs: int, num_chunks: int, nheads: int, headdim: int, dstate: int, ngroups: int,
+    chunk_size: int, cfg: dict,
+) -> tuple[int, int]:  # fmt: skip
+    """Launch 2's two jobs: (state-passing programs, one per sequence, head and state tile;
+    CB programs, one per chunk, group and block row)."""
+    tiles = -(-headdim // cfg["BLOCK_SP"]) * -(-dstate // cfg["BLOCK_SN"])
+    return num_seqs * nheads * tiles, num_chunks * ngroups * -(-chunk_size // cfg["BLOCK_T"])
+
+
 def launch_state_passing(
     B, C, layout, ssm_states, state_indices, has_initial_state, ws, cfg: dict
-) -> None:
+) -> tuple | None:
     """Launch 2 over ``ws`` (the call's ``SSDWorkspace``): start states in place, final
-    states into the pool, CB into ``ws.cb``."""
+    states into the pool, CB into ``ws.cb``. Returns what it launched: (launcher, grid,
+    args, constexprs), or None when there was nothing to launch."""
     nheads, headdim, dstate = ssm_states.shape[1:]
     ngroups = B.shape[1]
-    num_pass = (
-        layout.num_seqs
-        * nheads
-        * triton.cdiv(headdim, cfg["BLOCK_SP"])
-        * triton.cdiv(dstate, cfg["BLOCK_SN"])
-    )
-    num_cb = layout.num_chunks * ngroups * triton.cdiv(layout.chunk_size, cfg["BLOCK_T"])
+    num_pass, num_cb = state_passing_programs(
+        layout.num_seqs, layout.num_chunks, nheads, headdim, dstate, ngroups,
+        layout.chunk_size, cfg,
+    )  # fmt: skip
     if num_pass + num_cb == 0:
-        return
+        return None
     init = has_initial_state
     args = (
         ws.states,
@@ -265,4 +273,6 @@ def launch_state_passing(
         *B.stride(),
         *ws.cb.stride(),
     )
-    _LAUNCH((num_pass + num_cb,), args, dict(HAS_INIT=init is not None, **cfg))
+    grid, constexprs = (num_pass + num_cb,), dict(HAS_INIT=init is not None, **cfg)
+    _LAUNCH(grid, args, constexprs)
+    return _LAUNCH, grid, args, constexprs
