@@ -236,12 +236,12 @@ class SSDPlan:
                 ptrs["dt_bias"] = dt_bias.data_ptr()
             if init is not None:
                 ptrs["init"] = init.data_ptr()
+            for name, off in zip(_WS_NAMES, offsets, strict=True):
+                ptrs[name] = base + 4 * off
             acc = 0
             for name in self.aligned:
                 acc |= ptrs[name]
             if not acc & 15:
-                for name, off in zip(_WS_NAMES, offsets, strict=True):
-                    ptrs[name] = base + 4 * off
                 self._launch_direct(ptrs, num_chunks, num_seqs)
                 return
         ws = self.ws.views(buf, num_chunks, offsets)
