@@ -5,7 +5,8 @@ samples, and writing the results files.
 ``VLLM_RUN_SHA``, when set, is taken as it is: a machine that gets a copy of the working
 tree may carry a stale ``.git`` (the GPU box's did), so whoever launches the run there
 passes the commit it really is, e.g. ``VLLM_RUN_SHA=$(git rev-parse --short HEAD)`` in
-the command line built on the development machine.
+the command line built on the development machine. Without it, a tree whose tracked
+files differ from its HEAD is named ``<sha>+modified``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,24 @@ import subprocess
 from pathlib import Path
 
 
-def git_sha() -> str:
+def _git(cwd: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=cwd, check=True)
+    return out.stdout.strip()
+
+
+def git_sha(cwd: Path | None = None) -> str:
+    """``VLLM_RUN_SHA`` when set; else HEAD's short sha, with ``+modified`` when tracked
+    files differ from it (uncommitted changes, or a copied tree over a stale ``.git``)."""
     given = os.environ.get("VLLM_RUN_SHA")
     if given:
         return given
+    cwd = cwd or Path(__file__).parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-        )
-        return out.stdout.strip()
+        sha = _git(cwd, "rev-parse", "--short", "HEAD")
+        changed = _git(cwd, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return sha + ("+modified" if changed else "")
 
 
 def triton_version() -> str | None:
