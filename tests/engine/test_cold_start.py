@@ -118,14 +118,19 @@ def _decode_args(dim: int, batch: int, device):
     return x, state, w, b, "silu", torch.arange(batch, dtype=torch.int32, device=device)
 
 
-def test_misses_counted_and_precompiled(device):
+def test_misses_counted_and_precompiled(device, monkeypatch):
     """The counter the test above relies on counts a variant's first launch, and a
-    ``precompile`` block registers the launch site's whole table (no miss afterwards)."""
+    ``precompile`` block registers the launch site's whole table (no miss afterwards).
+    The decode launcher starts as in a fresh process, whatever ran before in this one (a
+    kernel test launches these variants too; under pytest-xdist any file may come first)."""
     from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
 
     launcher = cc._LAUNCH_DECODE
+    monkeypatch.setattr(launcher, "seen", set())
+    monkeypatch.setattr(launcher, "cache", {})
+    cc.clear_host_caches()  # a kept plan would launch a variant it knows past the launcher
     misses = launcher.misses
-    cc.causal_conv1d_update(*_decode_args(37, 3, device))  # a width no other test uses
+    cc.causal_conv1d_update(*_decode_args(37, 3, device))
     assert launcher.misses == misses + 1
     cc.causal_conv1d_update(*_decode_args(37, 5, device))  # same variant
     assert launcher.misses == misses + 1
