@@ -30,12 +30,15 @@ from vllm.worker.warmup import dummy_steps
 
 pytestmark = pytest.mark.timeout(600)
 
-# The shared tiny shape, wider: two groups of four heads.
+# The shared tiny shape, wider: two groups of four heads; one layer, as every layer
+# launches the same kernel variants (a second one doubles each step's interpreter work and
+# adds no variant).
 CONFIG = Mamba2ModelConfig(
     **{
         **TINY,
         "vocab_size": 256,
         "hidden_size": 64,
+        "num_hidden_layers": 1,
         "num_heads": 8,
         "state_size": 16,
         "n_groups": 2,
