@@ -1,5 +1,9 @@
 """Fixtures of the lm-eval tests: the tiny model (its own copy: tests/entrypoints' fixtures
-are that directory's), the local tasks written for it, and the HF reference model."""
+are that directory's), the local tasks written for it, and the HF reference model.
+
+The tiny model has one layer: these tests check that lm-eval's requests through our
+backends report the model's own numbers (every sample against HF's forward of the same
+weights), which a second layer leaves as it is while doubling every interpreted step."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from tests.tiny_model import make_tiny_model_dir
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("lm_eval_tiny"))
+    return make_tiny_model_dir(tmp_path_factory.mktemp("lm_eval_tiny"), num_hidden_layers=1)
 
 
 @pytest.fixture(scope="session")
