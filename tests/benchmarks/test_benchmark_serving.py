@@ -59,7 +59,8 @@ SHORT_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("bench_tiny"))
+    # One layer: the benchmark's results are checked, not the model (half the steps' work).
+    return make_tiny_model_dir(tmp_path_factory.mktemp("bench_tiny"), num_hidden_layers=1)
 
 
 @pytest.fixture(scope="module")

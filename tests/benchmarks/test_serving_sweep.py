@@ -48,8 +48,9 @@ def test_offline_command_takes_the_servers_engine_sizes(tmp_path):
 
 def run_sweep(tmp_path, turns: list[str], args: list[str]) -> tuple[Path, dict]:
     """serving_sweep.py on a tiny model and a ShareGPT file of ``turns`` (question, answer,
-    ...); its output directory and its runs by name."""
-    model = make_tiny_model_dir(tmp_path / "tiny")
+    ...); its output directory and its runs by name. One layer: the runs, their files and
+    the summary are checked, not the model, and each interpreted step costs half."""
+    model = make_tiny_model_dir(tmp_path / "tiny", num_hidden_layers=1)
     records = [
         {
             "id": str(i),
