@@ -22,7 +22,9 @@ from vllm.sampling_params import RequestOutputKind
 pytestmark = pytest.mark.timeout(600)
 MODES = pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
 
-CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128})
+# One layer: the streams, aborts and failures are the engine's (each compared with an
+# offline run of the same model); a second layer doubles every interpreted step.
+CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128, "num_hidden_layers": 1})
 OPTS = dict(
     load_format="dummy",
     dtype="float32",
