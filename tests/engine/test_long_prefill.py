@@ -22,7 +22,10 @@ from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
 
-CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128})
+# One layer: each layer carries its own conv and SSM state from chunk to chunk, so one
+# shows a chunk boundary's error as two would, at half the interpreted work per step
+# (tests/models/test_mamba2_batching.py compares chunked prefills at two layers).
+CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128, "num_hidden_layers": 1})
 
 
 # -- the scheduler ---------------------------------------------------------------------
