@@ -182,6 +182,8 @@ setup(
     version=read_version(),
     description="Mamba2 inference in vLLM's layout, with Triton causal-conv1d kernels",
     packages=find_packages(include=["vllm", "vllm.*"]),
+    # Launch tables (vllm/triton_utils/configs.py) travel in the wheel beside their kernels.
+    package_data={"vllm": ["**/configs/**/*.json"]},
     python_requires=">=3.10",
     install_requires=read_requirements("common.txt"),
     entry_points={"console_scripts": ["vllm=vllm.entrypoints.cli.main:main"]},
