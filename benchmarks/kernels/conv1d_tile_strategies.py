@@ -3,7 +3,7 @@
 One (T, dim) bf16 sequence, width 4, no sequence logic: a copy with the same 2D tiling
 (the bound), W shifted 2D loads, one load plus ``tl.gather`` shifts, and a token loop
 with a tuple sliding window. Results and conclusions: docs/benchmarks/
-causal_conv1d_h200_notes.md. GPU only:
+causal_conv1d_h200.md (long prefills). GPU only:
 
     python3 benchmarks/kernels/conv1d_tile_strategies.py
 """
