@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -11,7 +12,8 @@ import torch
 
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.logger import init_logger
-from vllm.model_executor.model_loader.loader import check_tensor_parallel_support
+from vllm.model_executor.model_loader.loader import LOAD_FORMATS, check_tensor_parallel_support
+from vllm.model_executor.model_loader.weight_utils import check_safetensors_files
 from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
 
 logger = init_logger(__name__)
@@ -49,6 +51,10 @@ class EngineConfig:
     ``max_position_embeddings``, else 2048 (vLLM's fallback). ``served_model_name`` is the
     name the server answers to (default: the model argument).
 
+    Unless ``load_format`` is "dummy" every safetensors file is opened here, so a missing
+    or truncated one fails before any process starts. ``device`` is "auto" (CUDA when
+    there is a GPU, else CPU), "cuda", "cuda:N" or "cpu"; CUDA must be there.
+
     The KV cache of models with attention layers (Bamba, NemotronH, Zamba2) is paged in
     blocks of ``block_size`` tokens. The block count is ``num_gpu_blocks_override`` when
     set; else on CUDA what ``gpu_memory_utilization`` (the fraction of the GPU's memory the
@@ -84,6 +90,14 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
 
     def __post_init__(self):
+        model = self.model
+        if not (
+            isinstance(model, os.PathLike) or (isinstance(model, str) and model)
+        ) and not is_model_config(model):
+            raise ValueError(
+                f"model must be a model directory or a registered model config such as "
+                f"Mamba2ModelConfig, got {model!r}"
+            )
         if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):
             self.mamba_ssm_cache_dtype = str(self.mamba_ssm_cache_dtype).removeprefix("torch.")
         if self.mamba_ssm_cache_dtype not in _SSM_CACHE_DTYPES:
@@ -133,8 +147,13 @@ class EngineConfig:
                 threshold,
                 self.max_num_batched_tokens,
             )
-        if self.device == "auto":
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = _check_device(self.device)
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}"
+            )
+        if self.load_format != "dummy" and not is_model_config(model):
+            check_safetensors_files(model)
         if self.tokenizer is None and not is_model_config(self.model):
             self.tokenizer = self.model
         if self.max_model_len is None:
@@ -170,3 +189,35 @@ class EngineConfig:
     @property
     def ssm_state_dtype(self) -> torch.dtype:
         return _SSM_CACHE_DTYPES[self.mamba_ssm_cache_dtype]
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def _check_device(device) -> str:
+    """The device to run on: "auto" picks CUDA or the CPU; any other value is checked
+    against what this machine has."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ValueError(
+            f"device={device!r} is not supported: give 'auto' (CUDA when there is a GPU, "
+            "else CPU), 'cuda', 'cuda:N' or 'cpu'"
+        )
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            cpu_build = torch.version.cuda is None
+            why = "this torch is a CPU-only build" if cpu_build else "torch sees no GPU"
+            raise ValueError(
+                f"device={device!r}, but no CUDA device is available ({why}): use "
+                "device='cpu' (--device cpu), or 'auto' to take a GPU when there is one"
+            )
+        index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+        if index >= count:
+            raise ValueError(
+                f"device={device!r}, but this machine has {count} CUDA device(s): give "
+                f"cuda:0 .. cuda:{count - 1}"
+            )
+    return device
