@@ -20,8 +20,8 @@ def test_model_that_is_not_a_model(model):
     with pytest.raises(ValueError) as err:
         LLM(model)
     assert str(err.value) == (
-        "model must be a model directory or a registered model config such as "
-        f"Mamba2ModelConfig, got {model!r}"
+        "model must be a model directory, a Hugging Face Hub id (ORG/NAME) or a registered "
+        f"model config such as Mamba2ModelConfig, got {model!r}"
     )
 
 
