@@ -30,6 +30,16 @@ VLLM_ENABLE_V1_MULTIPROCESSING (bool, default True)
     for the GIL while the server's event loop streams; "0": it runs on a thread of the
     server's process. ``LLM`` (offline) always runs the core in the calling thread.
 
+HF_HUB_OFFLINE (bool, default False)
+    huggingface_hub's own variable (``TRANSFORMERS_OFFLINE`` too), read with its reading
+    ("1", "true", "yes", "on", any case): a Hugging Face Hub id (``vllm serve ORG/NAME``)
+    is served from the Hugging Face cache only, never downloaded
+    (``vllm/transformers_utils/hub.py``). huggingface_hub reads it once, at import; here it
+    is read at each resolution, so a value set later still keeps the resolver off the
+    network. The cache is huggingface_hub's: ``HF_HUB_CACHE``, else ``HF_HOME``/hub, else
+    ~/.cache/huggingface/hub (read by huggingface_hub at import); ``--download-dir``
+    replaces it.
+
 TRITON_INTERPRET (bool, default False)
     Triton's own variable: run ``@triton.jit`` kernels in Triton's Python interpreter,
     on CPU tensors. Read here, with Triton's own reading of the value ("1", "true",
@@ -81,6 +91,12 @@ def _level(name: str, default: str) -> str:
     return value
 
 
+def _hf_offline() -> bool:
+    # huggingface_hub's parsing, so that both agree on whether the Hub may be reached.
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in ("1", "ON", "YES", "TRUE")
+
+
 def _triton_flag(name: str) -> bool:
     # Mirrors Triton's own parsing exactly, so that we never disagree with Triton about
     # whether the interpreter is on.
@@ -93,6 +109,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_LOGGING_LEVEL": lambda: _level("VLLM_LOGGING_LEVEL", "INFO"),
     "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
     "VLLM_ENABLE_V1_MULTIPROCESSING": lambda: _flag("VLLM_ENABLE_V1_MULTIPROCESSING", True),
+    "HF_HUB_OFFLINE": _hf_offline,
     "TRITON_INTERPRET": lambda: _triton_flag("TRITON_INTERPRET"),
 }
 

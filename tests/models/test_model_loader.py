@@ -170,3 +170,58 @@ def test_bad_arguments(hf_dir):
         get_model(path, dtype="int8")
     with pytest.raises(ValueError, match="load_format='dummy'"):
         get_model(Mamba2ModelConfig(**TINY))
+
+
+def _shard(path, dst):
+    """``path``'s checkpoint as two shards and the index that names them, plus a second copy
+    of every weight under other names (as Mistral's consolidated.safetensors sits beside the
+    HF shards of Mamba-Codestral): read, it would be weights the model does not know."""
+    dst.mkdir()
+    (dst / "config.json").write_text((path / "config.json").read_text())
+    weights = load_file(str(path / "model.safetensors"))
+    names = sorted(weights)
+    shards = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
+    weight_map = {}
+    for shard, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, str(dst / shard))
+        weight_map.update({k: shard for k in keys})
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file(
+        {f"mistral.{k}": v for k, v in weights.items()}, str(dst / "consolidated.safetensors")
+    )
+    return dst
+
+
+def test_sharded_checkpoint_reads_the_shards_its_index_names(tmp_path, hf_dir):
+    hf, path = hf_dir
+    model = get_model(_shard(path, tmp_path / "sharded"))
+    ours = dict(model.named_parameters())
+    for name, p in hf.named_parameters():
+        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
+        assert torch.equal(ours[name], expected), name
+
+
+def test_a_shard_the_index_names_is_missing(tmp_path, hf_dir):
+    _, path = hf_dir
+    src = _shard(path, tmp_path / "sharded")
+    (src / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="index.json lists shards .*model-00002-of-00002"):
+        get_model(src)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0], ids=["tensors_cut", "empty"])
+def test_truncated_safetensors_names_the_file(tmp_path, hf_dir, keep):
+    _, path = hf_dir
+    src = copy_dir(path, tmp_path / "m")
+    weights = src / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ValueError) as err:
+        get_model(src)
+    message = str(err.value)
+    assert message.startswith(f"{weights} is not a readable safetensors file"), message
+    assert "truncated or corrupt; download or save it again" in message

@@ -20,8 +20,11 @@ _DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp
 
 @dataclass
 class EngineArgs:
-    model: str | os.PathLike | Any  # a directory, or a registered model config (dummy)
+    model: str | os.PathLike | Any  # a directory, a Hub id, or a registered model config
     tokenizer: str | os.PathLike | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
     served_model_name: str | None = None
     load_format: str = "auto"
     dtype: str | None = None
@@ -49,7 +52,25 @@ class EngineArgs:
         d = {f.name: f.default for f in fields(EngineArgs)}
         g = parser.add_argument_group("engine")
         g.add_argument(
-            "--tokenizer", default=None, help="tokenizer directory (default: the model's)"
+            "--tokenizer",
+            default=None,
+            help="tokenizer directory or Hugging Face Hub id (default: the model's)",
+        )
+        g.add_argument(
+            "--revision",
+            default=None,
+            help="branch, tag or commit of a Hub model id (default: main)",
+        )
+        g.add_argument(
+            "--tokenizer-revision",
+            default=None,
+            help="branch, tag or commit of a Hub tokenizer id (default: the model's revision)",
+        )
+        g.add_argument(
+            "--download-dir",
+            default=None,
+            help="Hugging Face cache folder for Hub ids (default: huggingface_hub's, "
+            "HF_HUB_CACHE or ~/.cache/huggingface/hub)",
         )
         g.add_argument(
             "--served-model-name",

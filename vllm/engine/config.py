@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -11,8 +12,10 @@ import torch
 
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.logger import init_logger
-from vllm.model_executor.model_loader.loader import check_tensor_parallel_support
+from vllm.model_executor.model_loader.loader import LOAD_FORMATS, check_tensor_parallel_support
+from vllm.model_executor.model_loader.weight_utils import check_safetensors_files
 from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
+from vllm.transformers_utils.hub import resolve_model, resolve_tokenizer
 
 logger = init_logger(__name__)
 
@@ -49,6 +52,15 @@ class EngineConfig:
     ``max_position_embeddings``, else 2048 (vLLM's fallback). ``served_model_name`` is the
     name the server answers to (default: the model argument).
 
+    ``model`` and ``tokenizer`` (default: the model's) are each a directory or a Hugging
+    Face Hub id (``ORG/NAME``), resolved once here to ``model_dir`` / ``tokenizer_dir``
+    (``vllm/transformers_utils/hub.py``: the cache, or a download of ``revision`` /
+    ``tokenizer_revision`` into ``download_dir``, default huggingface_hub's cache); the
+    engine reads only those, and ``model`` stays what was given (the served name). Unless
+    ``load_format`` is "dummy" every safetensors file is opened here, so a missing or
+    truncated one fails before any process starts. ``device`` is "auto" (CUDA when
+    there is a GPU, else CPU), "cuda", "cuda:N" or "cpu"; CUDA must be there.
+
     The KV cache of models with attention layers (Bamba, NemotronH, Zamba2) is paged in
     blocks of ``block_size`` tokens. The block count is ``num_gpu_blocks_override`` when
     set; else on CUDA what ``gpu_memory_utilization`` (the fraction of the GPU's memory the
@@ -66,6 +78,9 @@ class EngineConfig:
 
     model: str | os.PathLike | Any
     tokenizer: str | os.PathLike | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | os.PathLike | None = None
     load_format: str = "auto"
     dtype: str | None = None
     device: str = "auto"
@@ -82,8 +97,19 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
     long_prefill_token_threshold: int = 0
+    # Set from the fields above: where the model's and the tokenizer's files are.
+    model_dir: Any = field(init=False, default=None, repr=False)
+    tokenizer_dir: Any = field(init=False, default=None, repr=False)
 
     def __post_init__(self):
+        model = self.model
+        if not (
+            isinstance(model, os.PathLike) or (isinstance(model, str) and model)
+        ) and not is_model_config(model):
+            raise ValueError(
+                f"model must be a model directory, a Hugging Face Hub id (ORG/NAME) or a "
+                f"registered model config such as Mamba2ModelConfig, got {model!r}"
+            )
         if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):
             self.mamba_ssm_cache_dtype = str(self.mamba_ssm_cache_dtype).removeprefix("torch.")
         if self.mamba_ssm_cache_dtype not in _SSM_CACHE_DTYPES:
@@ -133,10 +159,9 @@ class EngineConfig:
                 threshold,
                 self.max_num_batched_tokens,
             )
-        if self.device == "auto":
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        if self.tokenizer is None and not is_model_config(self.model):
-            self.tokenizer = self.model
+        self.device = _check_device(self.device)
+        # After the checks above: resolving may download the model.
+        self._resolve_model()
         if self.max_model_len is None:
             self.max_model_len = self.model_config.max_position_embeddings or 2048
         if (
@@ -161,12 +186,80 @@ class EngineConfig:
                 self.model.model_type if is_model_config(self.model) else str(self.model)
             )
 
+    def _resolve_model(self) -> None:
+        model = self.model
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}"
+            )
+        if is_model_config(model):
+            if self.revision is not None:
+                raise ValueError(
+                    f"revision={self.revision!r} picks a snapshot of a Hugging Face Hub id, "
+                    "but the model is a config object: drop the revision"
+                )
+            self.model_dir = model
+        else:
+            self.model_dir = resolve_model(
+                model,
+                revision=self.revision,
+                download_dir=self.download_dir,
+                load_format=self.load_format,
+            )
+            if self.load_format != "dummy":
+                check_safetensors_files(self.model_dir)
+        if self.tokenizer is None and is_model_config(model):
+            return
+        tokenizer = model if self.tokenizer is None else self.tokenizer
+        revision = self.tokenizer_revision
+        if revision is None and tokenizer == model:
+            revision = self.revision  # vLLM's default: the model's own revision
+        if tokenizer == model and revision == self.revision:
+            self.tokenizer_dir = self.model_dir
+        else:
+            self.tokenizer_dir = resolve_tokenizer(
+                tokenizer, revision=revision, download_dir=self.download_dir
+            )
+        self.tokenizer = tokenizer
+
     @cached_property
     def model_config(self):
         """The registered config of the model (``Mamba2ModelConfig``, ``BambaModelConfig``,
         ...), read from its config.json once."""
-        return load_model_config(self.model)
+        return load_model_config(self.model_dir)
 
     @property
     def ssm_state_dtype(self) -> torch.dtype:
         return _SSM_CACHE_DTYPES[self.mamba_ssm_cache_dtype]
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def _check_device(device) -> str:
+    """The device to run on: "auto" picks CUDA or the CPU; any other value is checked
+    against what this machine has."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ValueError(
+            f"device={device!r} is not supported: give 'auto' (CUDA when there is a GPU, "
+            "else CPU), 'cuda', 'cuda:N' or 'cpu'"
+        )
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            cpu_build = torch.version.cuda is None
+            why = "this torch is a CPU-only build" if cpu_build else "torch sees no GPU"
+            raise ValueError(
+                f"device={device!r}, but no CUDA device is available ({why}): use "
+                "device='cpu' (--device cpu), or 'auto' to take a GPU when there is one"
+            )
+        index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+        if index >= count:
+            raise ValueError(
+                f"device={device!r}, but this machine has {count} CUDA device(s): give "
+                f"cuda:0 .. cuda:{count - 1}"
+            )
+    return device

@@ -15,10 +15,12 @@ the pipe of a request aborted meanwhile matches nothing and is dropped, even if 
 request took the same id.
 
 The protocol (pickled tuples): child -> parent ``("ready", info)`` once started (or
-``("failed", message)``), then ``("step", StepResult)`` after every step it runs and after
-every batch of messages it takes while idle, ``("dead", message)`` if its loop fails, and
-``("bye",)`` after a shutdown; parent -> child ``("add", EngineCoreRequest)``, ``("abort",
-[ids])``, ``("shutdown",)``. A parent that goes away closes the pipe: the child then stops.
+``("failed", message)``; ``("failed", error)`` for a user's error, ValueError or OSError,
+which the parent raises as it is), then ``("step", StepResult)`` after every step it runs
+and after every batch of messages it takes while idle, ``("dead", message)`` if its loop
+fails, and ``("bye",)`` after a shutdown; parent -> child ``("add", EngineCoreRequest)``,
+``("abort", [ids])``, ``("shutdown",)``. A parent that goes away closes the pipe: the
+child then stops.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 from vllm.engine.config import EngineConfig
 from vllm.engine.core import EngineCoreOutput, EngineCoreRequest
 from vllm.engine.stats import StepStats
+from vllm.entrypoints.cli.startup import USER_ERRORS
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -76,7 +79,17 @@ def run_engine_core(config: EngineConfig, conn) -> None:
     try:
         core = EngineCore(config)
     except BaseException as err:  # noqa: BLE001 - the parent raises it
-        logger.exception("the engine core failed to start")
+        if isinstance(err, USER_ERRORS):
+            # A weight that does not fit, say: the parent raises the same error, whose
+            # message says it all (the command prints it as one line).
+            logger.debug("the engine core failed to start", exc_info=True)
+            try:
+                conn.send(("failed", err))
+                return
+            except Exception:  # noqa: BLE001 - an error that does not pickle: its text
+                pass
+        else:
+            logger.exception("the engine core failed to start")
         conn.send(("failed", _describe(err)))
         return
     try:
@@ -164,6 +177,8 @@ class EngineCoreClient:
             raise
         if kind != "ready":
             self._kill()
+            if isinstance(info, BaseException):
+                raise info
             raise RuntimeError(f"the engine core process failed to start: {info}")
         self.vocab_size: int = info["vocab_size"]
         self.startup: dict = info["startup"]

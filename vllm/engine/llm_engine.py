@@ -37,7 +37,7 @@ class LLMEngine:
         self.config = config
         self.core = core_class(config)
         vocab = self.core.vocab_size
-        self.tokenizer = get_tokenizer(config.tokenizer, vocab)
+        self.tokenizer = get_tokenizer(config.tokenizer_dir, vocab)
         self.processor = InputProcessor(config, self.tokenizer, vocab)
         self.output_processor = OutputProcessor(self.tokenizer)
         # Requests that failed while running: {request id: message}, until read.

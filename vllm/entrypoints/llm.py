@@ -75,7 +75,6 @@ def _prefix_caching(value):
         )
 
 
-_LOCAL_ONLY = "this package loads local model directories only, so no revision can be chosen"
 _NO_LORA = "LoRA adapters are not supported by this package"
 
 # vLLM's LLM keywords that are not EngineArgs fields (yet). Each either runs as asked or is
@@ -86,9 +85,7 @@ _VLLM_OPTIONS = {
     # CPU swap space for preempted sequences' KV blocks: this engine never preempts.
     "swap_space": _non_negative,
     "quantization": _none("quantization", "quantized models are not supported"),
-    "revision": _none("revision", _LOCAL_ONLY),
-    "tokenizer_revision": _none("tokenizer_revision", _LOCAL_ONLY),
-    "code_revision": _none("code_revision", _LOCAL_ONLY),
+    "code_revision": _none("code_revision", "this package runs no remote model code"),
     # Permission only: the model classes are this package's, and the tokenizer loads without
     # remote code (a tokenizer that needs it fails to load, saying so).
     "trust_remote_code": _bool("trust_remote_code"),
@@ -127,14 +124,15 @@ def _engine_kwargs(kwargs: dict) -> dict:
 
 
 class LLM:
-    """``model``: an HF model directory, or a ``Mamba2ModelConfig`` with
-    ``load_format="dummy"``. Other keyword arguments are ``EngineArgs`` fields
-    (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
+    """``model``: an HF model directory, a Hugging Face Hub id (``"ORG/NAME"``: the cache,
+    or a download; ``revision``, ``download_dir``, ``HF_HUB_OFFLINE``), or a
+    ``Mamba2ModelConfig`` with ``load_format="dummy"``. Other keyword arguments are
+    ``EngineArgs`` fields (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``long_prefill_token_threshold``, ``max_model_len``,
     ``enforce_eager``, ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the
     options ``vllm serve`` takes (``tensor_parallel_size`` among them: the model shards
     over that many processes, the hybrids as Mamba2), or vLLM's other ``LLM`` keywords
-    (``swap_space``, ``quantization``, ``trust_remote_code``, ``revision``,
+    (``swap_space``, ``quantization``, ``trust_remote_code``, ``code_revision``,
     ``tokenizer_mode``, ``enable_lora``, ``enable_prefix_caching``, ...): each is either
     run as asked or refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As
     in vLLM, None for an option means its default, and ``dtype="auto"`` the config's

@@ -83,7 +83,7 @@ class ModelRunner:
         n_tok, n_seq = config.max_num_batched_tokens, config.max_num_seqs
         t0 = time.perf_counter()
         self.model = get_model(
-            config.model,
+            config.model_dir,
             load_format=config.load_format,
             dtype=config.dtype,
             device=self.device,

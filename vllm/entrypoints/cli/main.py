@@ -11,6 +11,7 @@ import argparse
 import importlib
 
 import vllm
+from vllm.entrypoints.cli.startup import run_or_exit
 
 _MODULES = ("vllm.entrypoints.cli.serve", "vllm.entrypoints.cli.benchmark")
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
             commands[command.name] = command
     args = parser.parse_args(argv)
     commands[args.subcommand].validate(args)
-    args.dispatch(args)
+    run_or_exit(f"vllm {args.subcommand}", args.dispatch, args)
 
 
 if __name__ == "__main__":

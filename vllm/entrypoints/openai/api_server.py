@@ -31,6 +31,7 @@ import vllm
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.metrics import PrometheusStatLogger
+from vllm.entrypoints.cli.startup import run_or_exit
 from vllm.entrypoints.openai.errors import APIError, from_validation_error
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -183,9 +184,9 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
 def make_arg_parser(parser: argparse.ArgumentParser, positional_model: bool):
     """The server's options plus every engine option (``EngineArgs.add_cli_args``)."""
     if positional_model:
-        parser.add_argument("model", help="HF model directory to serve")
+        parser.add_argument("model", help="HF model directory or Hub id (ORG/NAME) to serve")
     else:
-        parser.add_argument("--model", required=True, help="HF model directory to serve")
+        parser.add_argument("--model", required=True, help="HF model dir or Hub id to serve")
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     g.add_argument("--port", type=int, default=8000)
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m vllm.entrypoints.openai.api_server",
         description="OpenAI-compatible server for a Mamba2 model",
     )
-    run(make_arg_parser(parser, positional_model=False).parse_args(argv))
+    args = make_arg_parser(parser, positional_model=False).parse_args(argv)
+    run_or_exit(parser.prog, run, args)
 
 
 if __name__ == "__main__":

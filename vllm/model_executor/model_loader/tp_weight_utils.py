@@ -18,11 +18,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from vllm.model_executor.layers.linear import replicated_weight_loader
-from vllm.model_executor.model_loader.weight_utils import safetensors_files
+from vllm.model_executor.model_loader.weight_utils import open_safetensors, safetensors_files
 
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -77,7 +76,7 @@ def iterate_checkpoint_slices(
     """(name, lazy slice) for every tensor of every ``*.safetensors`` shard; nothing is read
     until a slice is indexed."""
     for path in safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        with open_safetensors(path) as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 yield name, CheckpointSlice(name, f.get_slice(name))
 

@@ -2,32 +2,91 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def read_safetensors_index(index: str | os.PathLike) -> list[str]:
+    """The shard file names a ``model.safetensors.index.json`` maps weights to, sorted."""
+    index = Path(index)
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(
+            f"{index} is not a safetensors index ({type(err).__name__}: {err}; it must map "
+            '"weight_map" names to shard files): download or save it again'
+        ) from None
+    bad = [n for n in names if not isinstance(n, str) or Path(n).name != n]
+    if bad:
+        raise ValueError(f"{index} names shards outside its directory: {bad}")
+    return names
 
 
 def safetensors_files(model_dir: str | os.PathLike) -> list[Path]:
-    """The checkpoint's ``*.safetensors`` files (all shards), sorted."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    """The checkpoint's safetensors files: the shards its ``model.safetensors.index.json``
+    names when it has one (a second copy beside them, such as Mistral's
+    consolidated.safetensors, is not read), else every ``*.safetensors``; sorted."""
+    model_dir = Path(model_dir)
+    index = model_dir / SAFETENSORS_INDEX
+    if index.is_file():
+        files = [model_dir / name for name in read_safetensors_index(index)]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{index} lists shards that are not in {str(model_dir)!r}: "
+                f"{', '.join(missing)}; download them again"
+            )
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(
-            f"no *.safetensors weights in {str(model_dir)!r} (use load_format='dummy' for "
-            "random weights)"
+            f"no *.safetensors weights in {str(model_dir)!r} (use load_format='dummy', "
+            "--load-format dummy, for random weights)"
         )
+    return files
+
+
+@contextmanager
+def open_safetensors(path: Path):
+    """``safe_open`` of one file; a file it cannot read (truncated, not safetensors) is a
+    ValueError that names the file, instead of safetensors' bare header message."""
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")
+    except SafetensorError as err:
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({err}): it is truncated or "
+            "corrupt; download or save it again"
+        ) from None
+    with handle as f:
+        yield f
+
+
+def check_safetensors_files(model_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoint's files, each opened once (its header read, not its tensors), so that
+    a missing or broken file fails before any model is built."""
+    files = safetensors_files(model_dir)
+    for path in files:
+        with open_safetensors(path):
+            pass
     return files
 
 
 def iterate_safetensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for every tensor of every shard."""
     for path in safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+        with open_safetensors(path) as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 yield name, f.get_tensor(name)
 
