@@ -69,6 +69,16 @@ BATCH_BUCKETS = (1, 8, 32, 128, 512)
 
 
 @triton.jit
+def _fold_ring(b_h, b_decay, b_X, b_w, b_Bs):
+    """decay h0 + sum_k w_k x_k B_k^T: one (BLOCK_P, BLOCK_K) x (BLOCK_K, BLOCK_N) product
+    in plain fp32 ("ieee": fp32 FMAs, never tf32)."""
+    b_wX = tl.trans(b_X * b_w[:, None])
+    return b_h * b_decay + tl.dot(b_wX, b_Bs, input_precision="ieee")
+
+
+# The lines may be a slice of the step's index buffer at any offset (the prefills' follow
+# the decodes'): their alignment must not select the compiled variant.
+@triton.jit(do_not_specialize=["idx_ptr", "init_ptr"])
 def _replay_ssm_kernel(
     state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, count_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, idx_ptr, init_ptr, out_ptr,
@@ -142,8 +152,24 @@ def _replay_ssm_kernel(
         + o_p[:, None] * stride_state_p
         + o_n[None, :] * stride_state_n
     )
-    p_rx = ring_x_ptr + line * stride_rx_line + i_h * stride_rx_head
-    p_rB = ring_B_ptr + line * stride_rB_line + i_g * stride_rB_group
+    # The ring's valid entries: x (BLOCK_K, BLOCK_P) of this head, B (BLOCK_K, BLOCK_N) of
+    # its group.
+    p_X = (
+        ring_x_ptr
+        + line * stride_rx_line
+        + i_h * stride_rx_head
+        + o_k[:, None] * stride_rx_k
+        + o_p[None, :] * stride_rx_p
+    )
+    p_Bs = (
+        ring_B_ptr
+        + line * stride_rB_line
+        + i_g * stride_rB_group
+        + o_k[:, None] * stride_rB_k
+        + o_n[None, :] * stride_rB_n
+    )
+    m_X = m_k[:, None] & m_p[None, :]
+    m_Bs = m_k[:, None] & m_n[None, :]
     if STEP:
         b_x = tl.load(x_ptr + i_b * stride_x_b + i_h * stride_x_h + o_p * stride_x_p, mask=m_p)
         p_B = B_ptr + i_b * stride_B_b + i_g * stride_B_g + o_n * stride_B_n
@@ -151,34 +177,31 @@ def _replay_ssm_kernel(
         p_C = C_ptr + i_b * stride_C_b + i_g * stride_C_g + o_n * stride_C_n
         b_C = tl.load(p_C, mask=m_n, other=0.0).to(tl.float32)
         b_xf = tl.where(m_p, b_x.to(tl.float32), 0.0)
+        b_Bf = b_B.to(tl.float32)
         b_h = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+        b_X = tl.load(p_X, mask=m_X, other=0.0).to(tl.float32)
+        b_Bs = tl.load(p_Bs, mask=m_Bs, other=0.0).to(tl.float32)
         if flush:
-            b_h = b_h * b_decay
-            for k in tl.static_range(RING):
-                b_wk = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
-                b_xk = tl.load(p_rx + k * stride_rx_k + o_p * stride_rx_p, mask=m_p & live)
-                b_Bk = tl.load(p_rB + k * stride_rB_k + o_n * stride_rB_n, mask=m_n & live)
-                b_h += (b_wk * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
-            b_h += (b_dt * b_xf)[:, None] * b_B.to(tl.float32)[None, :]
+            b_h = _fold_ring(b_h, b_decay, b_X, b_w, b_Bs)
+            b_h += (b_dt * b_xf)[:, None] * b_Bf[None, :]
             tl.store(p_s, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
             b_y = tl.sum(b_h * b_C[None, :], axis=1)
             b_n_new = b_n * 0
         else:
-            p_X = p_rx + o_k[:, None] * stride_rx_k + o_p[None, :] * stride_rx_p
-            b_X = tl.load(p_X, mask=m_k[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-            p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
-            b_Bs = tl.load(p_Bs, mask=m_k[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+            # y from h0 and the ring (h_now is never formed), then append this step at
+            # entry n: x by every program (its rows), dt by the head's first program, B by
+            # its group's first head's.
             b_cb = tl.sum(b_Bs * b_C[None, :], axis=1)
             b_y = b_decay * tl.sum(b_h * b_C[None, :], axis=1)
             b_y += tl.sum(b_X * (b_w * b_cb)[:, None], axis=0)
-            b_y += (b_dt * tl.sum(b_B.to(tl.float32) * b_C, axis=0)) * b_xf
-            # Append this step at entry n: x by every program (its rows), dt by the head's
-            # first program, B by its group's first head's.
-            tl.store(p_rx + b_n * stride_rx_k + o_p * stride_rx_p, b_x, mask=m_p & live)
+            b_y += (b_dt * tl.sum(b_Bf * b_C, axis=0)) * b_xf
+            p_rx_n = ring_x_ptr + line * stride_rx_line + i_h * stride_rx_head + b_n * stride_rx_k
+            tl.store(p_rx_n + o_p * stride_rx_p, b_x, mask=m_p & live)
             first = live & (i_p == 0)
             p_rdt_n = p_rdt + b_n * stride_rdt_k
             tl.store(p_rdt_n, b_dt.to(ring_dt_ptr.dtype.element_ty), mask=first)
-            p_rB_n = p_rB + b_n * stride_rB_k + o_n * stride_rB_n
+            p_rB_n = ring_B_ptr + line * stride_rB_line + i_g * stride_rB_group
+            p_rB_n += b_n * stride_rB_k + o_n * stride_rB_n
             tl.store(p_rB_n, b_B, mask=m_n & first & (i_h % heads_per_group == 0))
             b_n_new = b_n + 1
         if HAS_D:
@@ -188,12 +211,10 @@ def _replay_ssm_kernel(
         tl.store(p_out, b_y.to(out_ptr.dtype.element_ty), mask=m_p)
     else:
         if flush:
-            b_h = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32) * b_decay
-            for k in tl.static_range(RING):
-                b_wk = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
-                b_xk = tl.load(p_rx + k * stride_rx_k + o_p * stride_rx_p, mask=m_p & live)
-                b_Bk = tl.load(p_rB + k * stride_rB_k + o_n * stride_rB_n, mask=m_n & live)
-                b_h += (b_wk * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
+            b_h = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+            b_X = tl.load(p_X, mask=m_X, other=0.0).to(tl.float32)
+            b_Bs = tl.load(p_Bs, mask=m_Bs, other=0.0).to(tl.float32)
+            b_h = _fold_ring(b_h, b_decay, b_X, b_w, b_Bs)
             tl.store(p_s, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
         b_n_new = b_n * 0
     p_cnt_rows = p_cnt + o_p * stride_cnt_p
@@ -215,13 +236,14 @@ def batch_bucket(batch: int) -> int:
 
 def launch_config(batch: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
     """The table's entry (``configs/replayssm/``) for this shape and batch bucket; BLOCK_P
-    capped at the head and BLOCK_N = dstate rounded up to a power of two."""
+    capped at the head and BLOCK_N = dstate rounded up to a power of two (both >= 16)."""
     key = configs.table_key(
         batch=batch_bucket(batch), dstate=dstate, headdim=headdim, state_dtype=state_dtype
     )
     cfg = configs.lookup(CONFIG_DIR, key)
-    cfg["BLOCK_P"] = min(int(cfg["BLOCK_P"]), triton.next_power_of_2(headdim))
-    cfg["BLOCK_N"] = triton.next_power_of_2(dstate)
+    # tl.dot (the flush) takes no dimension under 16.
+    cfg["BLOCK_P"] = max(16, min(int(cfg["BLOCK_P"]), triton.next_power_of_2(headdim)))
+    cfg["BLOCK_N"] = max(16, triton.next_power_of_2(dstate))
     return cfg
 
 
@@ -300,7 +322,7 @@ def _launch(
     )  # fmt: skip
     constexprs = dict(
         RING=ring,
-        BLOCK_K=triton.next_power_of_2(ring),
+        BLOCK_K=max(16, triton.next_power_of_2(ring)),
         STEP=step,
         HAS_INIT=has_initial_state is not None,
         HAS_D=D is not None,

@@ -79,12 +79,12 @@ def _replayed(rs: ReplayedSSMState, lines, n, A, dt_now, x_now, B_now) -> torch.
     now = torch.zeros(rows, nheads, device=n.device) if dt_now is None else dt_now * A.float()
     # Decay from just after entry k to now: the later entries' and this step's, term by term.
     later = (k[None, :] > k[:, None]).float()  # [k, j]: j after k
-    weight = torch.exp(torch.einsum("rhj,kj->rhk", dA, later) + now[..., None]) * dt_ring
+    weight = torch.exp(torch.matmul(dA, later.t()) + now[..., None]) * dt_ring
     xs = torch.where(valid[..., None], rs.ring_x.index_select(0, lines).float(), 0.0)
     Bs = rs.ring_B.index_select(0, lines).float().repeat_interleave(hpg, dim=1)
     Bs = torch.where(valid[..., None], Bs, 0.0)
     h = rs.state.index_select(0, lines).float() * torch.exp(dA.sum(-1) + now)[..., None, None]
-    h = h + torch.einsum("rhk,rhkp,rhkn->rhpn", weight, xs, Bs)
+    h = h + torch.matmul((weight[..., None] * xs).transpose(-1, -2), Bs)
     if dt_now is not None:
         Bn = B_now.float().repeat_interleave(hpg, dim=1)
         h = h + (dt_now[..., None] * x_now.float())[..., None] * Bn[:, :, None, :]
