@@ -255,6 +255,9 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
             replay.launch_config = lambda *a, cfg=cfg: {**cfg, "BLOCK_N": 128}
             try:
                 us = summarize(time_provider("ours_replay", case, up))[0]
+            except Exception as err:  # noqa: BLE001 - a config that fails is skipped, noted
+                row.setdefault("tune", []).append({**cfg, "error": repr(err)[:200]})
+                continue
             finally:
                 replay.launch_config = original
             row.setdefault("tune", []).append({**cfg, "us": us})
