@@ -15,6 +15,7 @@ from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import startup_line
 from vllm.model_executor.layers.mamba import mamba_mixer2
+from vllm.triton_utils.launch import launch_misses
 
 pytestmark = pytest.mark.timeout(900)
 L = 3
@@ -96,6 +97,7 @@ def test_flushed_and_hooked_states_equal_every_step(device):
     """One request alone (slot 0): 2L decode steps end on a flush; then a second request's
     L + 1 decodes end one step into the ring, and the hook folds it in."""
     engines = {r: make_llm(device, r) for r in (False, True)}
+    misses = launch_misses()
     for tokens, want_count in ((2 * L + 1, 0), (L + 2, 1)):
         params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
         outs = {
@@ -111,3 +113,4 @@ def test_flushed_and_hooked_states_equal_every_step(device):
         torch.testing.assert_close(
             pools[True].ssm_state[:, 0], pools[False].ssm_state[:, 0], atol=2e-5, rtol=2e-5
         )
+    assert launch_misses() == misses, "the warm-up missed a replayed kernel variant"

@@ -272,7 +272,9 @@ class MambaMixer2(nn.Module):
         ``forward`` takes it; nothing to do without replay): for readers of a state other
         than this layer's forward (prefix caching, speculative decoding)."""
         if isinstance(ssm_state, ReplayedSSMState):
-            replay_ssm_materialise(ssm_state, -torch.exp(self.A_log.float()), slots)
+            # All continuing: the prefills' launch variant, which the warm-up compiled.
+            init = torch.ones(slots.shape, dtype=torch.bool, device=slots.device)
+            replay_ssm_materialise(ssm_state, -torch.exp(self.A_log.float()), slots, init)
 
     def _ssm_scan(self, y, conv: _ConvOut, dt, ssm_state, md: Mamba2Metadata) -> None:
         """The scan of the decode stream and of the prefills, into ``y``; updates ``ssm_state``."""
