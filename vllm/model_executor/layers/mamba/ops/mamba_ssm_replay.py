@@ -43,6 +43,7 @@ reference (``mamba_ssm_replay_ref``) otherwise.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -237,9 +238,12 @@ def batch_bucket(batch: int) -> int:
 def launch_config(batch: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
     """The table's entry (``configs/replayssm/``) for this shape and batch bucket; BLOCK_P
     capped at the head and BLOCK_N = dstate rounded up to a power of two (both >= 16)."""
-    key = configs.table_key(
-        batch=batch_bucket(batch), dstate=dstate, headdim=headdim, state_dtype=state_dtype
-    )
+    return dict(_config(batch_bucket(batch), headdim, dstate, state_dtype))
+
+
+@functools.cache  # a lookup builds a key and walks the tables: not per launch
+def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
+    key = configs.table_key(batch=bucket, dstate=dstate, headdim=headdim, state_dtype=state_dtype)
     cfg = configs.lookup(CONFIG_DIR, key)
     # tl.dot (the flush) takes no dimension under 16.
     cfg["BLOCK_P"] = max(16, min(int(cfg["BLOCK_P"]), triton.next_power_of_2(headdim)))
