@@ -114,3 +114,17 @@ def test_flushed_and_hooked_states_equal_every_step(device):
             pools[True].ssm_state[:, 0], pools[False].ssm_state[:, 0], atol=2e-5, rtol=2e-5
         )
     assert launch_misses() == misses, "the warm-up missed a replayed kernel variant"
+
+
+def test_hybrid_mamba2_layers_replayed():
+    """Bamba (Mamba2 + attention): its Mamba2 layers replay, outputs as every-step's."""
+    from tests.engine.test_hybrid_engine import bamba_llm
+
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=2 * L + 2, ignore_eos=True)
+    outs = {}
+    for replay in (False, True):
+        llm = bamba_llm(max_num_seqs=2, use_replayssm=replay, replayssm_buffer_len=L)
+        assert bool(llm.engine.runner.pool.rings) == replay
+        outs[replay] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert outs[True] == outs[False]
