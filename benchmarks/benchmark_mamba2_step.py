@@ -16,6 +16,11 @@ Steps (rows in the engine's order: decodes first, then the prefill):
   engine's CUDA graphs (``vllm/worker/cuda_graph.py``), all buckets up to the batch captured
   first; the capture time and the memory it took are reported.
 
+``--use-replayssm`` (default: on for CUDA, as the engine) gives the pool the replay rings of
+``--replayssm-buffer-len`` steps, so decode rows take the replayed update; each decode
+slot's counter starts at its slot number mod L (its ring entries zero, a valid state), so
+every step flushes the share of rows a long-running engine does, not all or none of them.
+
 A step is the model forward plus the logits of the rows the engine samples (each decode and
 the prefill's last token); the metadata is built once per step kind, outside the timing.
 The logits of each backend's first mixed step (fresh pool) are checked to be finite and,
@@ -91,9 +96,19 @@ def parse_args(argv):
         choices=("float32", "bfloat16", "float16"),
         help="dtype of the SSM state pool",
     )
+    p.add_argument(
+        "--use-replayssm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replayed decode (default: on for CUDA, off for CPU, as the engine)",
+    )
+    p.add_argument("--replayssm-buffer-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    if args.use_replayssm is None:
+        on_cuda = args.device == "cuda" or (args.device == "auto" and _cuda_available())
+        args.use_replayssm = on_cuda
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backends) - {"triton", "cuda"}
     if unknown:
@@ -101,6 +116,12 @@ def parse_args(argv):
     if args.prefill_len < 1 or args.num_decodes < 0 or args.decode_batch < 1 or args.iters < 1:
         p.error("need --prefill-len >= 1, --num-decodes >= 0, --decode-batch >= 1, --iters >= 1")
     return args
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class StepCase:
@@ -193,6 +214,11 @@ def decode_floor(model, pool, batch: int) -> dict:
         weights += emb.numel() * emb.element_size()  # tied: the logits read it whole
     layers = pool.ssm_state.shape[0]
     ssm = 2 * layers * batch * pool.ssm_state[0, 0].numel() * pool.ssm_state.element_size()
+    if pool.replay_len:  # read every step, written every L-th, the ring's mean traffic
+        L = pool.replay_len
+        ring = [pool.rings[name][0, 0] for name in ("ring_x", "ring_B", "ring_dt")]
+        entry = sum(t.numel() * t.element_size() for t in ring) / (L - 1)
+        ssm = ssm / 2 * (1 + 1 / L) + layers * batch * entry * ((L - 1) / 2 + (L - 1) / L)
     conv = 2 * layers * batch * pool.conv_state[0, 0].numel() * pool.conv_state.element_size()
     total = weights + ssm + conv
     from benchmark_utils import copy_gbps  # benchmarks/kernels: the kernels' "% of copy"
@@ -217,10 +243,14 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
     os.environ["VLLM_USE_TRITON_CONV1D"] = "1" if name == "triton" else "0"
     model.set_conv_backend(ConvBackend(name))
     num_slots = max(args.num_decodes + 1, args.decode_batch)
+    L = args.replayssm_buffer_len if args.use_replayssm else 0
     pool = model.allocate_state_pool(
-        num_slots, ssm_dtype=getattr(torch, args.mamba_ssm_cache_dtype)
+        num_slots, ssm_dtype=getattr(torch, args.mamba_ssm_cache_dtype), replayssm_buffer_len=L
     )
-    out: dict = {"pool_gib": pool.nbytes() / 2**30}
+    if L:  # staggered phases (module docstring)
+        phase = torch.arange(num_slots + 1, dtype=torch.int8, device=pool.ssm_state.device) % L
+        pool.rings["count"].copy_(phase[None, :, None, None].expand_as(pool.rings["count"]))
+    out: dict = {"pool_gib": pool.nbytes() / 2**30, "ring_gib": pool.ring_nbytes() / 2**30}
     # The first mixed step on the fresh pool: its logits are compared across backends.
     out["first_logits"] = cases["mixed"].run(model, pool).float().cpu()
     steps = {
@@ -382,6 +412,8 @@ def main(argv=None) -> dict:
             "prefill_has_initial_state": args.prefill_has_initial_state,
             "decode_batch": args.decode_batch,
             "mamba_ssm_cache_dtype": args.mamba_ssm_cache_dtype,
+            "use_replayssm": args.use_replayssm,
+            "replayssm_buffer_len": args.replayssm_buffer_len,
             "tokens": {k: c.num_tokens for k, c in cases.items()},
             "metadata_build_ms": {k: c.build_ms for k, c in cases.items()},
             "iters": args.iters,

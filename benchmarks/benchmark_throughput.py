@@ -99,6 +99,13 @@ def parse_args(argv):
     )
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument(
+        "--use-replayssm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replayed decode (default: the engine's, on for CUDA)",
+    )
+    p.add_argument("--replayssm-buffer-len", type=int, default=None, help="default: the engine's")
+    p.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -246,6 +253,8 @@ def run_vllm(args, model, t_start: float):
         "gpu_memory_utilization",
         "num_gpu_blocks_override",
         "long_prefill_token_threshold",
+        "use_replayssm",
+        "replayssm_buffer_len",
     ):
         if getattr(args, name) is not None:
             extra[name] = getattr(args, name)
@@ -305,6 +314,8 @@ def run_vllm(args, model, t_start: float):
         "model_config": asdict(config),
         "dtype": str(runner.model.dtype),
         "mamba_ssm_cache_dtype": str(getattr(llm.engine.config, "mamba_ssm_cache_dtype", None)),
+        "use_replayssm": getattr(llm.engine.config, "use_replayssm", None),
+        "replayssm_buffer_len": getattr(llm.engine.config, "replayssm_buffer_len", None),
         "ssm_state_dtype": state_dtype(runner),
         "conv_backend": runner.model.conv_backend.value,
         "VLLM_USE_TRITON_CONV1D": os.environ.get("VLLM_USE_TRITON_CONV1D", "1"),

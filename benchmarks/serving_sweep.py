@@ -144,12 +144,15 @@ def bench_command(
 def offline_command(args, workload: str, n: int, out: Path) -> list[str]:
     server = argparse.ArgumentParser(add_help=False)
     engine_sizes = ("--max-num-seqs", "--max-num-batched-tokens", "--long-prefill-token-threshold")
-    for opt in ("--load-format", "--dtype", *engine_sizes):
+    for opt in ("--load-format", "--dtype", "--replayssm-buffer-len", *engine_sizes):
         server.add_argument(opt)
+    server.add_argument("--use-replayssm", action=argparse.BooleanOptionalAction)
     known, _ = server.parse_known_args(shlex.split(args.server_args))
     cmd = [sys.executable, str(HERE / "benchmark_throughput.py"), "--model", args.model]
     for opt, value in vars(known).items():
-        if value is not None:
+        if isinstance(value, bool):
+            cmd += [f"--{'' if value else 'no-'}{opt.replace('_', '-')}"]
+        elif value is not None:
             cmd += [f"--{opt.replace('_', '-')}", value]
     if args.dataset_path:
         cmd += ["--dataset", args.dataset_path]

@@ -5,7 +5,8 @@ state); the engine sizes and allocates them and hands each layer its tensors. Th
 imports neither the engine nor the layers, so both sides can use it.
 
 - ``MambaStateSpec``: one slot per running sequence (the conv state and the SSM state of
-  one Mamba layer); the slot count is ``max_num_seqs``.
+  one Mamba layer, and with replayed decode its ring of buffered steps); the slot count is
+  ``max_num_seqs``.
 - ``AttentionSpec``: paged KV blocks of ``block_size`` tokens; the block count is what the
   memory budget allows (``gpu_memory_utilization`` on CUDA) or an explicit override.
 """
@@ -17,22 +18,58 @@ from dataclasses import dataclass
 import torch
 
 
+def _nbytes(shape, dtype) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
 @dataclass(frozen=True)
 class MambaStateSpec:
+    """A Mamba2 layer's slot: conv state ``conv_shape`` (conv_dim, W-1), SSM state
+    ``ssm_shape`` (nheads, headdim, dstate), and with ``replay_len`` L > 0 (replayed decode,
+    ``use_replayssm``) the ring of L-1 buffered steps (x and B in ``replay_dtype``, dt in
+    fp32) and its int8 counters, ``ops/mamba_ssm_replay``'s layout. The conv runs over
+    x | B | C, so the group count follows from the two shapes."""
+
     conv_shape: tuple[int, ...]  # per slot
     conv_dtype: torch.dtype
     ssm_shape: tuple[int, ...]  # per slot
     ssm_dtype: torch.dtype
+    replay_len: int = 0
+    replay_dtype: torch.dtype | None = None
+
+    @property
+    def n_groups(self) -> int:
+        nheads, headdim, dstate = self.ssm_shape
+        return (self.conv_shape[0] - nheads * headdim) // (2 * dstate)
+
+    @property
+    def ring_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per slot: name -> (shape, dtype) of the replay buffers (none without replay)."""
+        if not self.replay_len:
+            return {}
+        nheads, headdim, dstate = self.ssm_shape
+        ring, act = self.replay_len - 1, self.replay_dtype or self.conv_dtype
+        return {
+            "ring_x": ((nheads, ring, headdim), act),
+            "ring_B": ((self.n_groups, ring, dstate), act),
+            "ring_dt": ((nheads, ring), torch.float32),
+            "count": ((nheads, headdim), torch.int8),
+        }
+
+    @property
+    def ring_bytes_per_slot(self) -> int:
+        return sum(_nbytes(shape, dtype) for shape, dtype in self.ring_shapes.values())
 
     @property
     def bytes_per_slot(self) -> int:
-        def nbytes(shape, dtype):
-            n = 1
-            for s in shape:
-                n *= s
-            return n * torch.empty((), dtype=dtype).element_size()
-
-        return nbytes(self.conv_shape, self.conv_dtype) + nbytes(self.ssm_shape, self.ssm_dtype)
+        return (
+            _nbytes(self.conv_shape, self.conv_dtype)
+            + _nbytes(self.ssm_shape, self.ssm_dtype)
+            + self.ring_bytes_per_slot
+        )
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
+    use_replayssm: bool | None = None
+    replayssm_buffer_len: int = 16
 
     def create_engine_config(self) -> EngineConfig:
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -145,6 +147,20 @@ class EngineArgs:
             type=int,
             default=d["tensor_parallel_size"],
             help="processes (GPUs) the model is sharded over, by heads (Mamba2 models)",
+        )
+        g.add_argument(
+            "--use-replayssm",
+            action=argparse.BooleanOptionalAction,
+            default=d["use_replayssm"],
+            help="replayed decode for the Mamba2 layers: a state slot is written every "
+            "--replayssm-buffer-len steps, its last steps' inputs kept in a ring "
+            "(--no-use-replayssm: every step; default: on for CUDA, off for CPU)",
+        )
+        g.add_argument(
+            "--replayssm-buffer-len",
+            type=int,
+            default=d["replayssm_buffer_len"],
+            help="decode steps between two writes of a state slot under --use-replayssm (2..128)",
         )
         g.add_argument(
             "--no-async-scheduling",

@@ -69,6 +69,16 @@ class EngineConfig:
     tokens, at most 4 GiB. It must hold one sequence of ``max_model_len`` tokens. Models
     without attention layers (pure Mamba2) have no KV cache: the three are then unused.
 
+    ``use_replayssm`` (upstream's name) runs the Mamba2 layers' decode rows through the
+    replayed update (``ops/mamba_ssm_replay``, docs/replayssm.md): each state slot keeps a
+    ring of its last ``replayssm_buffer_len`` - 1 decode steps' inputs, so a slot's state is
+    read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
+    128); the rings are part of the state pool (counted in its memory and so in what
+    ``gpu_memory_utilization`` leaves for the KV cache). None (the default) resolves to
+    True on CUDA, where it is faster at every batch size (docs/benchmarks/replayssm_h200.md),
+    and False on CPU, where the state traffic does not bound a step and the PyTorch path of
+    the replayed update costs more than the every-step one.
+
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
     against the model's heads and groups (``check_tp_divisibility``) and refused for a
@@ -97,6 +107,8 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
     long_prefill_token_threshold: int = 0
+    use_replayssm: bool | None = None
+    replayssm_buffer_len: int = 16
     # Set from the fields above: where the model's and the tokenizer's files are.
     model_dir: Any = field(init=False, default=None, repr=False)
     tokenizer_dir: Any = field(init=False, default=None, repr=False)
@@ -128,6 +140,13 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+        length = self.replayssm_buffer_len
+        if isinstance(length, bool) or not isinstance(length, int) or not 2 <= length <= 128:
+            raise ValueError(
+                f"replayssm_buffer_len (--replayssm-buffer-len) must be an integer from 2 to "
+                f"128 (the steps between two state writes; the ring's counters are int8), "
+                f"got {length!r}"
+            )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.block_size < 1:
@@ -160,6 +179,12 @@ class EngineConfig:
                 self.max_num_batched_tokens,
             )
         self.device = _check_device(self.device)
+        if self.use_replayssm is None:
+            self.use_replayssm = torch.device(self.device).type == "cuda"
+        if not isinstance(self.use_replayssm, bool):
+            raise ValueError(
+                f"use_replayssm must be True, False or None (auto), got {self.use_replayssm!r}"
+            )
         # After the checks above: resolving may download the model.
         self._resolve_model()
         if self.max_model_len is None:

@@ -183,6 +183,14 @@ class EngineCore:
         self.sampler.forget(seq)
         del self.requests[seq.request_id]
 
+    def materialise(self, slots) -> None:
+        """Whole states in these slots on every rank (``ModelRunner.materialise``): the hook
+        for prefix caching and speculative decoding under replayed decode."""
+        if self.executor is not None:
+            self.executor.run("materialise", list(slots))
+        else:
+            self.runner.materialise(slots)
+
     @property
     def startup(self) -> dict:
         """The runner's start-up times (weights, compile, graphs) and sizes."""

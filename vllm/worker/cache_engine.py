@@ -5,7 +5,9 @@ name -> ``MambaStateSpec`` | ``AttentionSpec``, in layer order); the engine allo
 
 - the Mamba state pool: every Mamba layer's conv and SSM state for ``max_num_seqs`` slots
   (+ the pad sink line), one ``MambaStatePool`` in the conv backend's layout, layer i of
-  the pool being the i-th Mamba spec's; the runner passes it to the model each step;
+  the pool being the i-th Mamba spec's; the runner passes it to the model each step. With
+  ``replayssm_buffer_len`` L > 0 (replayed decode) every Mamba spec carries the ring of L-1
+  buffered steps, so the pool's size (and what the KV cache is sized after) includes it;
 - the paged KV cache: per attention layer a (2, num_blocks, block_size, num_kv_heads,
   head_size) tensor of its spec's dtype, bound to that layer's ``kv_cache`` attribute.
   It is a view of a block-major (num_blocks, 2, ...) allocation: K and V of a block sit
@@ -20,6 +22,7 @@ name -> ``MambaStateSpec`` | ``AttentionSpec``, in layer order); the engine allo
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -39,12 +42,17 @@ class CacheEngine:
         block_size: int,
         ssm_dtype: torch.dtype,
         device: torch.device,
+        replayssm_buffer_len: int = 0,
     ):
         self.model = model
         self.block_size = block_size
         self.device = device
         specs = model.get_cache_specs(block_size, ssm_dtype)
-        self.mamba_specs = {n: s for n, s in specs.items() if isinstance(s, MambaStateSpec)}
+        self.mamba_specs = {
+            n: replace(s, replay_len=replayssm_buffer_len)
+            for n, s in specs.items()
+            if isinstance(s, MambaStateSpec)
+        }
         self.attn_specs = {n: s for n, s in specs.items() if isinstance(s, AttentionSpec)}
         unknown = set(specs) - set(self.mamba_specs) - set(self.attn_specs)
         if unknown:

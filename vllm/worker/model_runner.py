@@ -98,6 +98,7 @@ class ModelRunner:
             block_size=config.block_size,
             ssm_dtype=config.ssm_state_dtype,
             device=self.device,
+            replayssm_buffer_len=config.replayssm_buffer_len if config.use_replayssm else 0,
         )
         self.pool = self.cache.mamba_pool
         self.attn_builder = None
@@ -153,6 +154,8 @@ class ModelRunner:
             "kernel_variants": kernels.variants,
             "num_graphs": 0 if self.graphs is None else len(self.graphs.buckets),
             "state_pool_gib": 0.0 if self.pool is None else self.pool.nbytes() / 2**30,
+            "replayssm_buffer_len": 0 if self.pool is None else self.pool.replay_len,
+            "replay_ring_gib": 0.0 if self.pool is None else self.pool.ring_nbytes() / 2**30,
             "num_kv_blocks": self.cache.num_blocks,
             "kv_cache_gib": self.cache.kv_nbytes() / 2**30,
         }
@@ -206,8 +209,22 @@ class ModelRunner:
 
     def _zero_state(self, num_slots: int) -> None:
         if self.pool is not None:
-            self.pool.conv_state[:, :num_slots].zero_()
-            self.pool.ssm_state[:, :num_slots].zero_()
+            self.pool.zero_slots(num_slots)
+
+    @torch.no_grad()
+    def materialise(self, slots) -> None:
+        """Fold the replayed decode steps of state slots ``slots`` (distinct) into every
+        Mamba layer's states, so that a reader outside a step (a prefix-cache checkpoint, a
+        speculative-decoding rollback) sees whole states; nothing to do without replay.
+        Queued on the stream like a step: no sync."""
+        if self.pool is None or not self.pool.rings:
+            return
+        from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+        idx = torch.as_tensor(slots, dtype=torch.int32).to(self.device)
+        mixers = [m for m in self.model.modules() if isinstance(m, MambaMixer2)]
+        for k, mixer in enumerate(mixers):  # pool layer k is the k-th mixer's
+            mixer.materialise(self.pool.layer(k)[1], idx)
 
     def dummy_step(self, rows: list[tuple[int, bool]]) -> torch.Tensor:
         """One forward over (tokens, has_initial_state) rows in state slots 0 ..

@@ -46,6 +46,10 @@ class Worker:
             prev_tokens = broadcast(prev_tokens.long().contiguous(), src=0)
         return self.runner.execute_inputs(inputs, prev_tokens)
 
+    def materialise(self, slots) -> None:
+        """``ModelRunner.materialise`` on this rank (each rank holds its heads' states)."""
+        self.runner.materialise(slots)
+
     def apply(self, fn, *args, **kwargs):
         """``fn(self, *args, **kwargs)`` on this rank: ``executor.run("apply", fn, ...)``
         runs a picklable function (a module-level one) on every rank's worker and returns

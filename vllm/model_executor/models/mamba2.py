@@ -23,6 +23,7 @@ conv weight stored as (dim, width); ``load_weights`` maps a checkpoint onto them
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -179,13 +180,16 @@ class Mamba2ForCausalLM(nn.Module):
         num_slots: int,
         device: torch.device | str | None = None,
         ssm_dtype: torch.dtype = torch.float32,
+        replayssm_buffer_len: int = 0,
     ) -> MambaStatePool:
         """A pool for ``num_slots`` sequences from this model's cache specs, in its conv
         backend's layout, for callers that drive the model without the engine (tests,
-        benchmarks); the engine allocates from ``get_cache_specs`` itself."""
+        benchmarks); the engine allocates from ``get_cache_specs`` itself.
+        ``replayssm_buffer_len`` L > 0 adds the replay rings (replayed decode)."""
         if device is None:
             device = self.backbone.embeddings.weight.device
-        specs = list(self.get_cache_specs(block_size=1, mamba_ssm_dtype=ssm_dtype).values())
+        specs = self.get_cache_specs(block_size=1, mamba_ssm_dtype=ssm_dtype).values()
+        specs = [replace(s, replay_len=replayssm_buffer_len) for s in specs]
         return MambaStatePool.from_specs(specs, num_slots, self.conv_backend, device)
 
     def metadata_builder(self, device: torch.device | str | None = None) -> Mamba2MetadataBuilder:

@@ -20,7 +20,12 @@ switches it; the state pool must then be allocated in the new backend's layout):
   where they lie. Nothing is stitched back.
 
 The SSM scan: the decode stream through ``selective_state_update`` (on CUDA the fused
-Triton kernel of ``ops.mamba_ssm_triton``), the prefills through the chunked scan the
+Triton kernel of ``ops.mamba_ssm_triton``), or, when the pool hands the layer a
+``ReplayedSSMState`` (``use_replayssm``), through the replayed update of
+``ops.mamba_ssm_replay``, which writes a line's state every L-th step only; then, before
+any prefill row reads or replaces its line, ``replay_ssm_materialise`` folds those lines'
+buffered steps in (one launch; mixed steps keep their decodes replayed). The prefills go
+through the chunked scan the
 metadata carries a layout for. With ``metadata.ssd`` (CUDA by default) that is the Triton
 SSD of ``ops.ssd_combined``: it takes the step-wide x, B, C, dt and y (the layout's rows are
 absolute), reads each sequence's initial state from its pool line and writes the final
@@ -70,6 +75,11 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     PAD_SLOT_ID,
     causal_conv1d_fn,
     causal_conv1d_update,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay import (
+    ReplayedSSMState,
+    replay_ssm_materialise,
+    replay_ssm_update,
 )
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     chunk_scan_varlen,
@@ -226,7 +236,8 @@ class MambaMixer2(nn.Module):
         """hidden_states (num_tokens, hidden) -> (num_tokens, hidden); updates the states.
 
         ``conv_state`` (lines, conv_dim, W-1) in the backend's layout and ``ssm_state``
-        (lines, nheads, headdim, dstate) are this layer's views of the state pool.
+        (lines, nheads, headdim, dstate) are this layer's views of the state pool; a
+        ``ReplayedSSMState`` in place of the latter selects the replayed decode.
         """
         self._check_inputs(hidden_states, conv_state, ssm_state, metadata)
         num_tokens = hidden_states.shape[0]
@@ -256,6 +267,15 @@ class MambaMixer2(nn.Module):
         y = self.norm(y.view(num_tokens, self.intermediate_size), gate)
         return self.out_proj(y)
 
+    def materialise(self, ssm_state, slots: torch.Tensor) -> None:
+        """Fold the replayed steps of lines ``slots`` into their states (``ssm_state`` as
+        ``forward`` takes it; nothing to do without replay): for readers of a state other
+        than this layer's forward (prefix caching, speculative decoding)."""
+        if isinstance(ssm_state, ReplayedSSMState):
+            # All continuing: the prefills' launch variant, which the warm-up compiled.
+            init = torch.ones(slots.shape, dtype=torch.bool, device=slots.device)
+            replay_ssm_materialise(ssm_state, -torch.exp(self.A_log.float()), slots, init)
+
     def _ssm_scan(self, y, conv: _ConvOut, dt, ssm_state, md: Mamba2Metadata) -> None:
         """The scan of the decode stream and of the prefills, into ``y``; updates ``ssm_state``."""
         num_dec = md.num_decode_tokens
@@ -264,9 +284,11 @@ class MambaMixer2(nn.Module):
         scan_args = dict(
             D=self.D, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.time_step_limit
         )
+        replayed = isinstance(ssm_state, ReplayedSSMState)
         if num_dec:
             x, B, C = self._split_xbc(conv.decode)
-            selective_state_update(
+            update = replay_ssm_update if replayed else selective_state_update
+            update(
                 ssm_state,
                 x,
                 dt[:num_dec],
@@ -278,6 +300,12 @@ class MambaMixer2(nn.Module):
                 out=y[:num_dec],
                 **scan_args,
             )
+        if replayed:
+            if md.num_prefills:
+                replay_ssm_materialise(
+                    ssm_state, A, md.prefill_state_indices, md.prefill_has_initial_state
+                )
+            ssm_state = ssm_state.state
         if md.num_prefills and md.ssd is not None:
             x, B, C = self._split_xbc(conv.step)
             mamba_chunk_scan_combined_varlen(
@@ -401,6 +429,8 @@ class MambaMixer2(nn.Module):
                 f"hidden_states has {hidden_states.shape[0]}"
             )
         lines = conv_state.shape[0]
+        if isinstance(ssm_state, ReplayedSSMState):
+            ssm_state = ssm_state.state
         if conv_state.dim() != 3 or tuple(conv_state.shape[1:]) != self.spec.conv_shape:
             raise ValueError(
                 f"{where}: conv_state must be (lines, {self.spec.conv_shape[0]}, "

@@ -14,6 +14,11 @@ A pool has ``num_slots + 1`` lines per layer. Slots 0 .. num_slots - 1 belong to
 the last line is the sink where padded rows (``PAD_SLOT_ID``) of a decode batch drop their
 SSM state on the PyTorch path (``selective_state_update_torch``; the Triton kernel skips
 them), so no real slot is ever written by a pad.
+
+With replayed decode (``replay_len`` L > 0, ``use_replayssm``) the pool also holds, per
+layer and line, the ring of L-1 buffered decode steps and its counters
+(``ops/mamba_ssm_replay``), and ``layer(i)`` hands the layer a ``ReplayedSSMState`` in place
+of the bare SSM-state view; the layer then runs the replayed update.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ import torch
 
 from vllm import envs
 from vllm.cache_spec import MambaStateSpec
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import ReplayedSSMState
+
+# The replay buffers, in ``ReplayedSSMState``'s order after the state.
+RING_NAMES = ("ring_x", "ring_B", "ring_dt", "count")
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,10 @@ class Mamba2StateSpec:
     def ssm_shape(self) -> tuple[int, int, int]:
         """(nheads, headdim, dstate), one SSM-state line."""
         return (self.num_heads, self.head_dim, self.state_size)
+
+    @property
+    def n_groups(self) -> int:
+        return (self.conv_dim - self.num_heads * self.head_dim) // (2 * self.state_size)
 
 
 def mamba2_state_spec(
@@ -137,8 +150,11 @@ class MambaStatePool:
     """Conv and SSM state of every Mamba layer for ``num_slots`` sequences (+ the pad sink).
 
     ``conv_state``: (num_layers, num_slots + 1, dim, W-1) in the backend's layout;
-    ``ssm_state``: (num_layers, num_slots + 1, nheads, headdim, dstate).
-    ``layer(i)`` gives layer i's pair of views, which the layer updates in place.
+    ``ssm_state``: (num_layers, num_slots + 1, nheads, headdim, dstate); with ``replay_len``
+    L > 0 also ``rings`` (name -> (num_layers, num_slots + 1, ...): the ring of L-1 steps, x
+    and B in the conv dtype (the activations'), and the counters). ``layer(i)`` gives layer
+    i's pair of views (the SSM one a ``ReplayedSSMState`` with replay), which the layer
+    updates in place.
     """
 
     def __init__(
@@ -150,7 +166,12 @@ class MambaStatePool:
         conv_dtype: torch.dtype,
         ssm_dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        replay_len: int = 0,
     ):
+        if replay_len and replay_len < 2:
+            raise ValueError(
+                f"replay_len (replayssm_buffer_len) must be 0 or >= 2, got {replay_len}"
+            )
         if num_slots < 1 or num_layers < 1:
             raise ValueError(
                 f"need num_slots >= 1 and num_layers >= 1, got {num_slots}, {num_layers}"
@@ -164,6 +185,12 @@ class MambaStatePool:
         self.ssm_state = torch.zeros(
             num_layers, lines, *spec.ssm_shape, dtype=ssm_dtype, device=device
         )
+        self.replay_len = replay_len
+        slot = MambaStateSpec(spec.conv_shape, conv_dtype, spec.ssm_shape, ssm_dtype, replay_len)
+        self.rings = {
+            name: torch.zeros(num_layers, lines, *shape, dtype=dtype, device=device)
+            for name, (shape, dtype) in slot.ring_shapes.items()
+        }
 
     @classmethod
     def from_specs(
@@ -185,15 +212,36 @@ class MambaStatePool:
         conv_dim, conv_len = first.conv_shape
         num_heads, head_dim, state_size = first.ssm_shape
         spec = Mamba2StateSpec(conv_dim, conv_len, num_heads, head_dim, state_size)
-        return cls(spec, len(specs), num_slots, backend, first.conv_dtype, first.ssm_dtype, device)
+        if first.replay_dtype not in (None, first.conv_dtype):
+            raise ValueError("the replay ring keeps the activations' dtype, the conv state's")
+        return cls(
+            spec,
+            len(specs),
+            num_slots,
+            backend,
+            first.conv_dtype,
+            first.ssm_dtype,
+            device,
+            first.replay_len,
+        )
 
     @property
     def pad_line(self) -> int:
         """The sink line of padded rows (not a slot)."""
         return self.num_slots
 
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.conv_state[i], self.ssm_state[i]
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor | ReplayedSSMState]:
+        if not self.rings:
+            return self.conv_state[i], self.ssm_state[i]
+        rings = (self.rings[name][i] for name in RING_NAMES)
+        return self.conv_state[i], ReplayedSSMState(self.ssm_state[i], *rings)
+
+    def zero_slots(self, num_slots: int) -> None:
+        """Zero the states of slots 0 .. num_slots - 1 and empty their rings."""
+        self.conv_state[:, :num_slots].zero_()
+        self.ssm_state[:, :num_slots].zero_()
+        if self.rings:
+            self.rings["count"][:, :num_slots].zero_()
 
     def clone(self) -> MambaStatePool:
         """A deep copy with the same layout (strides kept)."""
@@ -201,7 +249,13 @@ class MambaStatePool:
         twin.__dict__.update(self.__dict__)
         twin.conv_state = torch.empty_like(self.conv_state).copy_(self.conv_state)
         twin.ssm_state = self.ssm_state.clone()
+        twin.rings = {name: t.clone() for name, t in self.rings.items()}
         return twin
 
+    def ring_nbytes(self) -> int:
+        """Bytes of the replay buffers (0 without replay)."""
+        return sum(t.numel() * t.element_size() for t in self.rings.values())
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.conv_state, self.ssm_state))
+        states = sum(t.numel() * t.element_size() for t in (self.conv_state, self.ssm_state))
+        return states + self.ring_nbytes()

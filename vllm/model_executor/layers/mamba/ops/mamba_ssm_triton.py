@@ -50,6 +50,27 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @triton.jit
+def discretize_dt(b_dt, dt_min, dt_max, DT_SOFTPLUS: tl.constexpr, HAS_DT_LIMIT: tl.constexpr):
+    """dt after the bias: softplus (when asked) then the clamp, in fp32. Shared with the
+    replayed update (``mamba_ssm_replay``), so both paths consume bit-identical dt."""
+    if DT_SOFTPLUS:
+        # softplus = log1p(u), u = exp(dt), with no log1p in tl: log(1 + u) alone would lose
+        # small u entirely. log(w) * u / (w - 1), w = 1 + u, is log1p(u) to rounding
+        # (Goldberg's trick) where log is accurate; below u = 1/64 a series (relative error
+        # < 2e-8) needs no log, however rough the GPU's log is near 1. Past 20, softplus
+        # is dt itself (F.softplus's threshold).
+        b_u = tl.exp(tl.minimum(b_dt, 20.0))
+        b_w = 1.0 + b_u
+        b_log = tl.log(b_w) * (b_u / tl.where(b_w == 1.0, 1.0, b_w - 1.0))
+        b_series = b_u * (1.0 - b_u * (0.5 - b_u * (0.3333333333333333 - 0.25 * b_u)))
+        b_sp = tl.where(b_u < 0.015625, b_series, b_log)
+        b_dt = tl.where(b_dt > 20.0, b_dt, b_sp)
+    if HAS_DT_LIMIT:
+        b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
+    return b_dt
+
+
+@triton.jit
 def _selective_state_update_kernel(
     state_ptr,
     x_ptr,
@@ -118,20 +139,7 @@ def _selective_state_update_kernel(
     b_dt = tl.load(dt_ptr + i_b * stride_dt_b + i_h * stride_dt_h).to(tl.float32)
     if HAS_DT_BIAS:
         b_dt += tl.load(dt_bias_ptr + i_h * stride_dt_bias_h).to(tl.float32)
-    if DT_SOFTPLUS:
-        # softplus = log1p(u), u = exp(dt), with no log1p in tl: log(1 + u) alone would lose
-        # small u entirely. log(w) * u / (w - 1), w = 1 + u, is log1p(u) to rounding
-        # (Goldberg's trick) where log is accurate; below u = 1/64 a series (relative error
-        # < 2e-8) needs no log, however rough the GPU's log is near 1. Past 20, softplus
-        # is dt itself (F.softplus's threshold).
-        b_u = tl.exp(tl.minimum(b_dt, 20.0))
-        b_w = 1.0 + b_u
-        b_log = tl.log(b_w) * (b_u / tl.where(b_w == 1.0, 1.0, b_w - 1.0))
-        b_series = b_u * (1.0 - b_u * (0.5 - b_u * (0.3333333333333333 - 0.25 * b_u)))
-        b_sp = tl.where(b_u < 0.015625, b_series, b_log)
-        b_dt = tl.where(b_dt > 20.0, b_dt, b_sp)
-    if HAS_DT_LIMIT:
-        b_dt = tl.minimum(tl.maximum(b_dt, dt_min), dt_max)
+    b_dt = discretize_dt(b_dt, dt_min, dt_max, DT_SOFTPLUS, HAS_DT_LIMIT)
     b_decay = tl.exp(b_dt * tl.load(A_ptr + i_h * stride_A_h).to(tl.float32))
 
     p_x = x_ptr + i_b * stride_x_b + i_h * stride_x_h + o_p * stride_x_p

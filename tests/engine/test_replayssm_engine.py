@@ -1,0 +1,130 @@
+"""Replayed decode in the engine: the flags, the pool's memory, and outputs equal to the
+every-step engine's, with async scheduling on and off, requests finishing mid-ring, slots
+reused, chunked prefills; the replayed path is observed (its counters and calls), and a
+flushed or hook-materialised state equals the every-step engine's."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from tests.engine.test_async_scheduling import CONFIG, run, workload
+from vllm import LLM, SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.llm_engine import startup_line
+from vllm.model_executor.layers.mamba import mamba_mixer2
+from vllm.triton_utils.launch import launch_misses
+
+pytestmark = pytest.mark.timeout(900)
+L = 3
+
+
+def make_llm(device, replay: bool, async_scheduling: bool = True, **kw) -> LLM:
+    return LLM(
+        CONFIG,
+        load_format="dummy",
+        dtype="float32",
+        device=device.type,
+        max_num_seqs=4,
+        max_num_batched_tokens=12,
+        async_scheduling=async_scheduling,
+        use_replayssm=replay,
+        replayssm_buffer_len=L,
+        **kw,
+    )
+
+
+def test_flags_parse_and_validate():
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+
+    def args(*argv):
+        ns = parser.parse_args(list(argv))
+        ns.model = CONFIG
+        return EngineArgs.from_cli_args(ns)
+
+    assert args().use_replayssm is None and args().replayssm_buffer_len == 16
+    assert args("--use-replayssm", "--replayssm-buffer-len", "8").use_replayssm is True
+    assert args("--no-use-replayssm").use_replayssm is False
+    # None resolves by device: off on the CPU (its paths cost more than the every-step ones).
+    assert EngineArgs(CONFIG, device="cpu").create_engine_config().use_replayssm is False
+    for bad in (1, 129, 2.0, True):
+        with pytest.raises(ValueError, match="--replayssm-buffer-len"):
+            EngineArgs(CONFIG, device="cpu", replayssm_buffer_len=bad).create_engine_config()
+
+
+def test_pool_memory_counts_the_ring(device):
+    llm = make_llm(device, True)
+    runner = llm.engine.runner
+    pool, spec = runner.pool, next(iter(runner.cache.mamba_specs.values()))
+    nheads, headdim, dstate = spec.ssm_shape
+    groups, act = CONFIG.n_groups, 4  # fp32 model
+    entry = nheads * headdim * act + groups * dstate * act + nheads * 4
+    ring = (L - 1) * entry + nheads * headdim  # + the int8 counters
+    assert spec.replay_len == L and spec.ring_bytes_per_slot == ring
+    lines = pool.num_layers * (pool.num_slots + 1)
+    assert pool.ring_nbytes() == lines * ring
+    assert pool.nbytes() == lines * spec.bytes_per_slot
+    off = make_llm(device, False).engine.runner.pool
+    assert pool.nbytes() - off.nbytes() == pool.ring_nbytes()
+    line = startup_line(llm.engine.startup)
+    assert f"replay rings (replayssm_buffer_len {L})" in line, line
+
+
+def test_outputs_equal_every_step(device, monkeypatch):
+    """Replayed with async scheduling against every-step without (test_async_scheduling
+    holds the every-step engine's async and sync runs equal)."""
+    calls = {"update": 0, "materialise": 0}
+    for name in ("update", "materialise"):
+        fn = getattr(mamba_mixer2, f"replay_ssm_{name}")
+
+        def counted(*a, _fn=fn, _name=name, **k):
+            calls[_name] += 1
+            return _fn(*a, **k)
+
+        monkeypatch.setattr(mamba_mixer2, f"replay_ssm_{name}", counted)
+    prompts, params = workload(5)  # 9 requests on 4 slots: slots reused, rings mid-way
+    kw = dict(long_prefill_token_threshold=5)  # prompts of up to 30 tokens: chunked
+    want = run(make_llm(device, False, False, **kw), prompts, params)
+    assert calls == {"update": 0, "materialise": 0}
+    got = run(make_llm(device, True, True, **kw), prompts, params)
+    assert got == want
+    assert calls["update"] > 0 and calls["materialise"] > 0
+
+
+def test_flushed_and_hooked_states_equal_every_step(device):
+    """One request alone (slot 0): 2L decode steps end on a flush; then a second request's
+    L + 1 decodes end one step into the ring, and the hook folds it in."""
+    engines = {r: make_llm(device, r) for r in (False, True)}
+    misses = launch_misses()
+    for tokens, want_count in ((2 * L + 1, 0), (L + 2, 1)):
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        outs = {
+            r: llm.generate([[5, 6, 7, 8]], params, use_tqdm=False) for r, llm in engines.items()
+        }
+        assert outs[True][0].outputs[0].token_ids == outs[False][0].outputs[0].token_ids
+        pools = {r: llm.engine.runner.pool for r, llm in engines.items()}
+        count = pools[True].rings["count"][:, 0]
+        assert set(count.unique().tolist()) == {want_count}, "decodes - 1 = steps in the ring"
+        if want_count:
+            engines[True].engine.core.materialise([0])
+            assert set(pools[True].rings["count"][:, 0].unique().tolist()) == {0}
+        torch.testing.assert_close(
+            pools[True].ssm_state[:, 0], pools[False].ssm_state[:, 0], atol=2e-5, rtol=2e-5
+        )
+    assert launch_misses() == misses, "the warm-up missed a replayed kernel variant"
+
+
+def test_hybrid_mamba2_layers_replayed():
+    """Bamba (Mamba2 + attention): its Mamba2 layers replay, outputs as every-step's."""
+    from tests.engine.test_hybrid_engine import bamba_llm
+
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=2 * L + 2, ignore_eos=True)
+    outs = {}
+    for replay in (False, True):
+        llm = bamba_llm(max_num_seqs=2, use_replayssm=replay, replayssm_buffer_len=L)
+        assert bool(llm.engine.runner.pool.rings) == replay
+        outs[replay] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert outs[True] == outs[False]

@@ -1,0 +1,231 @@
+"""The replayed decode update (``ops/mamba_ssm_replay``) against the every-step update.
+
+Over 2L+2 steps of fresh inputs (so the flush boundaries L-1, L, L+1 and a second flush are
+crossed) every output equals the every-step PyTorch update's on an fp32 copy of the state,
+and the state after ``replay_ssm_materialise`` equals its state; the counters are read
+back after every step. The kernel (interpreter on CPU, CUDA on the GPU box) also matches
+the fp32 reference op for op: rings and counters exactly, states and outputs to rounding.
+Padded rows leave every line alone; materialising a fresh line only empties its ring.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay import (
+    ReplayedSSMState,
+    _replay_ssm_op,
+    replay_ssm_materialise,
+    replay_ssm_update,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import (
+    replay_materialise_ref,
+    replay_update_ref,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import selective_state_update_torch
+
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+# rel-L2 bounds against the fp32-state every-step update, by state dtype: fp32 states differ
+# by reassociation only; a 16-bit state is rounded every step there and every L-th here.
+TOL = {FP32: 2e-5, FP16: 5e-3, BF16: 3e-2}
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int = 3
+    heads: int = 4
+    headdim: int = 16
+    dstate: int = 16
+    groups: int = 2
+    L: int = 4
+    state: torch.dtype = FP32
+    act: torch.dtype = FP32
+    pads: int = 1
+    limit: tuple[float, float] = (0.0, math.inf)
+    idx64: bool = False
+
+    @property
+    def id(self) -> str:
+        short = {FP32: "fp32", FP16: "fp16", BF16: "bf16"}
+        return (
+            f"B{self.batch}_H{self.heads}_P{self.headdim}_N{self.dstate}_G{self.groups}_"
+            f"L{self.L}_{short[self.state]}state_{short[self.act]}"
+            + ("_pad" * bool(self.pads))
+            + ("_limit" * (self.limit[1] != math.inf))
+            + ("_idx64" * self.idx64)
+        )
+
+
+CASES = [
+    Case(),
+    Case(L=2, pads=0),  # the shortest ring: a flush every other step
+    Case(batch=2, heads=6, headdim=5, dstate=12, groups=3, L=5),  # tails, odd sizes
+    Case(heads=4, groups=4, L=3, limit=(0.05, 0.3), idx64=True),
+    Case(batch=2, state=FP16, act=FP16, L=6),
+    Case(batch=3, headdim=32, dstate=32, groups=1, L=17),  # a ring past 16 entries
+]
+CUDA_CASES = [Case(state=BF16, act=BF16), Case(batch=5, heads=8, headdim=64, dstate=128, L=16)]
+
+
+def make_rs(case: Case, lines: int, device, gen) -> ReplayedSSMState:
+    H, P, N, G, R = case.heads, case.headdim, case.dstate, case.groups, case.L - 1
+    state = torch.randn(lines, H, P, N, generator=gen).to(device, case.state)
+    z = dict(device=device)
+    return ReplayedSSMState(
+        state,
+        torch.zeros(lines, H, R, P, dtype=case.act, **z),
+        torch.zeros(lines, G, R, N, dtype=case.act, **z),
+        torch.zeros(lines, H, R, dtype=FP32, **z),
+        torch.zeros(lines, H, P, dtype=torch.int8, **z),
+    )
+
+
+def params(case: Case, device, gen) -> dict:
+    H = case.heads
+    return dict(
+        A=-(torch.rand(H, generator=gen) + 0.3).to(device),
+        D=torch.randn(H, generator=gen).to(device),
+        dt_bias=(torch.rand(H, generator=gen) - 1.5).to(device),
+        dt_softplus=True,
+        dt_limit=case.limit,
+    )
+
+
+def draw(case: Case, device, gen) -> tuple:
+    b, H, P, N, G = case.batch, case.heads, case.headdim, case.dstate, case.groups
+    # x as a non-contiguous view (every other head of a wider tensor).
+    x = torch.randn(b, 2 * H, P, generator=gen)[:, ::2].to(device, case.act)
+    dt = torch.randn(b, H, generator=gen).to(device, case.act)
+    B = torch.randn(b, G, N, generator=gen).to(device, case.act)
+    C = torch.randn(b, G, N, generator=gen).to(device, case.act)
+    return x, dt, B, C
+
+
+def indices(case: Case, lines: int, device, gen) -> torch.Tensor:
+    real = torch.randperm(lines - 1, generator=gen)[: case.batch - case.pads]
+    idx = torch.cat([real, torch.full((case.pads,), PAD_SLOT_ID)])
+    idx = idx[torch.randperm(case.batch, generator=gen)]
+    return idx.to(device, torch.int64 if case.idx64 else torch.int32)
+
+
+def rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def run_against_every_step(case: Case, device) -> None:
+    gen = torch.Generator().manual_seed(hash(case.id) % 2**31)
+    lines = case.batch + 3
+    rs = make_rs(case, lines, device, gen)
+    ref = rs.state.to(FP32, copy=True)
+    p = params(case, device, gen)
+    idx = indices(case, lines, device, gen)
+    real = idx != PAD_SLOT_ID
+    untouched = torch.ones(lines, dtype=torch.bool)
+    untouched[idx[real].long().cpu()] = False
+    before = rs.state[untouched.to(device)].clone()
+    for step in range(2 * case.L + 2):
+        x, dt, B, C = draw(case, device, gen)
+        out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=device)
+        y = replay_ssm_update(rs, x, dt, p["A"], B, C, **_kw(p), state_batch_indices=idx, out=out)
+        want = selective_state_update_torch(
+            ref, x, dt, p["A"], B, C, **_kw(p), state_batch_indices=idx
+        )
+        assert y is out and not y.isnan().any(), f"step {step}: an output was not written"
+        assert (y[~real] == 0).all(), "padded rows get y = 0"
+        assert rel(y[real], want[real]) < TOL[case.state], f"step {step}"
+        n = rs.count[idx[real].long()]
+        assert (n == (step + 1) % case.L).all(), f"step {step}: counters {n.unique().tolist()}"
+    assert torch.equal(rs.state[untouched.to(device)], before), "padded rows wrote a line"
+    # A line whose ring holds steps is materialised; a fresh one (no initial state) is not.
+    lines_used = idx[real]
+    fresh = torch.zeros_like(lines_used, dtype=torch.bool)
+    fresh[0] = True
+    kept = rs.state[lines_used[0].long()].clone()
+    replay_ssm_materialise(rs, p["A"], lines_used, ~fresh)
+    assert (rs.count[lines_used.long()] == 0).all()
+    assert torch.equal(rs.state[lines_used[0].long()], kept), "a fresh line's state was written"
+    got, want = rs.state[lines_used[1:].long()], ref[lines_used[1:].long()]
+    assert rel(got, want) < TOL[case.state]
+
+
+def _kw(p: dict) -> dict:
+    return {k: v for k, v in p.items() if k != "A"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_replayed_equals_every_step(case, device, nan_poison):
+    run_against_every_step(case, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: c.id)
+def test_replayed_equals_every_step_cuda(case):
+    run_against_every_step(case, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: c.id)
+def test_kernel_matches_reference(case, device):
+    """Kernel vs ``replay_update_ref``: rings and counters equal, outputs and states to
+    rounding (the reference forms every row's state; the kernel only the flushing ones)."""
+    gen = torch.Generator().manual_seed(1 + hash(case.id) % 2**31)
+    lines = case.batch + 3
+    rs = make_rs(case, lines, device, gen)
+    twin = ReplayedSSMState(*(t.clone() for t in rs.tensors()))
+    p = params(case, device, gen)
+    idx = indices(case, lines, device, gen)
+    real_lines = idx[idx != PAD_SLOT_ID].long()
+    for step in range(case.L + 1):
+        x, dt, B, C = draw(case, device, gen)
+        y = replay_ssm_update(rs, x, dt, p["A"], B, C, **_kw(p), state_batch_indices=idx)
+        y_ref = torch.empty_like(y)
+        replay_update_ref(twin, x, dt, p["A"], B, C, p["D"], p["dt_bias"], True, case.limit,
+                          idx, PAD_SLOT_ID, y_ref)  # fmt: skip
+        torch.testing.assert_close(y, y_ref, atol=2e-5, rtol=2e-5, msg=f"step {step}")
+        for name in ("ring_x", "ring_B", "count"):
+            got, want = getattr(rs, name)[real_lines], getattr(twin, name)[real_lines]
+            assert torch.equal(got, want), f"step {step}: {name}"
+        torch.testing.assert_close(rs.ring_dt[real_lines], twin.ring_dt[real_lines])
+        torch.testing.assert_close(rs.state[real_lines], twin.state[real_lines])
+    slots = real_lines.to(idx.dtype)
+    replay_ssm_materialise(rs, p["A"], slots)
+    replay_materialise_ref(twin, p["A"], slots, None)
+    torch.testing.assert_close(rs.state[real_lines], twin.state[real_lines])
+
+
+def test_checks_name_the_argument(device):
+    case = Case()
+    gen = torch.Generator().manual_seed(0)
+    rs = make_rs(case, 6, device, gen)
+    p = params(case, device, gen)
+    x, dt, B, C = draw(case, device, gen)
+    idx = torch.arange(case.batch, dtype=torch.int32, device=device)
+    bad = ReplayedSSMState(rs.state, rs.ring_x, rs.ring_B, rs.ring_dt, rs.count.int())
+    with pytest.raises(ValueError, match="count"):
+        replay_ssm_update(bad, x, dt, p["A"], B, C, state_batch_indices=idx)
+    short = ReplayedSSMState(rs.state, rs.ring_x[:, :, :1], rs.ring_B, rs.ring_dt, rs.count)
+    with pytest.raises(ValueError, match="ring_B"):
+        replay_ssm_update(short, x, dt, p["A"], B, C, state_batch_indices=idx)
+    with pytest.raises(ValueError, match="A must be"):
+        replay_ssm_materialise(rs, p["A"][:2], idx)
+
+
+def test_opcheck(device):
+    case = Case()
+    gen = torch.Generator().manual_seed(3)
+    rs = make_rs(case, 6, device, gen)
+    p = params(case, device, gen)
+    x, dt, B, C = draw(case, device, gen)
+    idx = torch.tensor([4, PAD_SLOT_ID, 1], dtype=torch.int32, device=device)
+    out = torch.empty_like(x)
+    step = (*rs.tensors(), x, dt, p["A"], B, C, p["D"], p["dt_bias"], True, 0.0, math.inf,
+            idx, None, PAD_SLOT_ID, out)  # fmt: skip
+    materialise = (*rs.tensors(), None, None, p["A"], None, None, None, None, False, 0.0,
+                   math.inf, idx[[0, 2]], torch.tensor([True, False], device=device),
+                   PAD_SLOT_ID, None)  # fmt: skip
+    for args in (step, materialise):
+        torch.library.opcheck(_replay_ssm_op, args, test_utils=("test_schema", "test_faketensor"))

@@ -1,0 +1,427 @@
+"""Replayed Mamba2 decode (ReplaySSM): the state is read every step, written every L-th.
+
+A pool line's state h0 stays as it was written last; the ring beside it keeps each later
+decode step's inputs (x, B, and dt after bias/softplus/clamp), n of them (0 <= n <= L-1).
+For head h of a row (group g, a = A[h] < 0, this step's dt, x, B, C)::
+
+    s_k   = dt_k a                          for ring entries k < n, and s_now = dt a
+    w_k   = exp(s_{k+1} + ... + s_{n-1} + s_now) dt_k        (decay from after k to now)
+    h_now = exp(s_0 + ... + s_{n-1} + s_now) h0 + sum_k w_k x_k B_k^T + dt x B^T
+    y     = h_now C + D x  =  exp(sum s) (h0 C) + sum_k w_k (B_k . C) x_k + dt (B . C) x + D x
+
+An ordinary step (n < L-1) reads h0 once, computes y by the right-hand form (h_now is never
+formed) and appends (x, B, dt) at entry n; the L-th step (n == L-1, the flush) forms h_now,
+writes it to the pool line in the pool's dtype, and sets n = 0. So each line is read every
+step but written every L-th: at L = 16 a decode moves about 17/32 of the every-step
+update's state bytes. Each row keeps its own phase (its counter), so rows flush on their
+own steps and nothing is decided on the host: the launch depends on shapes only and can
+be captured in a CUDA graph. The math is fp32 whatever the dtypes; ring values are exactly
+what the every-step kernel consumes (dt through the same ``discretize_dt``).
+
+``replay_ssm_materialise`` folds the ring of given lines into their states (counters to 0),
+for anything about to read a state: a prefill that continues a line (the SSD), and the
+``materialise`` hook of the model runner. Lines whose ``has_initial_state`` is False only
+get their counters reset: their old state is about to be replaced.
+
+Tensors (logical shapes; any strides; lines addressed in int64), ``ReplayedSSMState``:
+
+- ``state`` (lines, nheads, headdim, dstate) fp32/fp16/bf16; ``ring_x`` (lines, nheads,
+  L-1, headdim) and ``ring_B`` (lines, ngroups, L-1, dstate) in the activation dtype;
+  ``ring_dt`` (lines, nheads, L-1) fp32; ``count`` (lines, nheads, headdim) int8, one copy
+  of the line's n per state row: a program owns the counters of its rows, so any block of
+  rows per program is race-free (programs of one row run in any order).
+- ``x`` (batch, nheads, headdim), ``dt`` (batch, nheads) before the bias, ``B``, ``C``
+  (batch, ngroups, dstate), ``A``, ``D``, ``dt_bias`` (nheads,), ``state_batch_indices``
+  (batch,) int32/int64, distinct lines for real rows; ``out`` (batch, nheads, headdim).
+
+Mutated in place: ``state`` (flushing rows), the ring, ``count``; ``out`` is written in
+full. Padded rows (``pad_slot_id``) read and write nothing and get y = 0. Launch
+configurations come from ``configs/replayssm/`` (``vllm.triton_utils.configs``). CUDA
+tensors run the kernel, CPU tensors run it under ``TRITON_INTERPRET=1`` and the fp32
+reference (``mamba_ssm_replay_ref``) otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import torch
+
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import (
+    ReplayedSSMState,
+    replay_materialise_ref,
+    replay_update_ref,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import discretize_dt
+from vllm.tensor_checks import FLOAT_DTYPES, check_state_update_shapes, check_tensor
+from vllm.triton_utils import configs, tl, triton
+from vllm.triton_utils.launch import CachedLauncher
+
+__all__ = ["ReplayedSSMState", "replay_ssm_materialise", "replay_ssm_update"]
+
+_NO_LIMIT = (0.0, math.inf)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+CONFIG_DIR = Path(__file__).parent / "configs" / "replayssm"
+# Batch sizes the launch tables are keyed by: a batch takes the first >= it (else the last).
+BATCH_BUCKETS = (1, 8, 32, 128, 512)
+
+
+@triton.jit
+def _fold_ring(b_h, b_decay, b_X, b_w, b_Bs):
+    """decay h0 + sum_k w_k x_k B_k^T: one (BLOCK_P, BLOCK_K) x (BLOCK_K, BLOCK_N) product
+    in plain fp32 ("ieee": fp32 FMAs, never tf32)."""
+    b_wX = tl.trans(b_X * b_w[:, None])
+    return b_h * b_decay + tl.dot(b_wX, b_Bs, input_precision="ieee")
+
+
+# The lines may be a slice of the step's index buffer at any offset (the prefills' follow
+# the decodes'): their alignment must not select the compiled variant.
+@triton.jit(do_not_specialize=["idx_ptr", "init_ptr"])
+def _replay_ssm_kernel(
+    state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, count_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, idx_ptr, init_ptr, out_ptr,
+    headdim, dstate, heads_per_group, pad_slot_id, dt_min, dt_max,
+    stride_state_line, stride_state_head, stride_state_p, stride_state_n,
+    stride_rx_line, stride_rx_head, stride_rx_k, stride_rx_p,
+    stride_rB_line, stride_rB_group, stride_rB_k, stride_rB_n,
+    stride_rdt_line, stride_rdt_head, stride_rdt_k,
+    stride_cnt_line, stride_cnt_head, stride_cnt_p,
+    stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_A_h,
+    stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
+    stride_D_h, stride_dt_bias_h, stride_idx_b, stride_init_b,
+    stride_out_b, stride_out_h, stride_out_p,
+    RING: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STEP: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_LIMIT: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # One program per (block of BLOCK_P state rows, head, row); the row's programs are
+    # adjacent in launch order, so its ring entries are fetched from memory once. STEP:
+    # a decode step (output, then append or flush); else materialise (flush, no output).
+    i_p = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_b = tl.program_id(2).to(tl.int64)
+    i_g = i_h // heads_per_group
+    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+    o_n = tl.arange(0, BLOCK_N).to(tl.int64)
+    o_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    m_p = o_p < headdim
+    m_n = o_n < dstate
+    line = tl.load(idx_ptr + i_b * stride_idx_b).to(tl.int64)
+    live = line != pad_slot_id
+    line = tl.where(live, line, 0)
+    m_s = (m_p[:, None] & m_n[None, :]) & live
+
+    p_cnt = count_ptr + line * stride_cnt_line + i_h * stride_cnt_head
+    b_n = tl.load(p_cnt + (i_p * BLOCK_P) * stride_cnt_p, mask=live, other=0).to(tl.int32)
+    m_k = (o_k < b_n) & (o_k < RING) & live
+    p_rdt = ring_dt_ptr + line * stride_rdt_line + i_h * stride_rdt_head
+    b_rdt = tl.load(p_rdt + o_k * stride_rdt_k, mask=m_k, other=0.0)
+    b_a = tl.load(A_ptr + i_h * stride_A_h).to(tl.float32)
+    if STEP:
+        b_dt = tl.load(dt_ptr + i_b * stride_dt_b + i_h * stride_dt_h).to(tl.float32)
+        if HAS_DT_BIAS:
+            b_dt += tl.load(dt_bias_ptr + i_h * stride_dt_bias_h).to(tl.float32)
+        b_dt = discretize_dt(b_dt, dt_min, dt_max, DT_SOFTPLUS, HAS_DT_LIMIT)
+        b_now = b_dt * b_a
+        flush = (b_n >= RING) & live
+    else:
+        b_now = 0.0
+        flush = (b_n > 0) & live
+        if HAS_INIT:
+            flush = flush & (tl.load(init_ptr + i_b * stride_init_b) != 0)
+    # Decay of entry k's contribution up to now, summed term by term (no difference of
+    # cumulative sums, which would lose the small ones); invalid entries have dt = 0.
+    b_s = b_rdt * b_a
+    b_later = tl.sum(tl.where(o_k[None, :] > o_k[:, None], b_s[None, :], 0.0), axis=1)
+    b_w = tl.exp(b_later + b_now) * b_rdt
+    b_decay = tl.exp(tl.sum(b_s, axis=0) + b_now)
+
+    p_s = (
+        state_ptr
+        + line * stride_state_line
+        + i_h * stride_state_head
+        + o_p[:, None] * stride_state_p
+        + o_n[None, :] * stride_state_n
+    )
+    # The ring's valid entries: x (BLOCK_K, BLOCK_P) of this head, B (BLOCK_K, BLOCK_N) of
+    # its group.
+    p_X = (
+        ring_x_ptr
+        + line * stride_rx_line
+        + i_h * stride_rx_head
+        + o_k[:, None] * stride_rx_k
+        + o_p[None, :] * stride_rx_p
+    )
+    p_Bs = (
+        ring_B_ptr
+        + line * stride_rB_line
+        + i_g * stride_rB_group
+        + o_k[:, None] * stride_rB_k
+        + o_n[None, :] * stride_rB_n
+    )
+    m_X = m_k[:, None] & m_p[None, :]
+    m_Bs = m_k[:, None] & m_n[None, :]
+    if STEP:
+        b_x = tl.load(x_ptr + i_b * stride_x_b + i_h * stride_x_h + o_p * stride_x_p, mask=m_p)
+        p_B = B_ptr + i_b * stride_B_b + i_g * stride_B_g + o_n * stride_B_n
+        b_B = tl.load(p_B, mask=m_n, other=0.0)
+        p_C = C_ptr + i_b * stride_C_b + i_g * stride_C_g + o_n * stride_C_n
+        b_C = tl.load(p_C, mask=m_n, other=0.0).to(tl.float32)
+        b_xf = tl.where(m_p, b_x.to(tl.float32), 0.0)
+        b_Bf = b_B.to(tl.float32)
+        b_h = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+        b_X = tl.load(p_X, mask=m_X, other=0.0).to(tl.float32)
+        b_Bs = tl.load(p_Bs, mask=m_Bs, other=0.0).to(tl.float32)
+        if flush:
+            b_h = _fold_ring(b_h, b_decay, b_X, b_w, b_Bs)
+            b_h += (b_dt * b_xf)[:, None] * b_Bf[None, :]
+            tl.store(p_s, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
+            b_y = tl.sum(b_h * b_C[None, :], axis=1)
+            b_n_new = b_n * 0
+        else:
+            # y from h0 and the ring (h_now is never formed), then append this step at
+            # entry n: x by every program (its rows), dt by the head's first program, B by
+            # its group's first head's.
+            b_cb = tl.sum(b_Bs * b_C[None, :], axis=1)
+            b_y = b_decay * tl.sum(b_h * b_C[None, :], axis=1)
+            b_y += tl.sum(b_X * (b_w * b_cb)[:, None], axis=0)
+            b_y += (b_dt * tl.sum(b_Bf * b_C, axis=0)) * b_xf
+            p_rx_n = ring_x_ptr + line * stride_rx_line + i_h * stride_rx_head + b_n * stride_rx_k
+            tl.store(p_rx_n + o_p * stride_rx_p, b_x, mask=m_p & live)
+            first = live & (i_p == 0)
+            p_rdt_n = p_rdt + b_n * stride_rdt_k
+            tl.store(p_rdt_n, b_dt.to(ring_dt_ptr.dtype.element_ty), mask=first)
+            p_rB_n = ring_B_ptr + line * stride_rB_line + i_g * stride_rB_group
+            p_rB_n += b_n * stride_rB_k + o_n * stride_rB_n
+            tl.store(p_rB_n, b_B, mask=m_n & first & (i_h % heads_per_group == 0))
+            b_n_new = b_n + 1
+        if HAS_D:
+            b_y += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
+        b_y = tl.where(live, b_y, 0.0)
+        p_out = out_ptr + i_b * stride_out_b + i_h * stride_out_h + o_p * stride_out_p
+        tl.store(p_out, b_y.to(out_ptr.dtype.element_ty), mask=m_p)
+    else:
+        if flush:
+            b_h = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+            b_X = tl.load(p_X, mask=m_X, other=0.0).to(tl.float32)
+            b_Bs = tl.load(p_Bs, mask=m_Bs, other=0.0).to(tl.float32)
+            b_h = _fold_ring(b_h, b_decay, b_X, b_w, b_Bs)
+            tl.store(p_s, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
+        b_n_new = b_n * 0
+    p_cnt_rows = p_cnt + o_p * stride_cnt_p
+    tl.store(p_cnt_rows, tl.zeros([BLOCK_P], tl.int32) + b_n_new, mask=m_p & live)
+
+
+# Launch with the compiled kernel cached by its specialisation (host cost).
+_LAUNCH = CachedLauncher(_replay_ssm_kernel)
+
+
+def use_replay_kernel(x: torch.Tensor) -> bool:
+    """CUDA tensors run the kernel; CPU tensors only under the interpreter."""
+    return x.is_cuda or (x.device.type == "cpu" and _LAUNCH.runs_cpu_tensors())
+
+
+def batch_bucket(batch: int) -> int:
+    return next((b for b in BATCH_BUCKETS if b >= batch), BATCH_BUCKETS[-1])
+
+
+def launch_config(batch: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
+    """The table's entry (``configs/replayssm/``) for this shape and batch bucket; BLOCK_P
+    capped at the head and BLOCK_N = dstate rounded up to a power of two (both >= 16)."""
+    return dict(_config(batch_bucket(batch), headdim, dstate, state_dtype))
+
+
+@functools.cache  # a lookup builds a key and walks the tables: not per launch
+def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
+    key = configs.table_key(batch=bucket, dstate=dstate, headdim=headdim, state_dtype=state_dtype)
+    cfg = configs.lookup(CONFIG_DIR, key)
+    # tl.dot (the flush) takes no dimension under 16.
+    cfg["BLOCK_P"] = max(16, min(int(cfg["BLOCK_P"]), triton.next_power_of_2(headdim)))
+    cfg["BLOCK_N"] = max(16, triton.next_power_of_2(dstate))
+    return cfg
+
+
+def _check(rs: ReplayedSSMState, x: torch.Tensor, tensors: dict) -> None:
+    device = x.device
+    check_tensor("state", rs.state, device, 4, FLOAT_DTYPES)
+    for name in ("ring_x", "ring_B"):
+        check_tensor(name, getattr(rs, name), device, 4, FLOAT_DTYPES)
+    check_tensor("ring_dt", rs.ring_dt, device, 3, (torch.float32,))
+    check_tensor("count", rs.count, device, 3, (torch.int8,))
+    rs.check()
+    for name, t in tensors.items():
+        if t is not None:
+            dtypes = _INDEX_DTYPES if name == "state_batch_indices" else FLOAT_DTYPES
+            if name == "has_initial_state":
+                dtypes = (torch.bool, torch.int32, torch.int8)
+            check_tensor(name, t, device, None, dtypes)
+
+
+def _launch(
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_B: torch.Tensor,
+    ring_dt: torch.Tensor,
+    count: torch.Tensor,
+    x: torch.Tensor | None,
+    dt: torch.Tensor | None,
+    A: torch.Tensor,
+    B: torch.Tensor | None,
+    C: torch.Tensor | None,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    dt_lo: float,
+    dt_hi: float,
+    indices: torch.Tensor,
+    has_initial_state: torch.Tensor | None,
+    pad_slot_id: int,
+    out: torch.Tensor | None,
+) -> None:
+    """One launch: a decode step when ``x`` is given, else the materialisation of
+    ``indices``' lines (``has_initial_state`` None: all of them continue)."""
+    batch = indices.shape[0]
+    _, nheads, headdim, dstate = state.shape
+    ngroups, ring = ring_B.shape[1], ring_x.shape[2]
+    if batch == 0:
+        return
+    step = x is not None
+    cfg = launch_config(batch, headdim, dstate, state.dtype)
+    grid = (triton.cdiv(headdim, cfg["BLOCK_P"]), nheads, batch)
+    # Absent tensors pass ``state`` (never read: their flag compiles the load away) and
+    # stride 0; a materialisation has no step tensors.
+    none = state
+    if step:
+        step_strides = (*x.stride(), *dt.stride(), A.stride(0), *B.stride(), *C.stride())
+        step_tensors = (x, dt, A, B, C)
+    else:
+        step_strides = (0,) * 3 + (0,) * 2 + (A.stride(0),) + (0,) * 6
+        step_tensors = (none, none, A, none, none)
+    args = (
+        state, ring_x, ring_B, ring_dt, count,
+        *step_tensors,
+        none if D is None else D,
+        none if dt_bias is None else dt_bias,
+        indices,
+        none if has_initial_state is None else has_initial_state,
+        none if out is None else out,
+        headdim, dstate, nheads // ngroups, pad_slot_id, dt_lo, dt_hi,
+        *state.stride(), *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(), *count.stride(),
+        *step_strides,
+        0 if D is None else D.stride(0),
+        0 if dt_bias is None else dt_bias.stride(0),
+        indices.stride(0),
+        0 if has_initial_state is None else has_initial_state.stride(0),
+        *((0, 0, 0) if out is None else out.stride()),
+    )  # fmt: skip
+    constexprs = dict(
+        RING=ring,
+        BLOCK_K=max(16, triton.next_power_of_2(ring)),
+        STEP=step,
+        HAS_INIT=has_initial_state is not None,
+        HAS_D=D is not None,
+        HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus),
+        HAS_DT_LIMIT=(dt_lo, dt_hi) != _NO_LIMIT,
+        **cfg,
+    )
+
+    def variants() -> list[dict]:
+        seen = {}
+        for b in BATCH_BUCKETS:
+            c = {**constexprs, **launch_config(b, headdim, dstate, state.dtype)}
+            seen[tuple(sorted(c.items()))] = c
+        return list(seen.values())
+
+    _LAUNCH(grid, args, constexprs, variants)
+
+
+def replay_ssm_update(
+    rs: ReplayedSSMState,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = _NO_LIMIT,
+    state_batch_indices: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One replayed decode step for each row (the module docstring); same arguments and
+    result as ``selective_state_update``, with ``rs`` in place of the state pool.
+    ``state_batch_indices`` None: row b uses line b. Returns ``out``."""
+    check_state_update_shapes(rs.state, x, dt, A, B, C, D, dt_bias, state_batch_indices, out)
+    if state_batch_indices is None:
+        state_batch_indices = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, out=out)
+    _check(rs, x, {**tensors, "state_batch_indices": state_batch_indices})
+    if rs.ring_B.shape[1] != B.shape[1]:
+        raise ValueError(f"ring_B has {rs.ring_B.shape[1]} groups, B {B.shape[1]}")
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if not use_replay_kernel(x):
+        return replay_update_ref(
+            rs, x, dt, A, B, C, D, dt_bias, dt_softplus, dt_limit, state_batch_indices,
+            pad_slot_id, out,
+        )  # fmt: skip
+    lo, hi = (float(v) for v in dt_limit)
+    args = (*rs.tensors(), x, dt, A, B, C, D, dt_bias, bool(dt_softplus), lo, hi,
+            state_batch_indices, None, pad_slot_id, out)  # fmt: skip
+    if torch.compiler.is_compiling():
+        torch.ops.vllm.replay_ssm(*args)
+    else:
+        _launch(*args)
+    return out
+
+
+def replay_ssm_materialise(
+    rs: ReplayedSSMState,
+    A: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_state: torch.Tensor | None = None,
+) -> None:
+    """Fold the buffered steps of lines ``slots`` (distinct, int32/int64) into their
+    states and reset their counters; a line whose ``has_initial_state`` is False is only
+    reset. ``A`` (nheads,) is the layer's (negative) A."""
+    _check(rs, A, {"state_batch_indices": slots, "has_initial_state": has_initial_state})
+    if tuple(A.shape) != (rs.state.shape[1],):
+        raise ValueError(f"A must be (nheads={rs.state.shape[1]},), got {tuple(A.shape)}")
+    if has_initial_state is not None and has_initial_state.shape != slots.shape:
+        raise ValueError("has_initial_state must be shaped like slots")
+    if not use_replay_kernel(A):
+        replay_materialise_ref(rs, A, slots, has_initial_state)
+        return
+    args = (*rs.tensors(), None, None, A, None, None, None, None, False, 0.0, math.inf,
+            slots, has_initial_state, PAD_SLOT_ID, None)  # fmt: skip
+    if torch.compiler.is_compiling():
+        torch.ops.vllm.replay_ssm(*args)
+    else:
+        _launch(*args)
+
+
+# The op is the launcher itself (its annotations give the schema).
+_replay_ssm_op = torch.library.custom_op(
+    "vllm::replay_ssm",
+    _launch,
+    mutates_args=("state", "ring_x", "ring_B", "ring_dt", "count", "out"),
+)
+
+
+@_replay_ssm_op.register_fake
+def _(state, ring_x, ring_B, ring_dt, count, x, dt, A, B, C, D, dt_bias, dt_softplus, dt_lo,
+      dt_hi, indices, has_initial_state, pad_slot_id, out):  # fmt: skip
+    return None
