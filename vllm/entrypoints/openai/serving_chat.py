@@ -46,7 +46,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt = self.render_chat(request.messages, request.add_generation_prompt)
         # The template already wrote the special tokens it wants (BOS, role markers).
         token_ids = self.tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)
-        max_tokens = self.check_length(len(token_ids), request.max_new_tokens())
+        max_tokens = self.check_length(len(token_ids), request.max_new_tokens(), "messages")
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, top)
         request_id = random_id("chatcmpl")

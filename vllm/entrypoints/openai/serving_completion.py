@@ -67,7 +67,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = [
             self.sampling_params(
                 request,
-                self.check_length(len(p.token_ids), max_tokens),
+                self.check_length(len(p.token_ids), max_tokens, "prompt"),
                 request.logprobs,
                 prompt_logprobs,
             )

@@ -32,16 +32,20 @@ class OpenAIServing:
     # Checks
     # ----------------------------------------------------------------------------------
 
-    def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+    def check_length(
+        self, num_prompt_tokens: int, max_tokens: int | None, field: str = "messages"
+    ) -> int:
         """The request's max_tokens, or what max_model_len leaves when it gave none; a prompt
-        that does not fit is a 400 in vLLM's words (clients and lm-eval match on them)."""
+        that does not fit is a 400 in vLLM's words (clients and lm-eval match on them),
+        naming the request's ``field`` that holds the prompt ("messages" or "prompt")."""
         limit = self.max_model_len
+        what = "input messages" if field == "messages" else field
         if num_prompt_tokens >= limit:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, your "
                 f"request has {num_prompt_tokens} input tokens. Please reduce the length of "
-                "the input messages.",
-                param="messages",
+                f"the {what}.",
+                param=field,
             )
         if max_tokens is None:
             return limit - num_prompt_tokens
@@ -49,8 +53,8 @@ class OpenAIServing:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in "
-                f"the messages, {max_tokens} in the completion). Please reduce the length of "
-                "the messages or completion.",
+                f"the {field}, {max_tokens} in the completion). Please reduce the length of "
+                f"the {field} or completion.",
                 param="max_tokens",
             )
         return max_tokens
