@@ -25,6 +25,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import vllm
@@ -114,6 +115,19 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(_: Request, err: ClientDisconnected):
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone_mid_body(request: Request, err: ClientDisconnect):
+        # The client's doing, not a fault of ours: one line (anyone can open connections
+        # and drop them, and a traceback each would flood the log).
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        logger.info(
+            "%s left before sending the whole body of %s %s",
+            client,
+            request.method,
+            request.url.path,
+        )
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
