@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hmac
 import json
 import signal
@@ -32,6 +33,8 @@ import vllm
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.metrics import PrometheusStatLogger
+from vllm.engine.tokenizer import get_tokenizer
+from vllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from vllm.entrypoints.openai.errors import APIError, from_validation_error
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -87,9 +90,12 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
     options (``api_key``); ``stat_logger``, the engine's Prometheus logger, feeds /metrics."""
     config = engine.config
     models = OpenAIServingModels(config.served_model_name, str(config.model), config.max_model_len)
-    completion = OpenAIServingCompletion(engine, models)
-    chat = OpenAIServingChat(engine, models)
-    tokenization = OpenAIServingTokenization(engine, models)
+    # The child tokenizer process (for big prompts) builds the tokenizer as the engine did.
+    make_tokenizer = functools.partial(get_tokenizer, config.tokenizer, engine.tokenizer.vocab_size)
+    async_tokenizer = AsyncTokenizer(engine.tokenizer, make_tokenizer)
+    completion = OpenAIServingCompletion(engine, models, async_tokenizer)
+    chat = OpenAIServingChat(engine, models, async_tokenizer)
+    tokenization = OpenAIServingTokenization(engine, models, async_tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -97,6 +103,7 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
             yield
         finally:
             logger.info("shutting down the engine")
+            async_tokenizer.shutdown()
             await engine.shutdown()
             app.state.engine_stopped = True
 
@@ -168,12 +175,12 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
             data = json.loads(body)
         except ValueError:
             data = None  # _validate reports the malformed JSON
-        return tokenization.tokenize(_validate(body, tokenize_request_type(data)))
+        return await tokenization.tokenize(_validate(body, tokenize_request_type(data)))
 
     @app.post("/detokenize")
     async def detokenize(raw_request: Request):
         body = await raw_request.body()
-        return tokenization.detokenize(_validate(body, DetokenizeRequest))
+        return await tokenization.detokenize(_validate(body, DetokenizeRequest))
 
     if getattr(args, "enable_tokenizer_info_endpoint", False):
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 
+from vllm.entrypoints.openai.async_tokenizer import AsyncTokenizer, TokenizerProcessError
 from vllm.entrypoints.openai.errors import APIError, bad_request
 from vllm.entrypoints.openai.protocol import ChatMessageParam
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
@@ -22,10 +24,11 @@ MIN_LOGPROB = -9999.0
 
 
 class OpenAIServing:
-    def __init__(self, engine, models: OpenAIServingModels):
+    def __init__(self, engine, models: OpenAIServingModels, async_tokenizer: AsyncTokenizer):
         self.engine = engine
         self.models = models
         self.tokenizer = engine.tokenizer
+        self.async_tokenizer = async_tokenizer
         self.max_model_len = engine.config.max_model_len
 
     # ----------------------------------------------------------------------------------
@@ -66,6 +69,24 @@ class OpenAIServing:
             raise bad_request(
                 f"{param}: token id {bad[0]} is out of the vocabulary (0..{vocab - 1})", param=param
             )
+
+    async def encode_prompt(self, text: str, add_special_tokens: bool, field: str) -> list[int]:
+        """The prompt's token ids, tokenized off the event loop; a prompt too long for
+        max_model_len is refused by its count (its ids never reach this process)."""
+        try:
+            encoded = await self.async_tokenizer.encode(
+                text, add_special_tokens, max_ids=self.max_model_len - 1
+            )
+        except TokenizerProcessError as err:
+            raise APIError(str(err), HTTPStatus.INTERNAL_SERVER_ERROR) from None
+        if encoded.ids is None:
+            self.check_length(encoded.count, None, field)  # raises: it does not fit
+        return encoded.ids
+
+    async def render_chat_off_loop(
+        self, messages: list[ChatMessageParam], add_generation_prompt: bool
+    ) -> str:
+        return await self.async_tokenizer.run(self.render_chat, messages, add_generation_prompt)
 
     def render_chat(self, messages: list[ChatMessageParam], add_generation_prompt: bool) -> str:
         """The messages as the tokenizer's chat template renders them."""
