@@ -145,12 +145,13 @@ def test_a_huge_prompt_holds_up_nothing(server, tmp_path):
         len(latencies),
         sorted(latencies)[-5:],
     )
-    # The stream ran through it all, never held up (a loop that tokenizes holds it for the
-    # whole of it). Its steps (of an interpreted model, on a shared CPU) vary: the bound is
-    # relative to its slowest before, with room for the CPU the tokenizing takes.
+    # The stream ran through it all, never held up: a loop that tokenizes holds it for
+    # nearly the whole big request. Its steps (of an interpreted model, on a CPU that other
+    # tests share) vary, by 5x and more: no gap may pass 5x its slowest before, or a tenth
+    # of the big request's time, whichever is longer.
     assert stream.arrivals[-1] > end, "the stream ended before the big prompt did"
     during = stream.gaps(start, end)
-    bound = max(HEALTH_BOUND_S, 5 * max(baseline))
+    bound = max(HEALTH_BOUND_S, 5 * max(baseline), (end - start) / 10)
     assert max(during) < bound, (end - start, max(baseline), sorted(during)[-5:])
     assert_serves(server)
 
