@@ -13,8 +13,11 @@ inf``, else with gaps drawn from a gamma distribution of mean 1 / rate and shape
 streamed and timed by serving_client.py; serving_metrics.py turns the timings into the
 printed table and the result JSON. Before the timed run one short request (the first
 prompt, at most 16 output tokens) checks the server answers, retried while the server is
-not up yet for ``--ready-check-timeout-sec``; ``--num-warmups`` more requests of the first
-prompt then run untimed. ``OPENAI_API_KEY``, when set, is sent as a Bearer token.
+not up yet for ``--ready-check-timeout-sec``, and the run stops if it fails; 0 skips that
+check, as vLLM's does. ``--num-warmups`` more requests of the first prompt then run untimed.
+A request of the run that the server refuses (an HTTP error, a refused connection) counts
+as failed, its reason in ``failure_reasons``; the results are written all the same.
+``OPENAI_API_KEY``, when set, is sent as a Bearer token.
 
 Server step stats: right before the first timed request and right after the last answer,
 the server's /metrics is read; when it has the engine step series (this project's `vllm
@@ -216,12 +219,17 @@ async def run(args, requests, tokenizer) -> dict:
             )
 
         first = requests[0]
-        test = request_input(first, min(first.expected_output_len, TEST_OUTPUT_TOKENS))
-        t_ready = time.perf_counter()
-        out = await wait_until_ready(session, args.backend, test, args.ready_check_timeout_sec)
-        ready_s = time.perf_counter() - t_ready
-        if not out.success:
-            raise SystemExit(f"the test request to {api_url} failed: {out.error}")
+        ready_s = 0.0
+        if args.ready_check_timeout_sec > 0:
+            test = request_input(first, min(first.expected_output_len, TEST_OUTPUT_TOKENS))
+            t_ready = time.perf_counter()
+            timeout = args.ready_check_timeout_sec
+            out = await wait_until_ready(session, args.backend, test, timeout)
+            ready_s = time.perf_counter() - t_ready
+            if not out.success:
+                raise SystemExit(f"the test request to {api_url} failed: {out.error}")
+        else:
+            print("--ready-check-timeout-sec 0: no test request before the run")
         if args.num_warmups:
             warm = [
                 send_request(session, args.backend, request_input(first))

@@ -8,6 +8,8 @@ request counted as failed with the server's reason; then plot_serving.py on both
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +201,55 @@ def test_sharegpt_chat_run_counts_the_refused_request(results):
     assert r["total_input_tokens"] == sum(short)  # the client's prompt counts, successes only
     assert not set(DETAILED_KEYS) & set(r)  # no --save-detailed
     assert r == {**results["chat_returned"]}  # the file is what main returned
+
+
+def _finished_requests(server) -> float:
+    """The server's count of requests that ran to their end (every finish reason)."""
+    import httpx
+
+    text = httpx.get(server.url_for("metrics"), timeout=30).text
+    pattern = r"^vllm:request_success_total\{[^}]*\} (\S+)$"
+    return sum(float(m) for m in re.findall(pattern, text, re.M))
+
+
+def _quick_run(url: str, model_dir, out: Path, name: str, *extra: str) -> dict:
+    from benchmark_serving import cli
+
+    args = ["--base-url", url, "--model", str(model_dir), "--dataset-name", "random"]
+    args += ["--random-output-len", "2", "--num-prompts", "2", "--disable-tqdm"]
+    args += ["--ready-check-timeout-sec", "0", "--save-result", "--result-dir", str(out)]
+    record = cli([*args, "--result-filename", name, *extra])
+    assert json.loads((out / name).read_text()) == record  # written, whatever the outcome
+    return record
+
+
+def test_ready_check_timeout_0_sends_no_test_request(server, model_dir, tmp_path):
+    """As vLLM's: 0 skips the test request; the server sees the run's two requests only."""
+    before = _finished_requests(server)
+    r = _quick_run(server.base_url, model_dir, tmp_path, "ok.json", "--random-input-len", "8")
+    assert (r["completed"], r["failed"]) == (2, 0)
+    assert _finished_requests(server) - before == 2
+    assert r["client_setup_s"]["ready_check"] == 0
+
+
+def test_refused_requests_are_failures_in_the_results(server, model_dir, tmp_path):
+    """Requests the server refuses (prompts over its context length: HTTP 400) or that find
+    no server (a refused connection) are failed requests with their reasons, and the result
+    file is written (no test request stops the run first)."""
+    too_long = ["--random-input-len", str(2 * MAX_MODEL_LEN)]
+    r = _quick_run(server.base_url, model_dir, tmp_path, "refused.json", *too_long)
+    assert (r["completed"], r["failed"], r["total_output_tokens"]) == (0, 2, 0)
+    [(reason, count)] = r["failure_reasons"].items()
+    assert count == 2 and reason.startswith("HTTP 400: ") and "maximum context length" in reason
+
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r = _quick_run(nobody, model_dir, tmp_path, "no_server.json", "--random-input-len", "8")
+    assert (r["completed"], r["failed"]) == (0, 2)
+    [(reason, count)] = r["failure_reasons"].items()
+    assert count == 2 and reason.startswith("ClientConnectorError"), reason
+    assert "server_step_stats" not in r
 
 
 def test_plot_and_table_from_the_results(results, tmp_path):

@@ -127,29 +127,39 @@ def test_prompt_plus_max_tokens_over_max_model_len(server):
     prompt = [5] * (MAX_MODEL_LEN - 10)
     r = post(server, "v1/completions", json={**OK, "prompt": prompt, "max_tokens": 20})
     error = assert_error_body(r, 400, "BadRequestError")
-    assert error["message"].startswith(
+    assert error["message"] == (
         f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
-        f"requested {MAX_MODEL_LEN + 10} tokens ({MAX_MODEL_LEN - 10} in the messages, 20 in "
-        "the completion)."
+        f"requested {MAX_MODEL_LEN + 10} tokens ({MAX_MODEL_LEN - 10} in the prompt, 20 in "
+        "the completion). Please reduce the length of the prompt or completion."
     ), error
+    assert error["param"] == "max_tokens", error
     # The same prompt with room left is served.
     r = post(server, "v1/completions", json={**OK, "prompt": prompt, "max_tokens": 10})
     assert r.status_code == 200, r.text
     assert_serves(server)
 
 
-@pytest.mark.parametrize("path", ["v1/completions", "v1/chat/completions"])
-def test_prompt_alone_over_max_model_len(server, path):
+@pytest.mark.parametrize(
+    "path, field, what",
+    [("v1/completions", "prompt", "prompt"), ("v1/chat/completions", "messages", "input messages")],
+)
+def test_prompt_alone_over_max_model_len(server, path, field, what):
+    """The error names the field that holds the prompt: ``prompt`` for completions (text or
+    token ids), ``messages`` for chat."""
     long_text = "state space " * MAX_MODEL_LEN
-    body = (
-        {**OK, "prompt": long_text}
-        if path == "v1/completions"
-        else {**CHAT_OK, "messages": [{"role": "user", "content": long_text}]}
+    bodies = (
+        [{**OK, "prompt": long_text}, {**OK, "prompt": [5] * MAX_MODEL_LEN}]
+        if field == "prompt"
+        else [{**CHAT_OK, "messages": [{"role": "user", "content": long_text}]}]
     )
-    error = assert_error_body(post(server, path, json=body), 400, "BadRequestError")
-    assert error["message"].startswith(
-        f"This model's maximum context length is {MAX_MODEL_LEN} tokens."
-    ), error
+    for body in bodies:
+        error = assert_error_body(post(server, path, json=body), 400, "BadRequestError")
+        assert re.fullmatch(
+            f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your "
+            rf"request has \d+ input tokens\. Please reduce the length of the {what}\.",
+            error["message"],
+        ), error
+        assert error["param"] == field, error
     assert_serves(server)
 
 

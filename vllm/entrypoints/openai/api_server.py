@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hmac
 import json
 import signal
@@ -25,13 +26,16 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import vllm
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.metrics import PrometheusStatLogger
+from vllm.engine.tokenizer import get_tokenizer
 from vllm.entrypoints.cli.startup import run_or_exit
+from vllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from vllm.entrypoints.openai.errors import APIError, from_validation_error
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -87,9 +91,14 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
     options (``api_key``); ``stat_logger``, the engine's Prometheus logger, feeds /metrics."""
     config = engine.config
     models = OpenAIServingModels(config.served_model_name, str(config.model), config.max_model_len)
-    completion = OpenAIServingCompletion(engine, models)
-    chat = OpenAIServingChat(engine, models)
-    tokenization = OpenAIServingTokenization(engine, models)
+    # The child tokenizer process (for big prompts) builds the tokenizer as the engine did.
+    make_tokenizer = functools.partial(
+        get_tokenizer, config.tokenizer_dir, engine.tokenizer.vocab_size
+    )
+    async_tokenizer = AsyncTokenizer(engine.tokenizer, make_tokenizer)
+    completion = OpenAIServingCompletion(engine, models, async_tokenizer)
+    chat = OpenAIServingChat(engine, models, async_tokenizer)
+    tokenization = OpenAIServingTokenization(engine, models, async_tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -97,6 +106,7 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
             yield
         finally:
             logger.info("shutting down the engine")
+            async_tokenizer.shutdown()
             await engine.shutdown()
             app.state.engine_stopped = True
 
@@ -115,6 +125,19 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(_: Request, err: ClientDisconnected):
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone_mid_body(request: Request, err: ClientDisconnect):
+        # The client's doing, not a fault of ours: one line (anyone can open connections
+        # and drop them, and a traceback each would flood the log).
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        logger.info(
+            "%s left before sending the whole body of %s %s",
+            client,
+            request.method,
+            request.url.path,
+        )
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
@@ -155,12 +178,12 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
             data = json.loads(body)
         except ValueError:
             data = None  # _validate reports the malformed JSON
-        return tokenization.tokenize(_validate(body, tokenize_request_type(data)))
+        return await tokenization.tokenize(_validate(body, tokenize_request_type(data)))
 
     @app.post("/detokenize")
     async def detokenize(raw_request: Request):
         body = await raw_request.body()
-        return tokenization.detokenize(_validate(body, DetokenizeRequest))
+        return await tokenization.detokenize(_validate(body, DetokenizeRequest))
 
     if getattr(args, "enable_tokenizer_info_endpoint", False):
 

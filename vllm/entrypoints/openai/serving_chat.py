@@ -43,10 +43,10 @@ def _utf8(token: str) -> list[int]:
 class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request):
         model = self.models.check_model(request.model)
-        prompt = self.render_chat(request.messages, request.add_generation_prompt)
+        prompt = await self.render_chat_off_loop(request.messages, request.add_generation_prompt)
         # The template already wrote the special tokens it wants (BOS, role markers).
-        token_ids = self.tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)
-        max_tokens = self.check_length(len(token_ids), request.max_new_tokens())
+        token_ids = await self.encode_prompt(prompt, request.add_special_tokens, "messages")
+        max_tokens = self.check_length(len(token_ids), request.max_new_tokens(), "messages")
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens, top)
         request_id = random_id("chatcmpl")

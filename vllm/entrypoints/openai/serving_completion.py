@@ -60,14 +60,14 @@ class OpenAIServingCompletion(OpenAIServing):
                 "with its logprobs, and no completion)",
                 param="max_tokens",
             )
-        prompts = self._prompts(request)
+        prompts = await self._prompts(request)
         # With echo, the prompt's own logprobs come first (what lm-eval's loglikelihood reads).
         prompt_logprobs = request.logprobs if request.echo else None
         max_tokens = 1 if request.max_tokens == 0 else request.max_tokens
         params = [
             self.sampling_params(
                 request,
-                self.check_length(len(p.token_ids), max_tokens),
+                self.check_length(len(p.token_ids), max_tokens, "prompt"),
                 request.logprobs,
                 prompt_logprobs,
             )
@@ -80,18 +80,28 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await unless_disconnected(raw_request, self._collect(requests))
         return self._response(request, request_id, model, prompts, finals)
 
-    def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
+    async def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
         prompt = request.prompt
         single = isinstance(prompt, str) or isinstance(prompt[0], int)
         out = []
         for item in [prompt] if single else prompt:
             if isinstance(item, str):
-                ids = self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)
+                ids = await self.encode_prompt(item, request.add_special_tokens, "prompt")
                 out.append(_Prompt(self, item, ids))
             else:
                 # Ids outside the vocabulary are the engine's to refuse (add_requests: 400).
-                out.append(_Prompt(self, None, list(item)))
+                ids = list(item)
+                text = None
+                if request.echo and self._admissible(ids):
+                    # Echo shows the prompt's text: decoded here, off the loop, for a prompt
+                    # that the checks ahead will let through.
+                    text = await self.async_tokenizer.decode(ids)
+                out.append(_Prompt(self, text, ids))
         return out
+
+    def _admissible(self, ids: list[int]) -> bool:
+        vocab = self.tokenizer.vocab_size
+        return 0 < len(ids) < self.max_model_len and all(0 <= t < vocab for t in ids)
 
     async def _collect(self, requests) -> list[RequestOutput]:
         """Each prompt's final output, its n samples merged (by index) if they come apart."""

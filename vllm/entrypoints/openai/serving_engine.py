@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 
+from vllm.entrypoints.openai.async_tokenizer import AsyncTokenizer, TokenizerProcessError
 from vllm.entrypoints.openai.errors import APIError, bad_request
 from vllm.entrypoints.openai.protocol import ChatMessageParam
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
@@ -22,26 +24,31 @@ MIN_LOGPROB = -9999.0
 
 
 class OpenAIServing:
-    def __init__(self, engine, models: OpenAIServingModels):
+    def __init__(self, engine, models: OpenAIServingModels, async_tokenizer: AsyncTokenizer):
         self.engine = engine
         self.models = models
         self.tokenizer = engine.tokenizer
+        self.async_tokenizer = async_tokenizer
         self.max_model_len = engine.config.max_model_len
 
     # ----------------------------------------------------------------------------------
     # Checks
     # ----------------------------------------------------------------------------------
 
-    def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+    def check_length(
+        self, num_prompt_tokens: int, max_tokens: int | None, field: str = "messages"
+    ) -> int:
         """The request's max_tokens, or what max_model_len leaves when it gave none; a prompt
-        that does not fit is a 400 in vLLM's words (clients and lm-eval match on them)."""
+        that does not fit is a 400 in vLLM's words (clients and lm-eval match on them),
+        naming the request's ``field`` that holds the prompt ("messages" or "prompt")."""
         limit = self.max_model_len
+        what = "input messages" if field == "messages" else field
         if num_prompt_tokens >= limit:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, your "
                 f"request has {num_prompt_tokens} input tokens. Please reduce the length of "
-                "the input messages.",
-                param="messages",
+                f"the {what}.",
+                param=field,
             )
         if max_tokens is None:
             return limit - num_prompt_tokens
@@ -49,8 +56,8 @@ class OpenAIServing:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in "
-                f"the messages, {max_tokens} in the completion). Please reduce the length of "
-                "the messages or completion.",
+                f"the {field}, {max_tokens} in the completion). Please reduce the length of "
+                f"the {field} or completion.",
                 param="max_tokens",
             )
         return max_tokens
@@ -62,6 +69,24 @@ class OpenAIServing:
             raise bad_request(
                 f"{param}: token id {bad[0]} is out of the vocabulary (0..{vocab - 1})", param=param
             )
+
+    async def encode_prompt(self, text: str, add_special_tokens: bool, field: str) -> list[int]:
+        """The prompt's token ids, tokenized off the event loop; a prompt too long for
+        max_model_len is refused by its count (its ids never reach this process)."""
+        try:
+            encoded = await self.async_tokenizer.encode(
+                text, add_special_tokens, max_ids=self.max_model_len - 1
+            )
+        except TokenizerProcessError as err:
+            raise APIError(str(err), HTTPStatus.INTERNAL_SERVER_ERROR) from None
+        if encoded.ids is None:
+            self.check_length(encoded.count, None, field)  # raises: it does not fit
+        return encoded.ids
+
+    async def render_chat_off_loop(
+        self, messages: list[ChatMessageParam], add_generation_prompt: bool
+    ) -> str:
+        return await self.async_tokenizer.run(self.render_chat, messages, add_generation_prompt)
 
     def render_chat(self, messages: list[ChatMessageParam], add_generation_prompt: bool) -> str:
         """The messages as the tokenizer's chat template renders them."""

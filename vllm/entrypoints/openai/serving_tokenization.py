@@ -5,6 +5,10 @@ tokens and chat template."""
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
+from vllm.entrypoints.openai.async_tokenizer import TokenizerProcessError
+from vllm.entrypoints.openai.errors import APIError
 from vllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -16,23 +20,26 @@ from vllm.entrypoints.openai.serving_engine import OpenAIServing
 
 
 class OpenAIServingTokenization(OpenAIServing):
-    def tokenize(
+    async def tokenize(
         self, request: TokenizeCompletionRequest | TokenizeChatRequest
     ) -> TokenizeResponse:
         self.models.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
-            text = self.render_chat(request.messages, request.add_generation_prompt)
+            text = await self.render_chat_off_loop(request.messages, request.add_generation_prompt)
         else:
             text = request.prompt
-        tokens = self.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+        try:
+            encoded = await self.async_tokenizer.encode(text, request.add_special_tokens)
+        except TokenizerProcessError as err:
+            raise APIError(str(err), HTTPStatus.INTERNAL_SERVER_ERROR) from None
         return TokenizeResponse(
-            count=len(tokens), max_model_len=self.max_model_len, tokens=list(tokens)
+            count=encoded.count, max_model_len=self.max_model_len, tokens=list(encoded.ids)
         )
 
-    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.models.check_model(request.model)
         self.check_token_ids(request.tokens, param="tokens")
-        return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))
+        return DetokenizeResponse(prompt=await self.async_tokenizer.decode(request.tokens))
 
     def tokenizer_info(self) -> dict:
         return self.tokenizer.info()
