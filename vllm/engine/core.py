@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 from vllm.engine.host_copy import DeviceSpan, HostCopy
 from vllm.engine.sampler import SampledLogprobs, Sampler, compute_logprobs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field, fields, replace
 
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 from vllm.engine.core import EngineCoreOutput, EngineCoreRequest
 from vllm.engine.stats import StepStats
 from vllm.logger import init_logger

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 from vllm.engine.core import EngineCore, EngineCoreRequest
 from vllm.engine.output_processor import OutputProcessor
 from vllm.engine.processor import InputProcessor, ProcessedPrompt

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm.config import EngineConfig
 from vllm.distributed.parallel_state import get_tp_group
-from vllm.engine.config import EngineConfig
 from vllm.engine.sampler import _small
 from vllm.engine.scheduler import ScheduledBatch
 from vllm.engine.sequence import PENDING_TOKEN

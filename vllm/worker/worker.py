@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from vllm.config import EngineConfig
 from vllm.distributed.communication_op import broadcast
-from vllm.engine.config import EngineConfig
 from vllm.worker.model_runner import ModelRunner, StepInputs, StepResult
 
 
