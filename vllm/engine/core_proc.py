@@ -9,14 +9,14 @@ pipe, steps while it has work, and sends each step's ``EngineCoreOutput`` deltas
 ``MPClient`` (the parent's side) is an engine-core client (``core_client.py``):
 ``add_request`` and ``abort_requests`` queue messages that a sender thread writes (a caller
 never blocks on a full pipe), and ``get_output`` (on the caller's thread) returns the next
-``EngineCoreOutputs`` with its outputs named by the caller's request ids again. The child names
-each request with an id unique for the client's life (``"{id}#{n}"``): an output still in
-the pipe of a request aborted meanwhile matches nothing and is dropped, even if a new
-request took the same id.
+``EngineCoreOutputs`` with its outputs named by the caller's request ids again. The child
+names each request with an id unique for the client's life (``"{id}#{n}"``): an output
+still in the pipe of a request aborted meanwhile matches nothing and is dropped, even if a
+new request took the same id.
 
 The protocol (pickled tuples): child -> parent ``("ready", info)`` once started (or
-``("failed", message)``), then ``("step", EngineCoreOutputs)`` after every step it runs and after
-every batch of messages it takes while idle, ``("dead", message)`` if its loop fails, and
+``("failed", message)``), then ``("step", EngineCoreOutputs)`` after every step it runs and
+after every batch of messages it takes while idle, ``("dead", message)`` if its loop fails, and
 ``("bye",)`` after a shutdown; parent -> child ``("add", EngineCoreRequest)``, ``("abort",
 [ids])``, ``("shutdown",)``. A parent that goes away closes the pipe: the child then stops.
 """
