@@ -358,21 +358,23 @@ def profile_engine(llm, requests, args) -> dict:
     for i, (ids, _) in enumerate(requests[:n]):
         engine.add_request(f"profile-{i}", ids[: args.profile_prompt_len], params)
 
-    # The kind of a step is known once the scheduler has made its batch: the runner's
-    # execute is wrapped, for this run only, to note it.
+    # The kind of a step is known once the scheduler has made its batch: the executor's
+    # execute_model is wrapped, for this run only, to note it from the step's inputs.
     kinds: list[str] = []
-    execute = runner.execute
+    executor = engine.engine_core.executor
+    execute = executor.execute_model
 
-    def noting_execute(batch, *rest):
-        if batch.num_decodes < len(batch):
+    def noting_execute(inputs):
+        num_seqs = len(inputs.lens)
+        if inputs.num_decodes < num_seqs:
             kinds.append("mixed")
-        elif runner.graphs is not None and runner.graphs.fits(len(batch)):
+        elif runner.graphs is not None and runner.graphs.fits(num_seqs):
             kinds.append("decode_graph")
         else:
             kinds.append("decode")
-        return execute(batch, *rest)
+        return execute(inputs)
 
-    runner.execute = noting_execute
+    executor.execute_model = noting_execute
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     walls = {}
     # One engine step per profiled step: without async scheduling a step reads its own
@@ -389,7 +391,7 @@ def profile_engine(llm, requests, args) -> dict:
                         torch.cuda.synchronize()
                 walls[name] = (time.perf_counter() - t0) * 1e3
     finally:
-        del runner.execute
+        del executor.execute_model
         engine.config.async_scheduling = async_scheduling
     steps = {name: (kind, wall) for (name, wall), kind in zip(walls.items(), kinds, strict=True)}
     records = kernel_records(prof.events(), PROFILE_PREFIX, on_cuda)

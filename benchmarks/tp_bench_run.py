@@ -12,11 +12,11 @@ Role ``reference``: the logits steps only (the fp32 yardstick). Role ``bench``: 
 step latencies, the collectives each timed step makes (tp > 1), the time of those
 all-reduces alone, and the throughput of ``LLM.generate``.
 
-Steps go to the engine's own runner (tp 1) or through its executor
-(``executor.run("execute_model", inputs)``: the call the engine makes every step, rank
-0's inputs pickled to every rank, rank 0's logits back), with inputs built by hand
-(``StepInputs``) so that each step is exactly the one named. Decode-only steps replay the
-engine's CUDA graphs where it captured them. Functions that must run on every rank go
+Steps go through the engine's executor to every rank's runner
+(``executor.apply(forward, inputs)``: the inputs pickled to every rank as the engine's
+steps are, every rank's forward, rank 0's logits back, no sampling), with inputs built by
+hand (``StepInputs``) so that each step is exactly the one named. Decode-only steps replay
+the engine's CUDA graphs where it captured them. Functions that must run on every rank go
 through ``Worker.apply`` (``Engine.on_ranks``); they are module-level here, so they pickle
 by name into the worker processes.
 """
@@ -30,7 +30,6 @@ import random
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -51,7 +50,7 @@ def _stats(samples: list[float]) -> dict:
 def make_inputs(rows: list[tuple[int, int]], done: dict[int, int], rng, vocab: int):
     """A step of (slot, tokens) rows, one-token continuations first; every row samples its
     last token. ``done`` (slot: tokens already in its state) is advanced."""
-    from vllm.worker.model_runner import StepInputs
+    from vllm.step_io import StepInputs
 
     lens = [n for _, n in rows]
     contexts = [done.get(slot, 0) for slot, _ in rows]
@@ -63,9 +62,8 @@ def make_inputs(rows: list[tuple[int, int]], done: dict[int, int], rng, vocab: i
     )
     inp.ids = [rng.randrange(vocab) for _ in range(sum(lens))]
     end = 0
-    for i, n in enumerate(lens):
+    for n in lens:
         end += n
-        inp.sample_seqs.append(i)
         inp.sample_rows.append(end - 1)
     for slot, n in rows:
         done[slot] = done.get(slot, 0) + n
@@ -190,6 +188,11 @@ def time_all_reduce(worker, shape, dtype: str, warmup: int, iters: int, repeats:
     return {"us": _stats(samples), "bytes": x.numel() * x.element_size()}
 
 
+def forward(worker, inp):
+    """The step's forward on this rank (rank 0's result carries the logits)."""
+    return worker.runner.execute_inputs(inp)
+
+
 def rank_device(worker) -> str:
     import torch
 
@@ -220,7 +223,7 @@ class Engine:
             mamba_ssm_cache_dtype=spec["mamba_ssm_cache_dtype"],
         )
         self.runner = self.llm.engine.runner
-        self.executor = self.llm.engine.core.executor
+        self.executor = self.llm.engine.engine_core.executor
         self.cuda = self.runner.device.type == "cuda"
         self.sync()
         self.startup_s = time.perf_counter() - t0
@@ -233,15 +236,11 @@ class Engine:
             torch.cuda.synchronize(self.runner.device)
 
     def step(self, inp):
-        if self.executor is None:
-            return self.runner.execute_inputs(inp)
-        return self.executor.run("execute_model", inp)
+        return self.on_ranks(forward, inp)
 
     def on_ranks(self, fn, *args):
         """``fn(worker, *args)`` on every rank; rank 0's result."""
-        if self.executor is None:
-            return fn(SimpleNamespace(runner=self.runner), *args)
-        return self.executor.run("apply", fn, *args)
+        return self.executor.apply(fn, *args)
 
     def uses_graph(self, inp) -> bool:
         g = self.runner.graphs
@@ -275,7 +274,7 @@ def run_latency(eng: Engine, spec: dict) -> list[dict]:
             samples.append((time.perf_counter() - t0) * 1e3)
         row = {"step": name, "tokens": len(inp.ids), "rows": len(inp.lens)}
         row.update(ms=_stats(samples), cuda_graph=eng.uses_graph(inp))
-        if eng.executor is not None:
+        if spec["tp"] > 1:
             row["collectives"] = eng.on_ranks(record_collectives, inp)
         rows.append(row)
     return rows

@@ -52,7 +52,7 @@ def test_directory_is_self_contained(tiny_dir):
 
 
 def test_configs_resolve_for_dummy_serving(tiny_dir, tmp_path):
-    from vllm.engine.config import EngineConfig
+    from vllm.config import EngineConfig
     from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
     tiny = EngineConfig(model=str(tiny_dir), load_format="dummy")

@@ -44,7 +44,7 @@ def test_two_ranks_generate_the_tokens_of_one_rank(tmp_path, n_groups, async_sch
     expected = _tokens(LLM(model_dir, **ENGINE))
     llm = LLM(model_dir, tensor_parallel_size=2, async_scheduling=async_scheduling, **ENGINE)
     try:
-        assert llm.engine.core.executor.world_size == 2
+        assert llm.engine.engine_core.executor.world_size == 2
         assert llm.engine.config.async_scheduling is async_scheduling
         # Rank 0's pool: 4 of the 8 heads; conv over their x and one group's B, C (its
         # own of 2 groups, or the 1 group replicated).
@@ -87,7 +87,7 @@ def test_a_killed_worker_fails_the_engine_instead_of_hanging(tmp_path):
     llm = LLM(str(make_tiny_model_dir(tmp_path / "tiny")), tensor_parallel_size=2, **ENGINE)
     try:
         assert len(_tokens(llm)) == len(PROMPTS)
-        [pid] = llm.engine.core.executor.worker_pids.values()
+        [pid] = llm.engine.engine_core.executor.worker_pids.values()
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)

@@ -15,9 +15,9 @@ from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
-from vllm.engine.sampler import Sampler
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.sampling_params import RequestOutputKind
+from vllm.worker.sampler import Sampler
 
 pytestmark = pytest.mark.timeout(600)
 MODES = pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
@@ -124,10 +124,10 @@ def test_a_failing_request_fails_alone(monkeypatch):
     # thread here; the same core code fails a request alone in the core process.
     real = Sampler._generator
 
-    def failing(self, seq):
-        if seq.params.seed == 13:
+    def failing(self, request_id, seed):
+        if seed == 13:
             raise RuntimeError("injected sampler fault")
-        return real(self, seq)
+        return real(self, request_id, seed)
 
     async def main():
         engine = AsyncLLM.from_engine_args(EngineArgs(CONFIG, **OPTS), engine_process=False)

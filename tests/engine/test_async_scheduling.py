@@ -98,4 +98,4 @@ def test_one_step_in_flight_at_most(device):
             assert seq.token_ids.count(PENDING_TOKEN) <= 1  # the step in flight only
             assert seq.num_output_tokens <= 5
     assert sorted(len(o.outputs[0].token_ids) for o in done) == [5, 5]
-    assert engine._in_flight is None
+    assert engine.engine_core._in_flight is None

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from vllm import LLM, SamplingParams
-from vllm.engine.sampler import Sampler
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.worker.cuda_graph import buckets_covering, graph_buckets
+from vllm.worker.sampler import Sampler
 
 CONFIG = Mamba2ModelConfig(
     vocab_size=256,
@@ -61,9 +61,9 @@ def test_graph_decode_equals_eager(monkeypatch):
     original = Sampler.sample
     mode = {"eager": True}
 
-    def spy(self, logits, seqs):
+    def spy(self, logits, md):
         rows[mode["eager"]].append(logits.clone())
-        return original(self, logits, seqs)
+        return original(self, logits, md)
 
     monkeypatch.setattr(Sampler, "sample", spy)
     prompts = [[(7 * i + j) % 256 for j in range(3 + 5 * i)] for i in range(5)]

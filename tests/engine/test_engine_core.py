@@ -3,15 +3,17 @@ request, aborts that free slots, and no slot leaks over many random requests."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
-from vllm.engine.sampler import Sampler
+from vllm.executor.uniproc import UniprocExecutor
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.sampling_params import RequestOutputKind
+from vllm.worker.sampler import Sampler
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -55,7 +57,7 @@ def assert_idle(llm: LLM) -> None:
     assert not engine.has_unfinished_requests()
     assert engine.scheduler.slots.num_used == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
-    assert not engine.core.requests and not engine.output_processor.requests
+    assert not engine.engine_core.requests and not engine.output_processor.requests
 
 
 def test_step_returns_a_delta_of_every_running_request(llm):
@@ -167,12 +169,12 @@ def test_a_sampling_failure_fails_only_its_request(llm, monkeypatch):
     real = Sampler._generator
     calls = {"n": 0}
 
-    def failing(self, seq):
-        if seq.params.seed == 7:
+    def failing(self, request_id, seed):
+        if seed == 7:
             calls["n"] += 1
             if calls["n"] >= 3:  # mid-generation, not at admission
                 raise RuntimeError("injected sampler fault")
-        return real(self, seq)
+        return real(self, request_id, seed)
 
     monkeypatch.setattr(Sampler, "_generator", failing)
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -293,4 +295,48 @@ def test_aborts_and_finishes_are_counted_in_stats(llm):
     reasons = sorted(f.finish_reason for f in seen.finished)
     assert reasons == ["abort", "length"]
     assert seen.num_prompt_tokens == 5 and seen.num_generation_tokens >= 3
+    assert_idle(llm)
+
+
+def _host_only(value) -> bool:
+    """Plain host data all the way down: no tensor anywhere."""
+    if dataclasses.is_dataclass(value):
+        return all(_host_only(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, list | tuple):
+        return all(_host_only(v) for v in value)
+    if isinstance(value, dict):
+        return all(_host_only(k) and _host_only(v) for k, v in value.items())
+    return value is None or isinstance(value, int | float | str)
+
+
+def test_every_step_goes_through_the_executor_as_host_data(llm, monkeypatch):
+    """One dispatch path: at TP = 1 too the core hands each step to its executor (one
+    worker in this process) as plain host lists, and applies the plain host output that
+    the step's handle gives, one step later under async scheduling."""
+    core = llm.engine.engine_core
+    assert isinstance(core.executor, UniprocExecutor)
+    real, calls, outputs = core.executor.execute_model, [], []
+
+    def spy(inputs):
+        calls.append(inputs)
+        handle = real(inputs)
+        get = handle.get
+
+        def noted_get():
+            outputs.append(get())
+            return outputs[-1]
+
+        handle.get = noted_get
+        return handle
+
+    monkeypatch.setattr(core.executor, "execute_model", spy)
+    steps = core.num_steps
+    params = greedy(3, logprobs=2, prompt_logprobs=1)
+    outs = llm.generate([[1, 2, 3], [4, 5]], params, use_tqdm=False)
+    assert [len(t) for t in tokens(outs)] == [3, 3]
+    assert len(calls) == core.num_steps - steps == 3
+    assert len(outputs) == 3  # every dispatched step read, once
+    assert all(_host_only(inp) for inp in calls)
+    assert all(_host_only(out) for out in outputs)
+    assert calls[0].sampling.request_ids and calls[0].sampling.prompt_k == 1
     assert_idle(llm)

@@ -21,7 +21,7 @@ from tests.models.mamba2_utils import (
     make_hf_model,
 )
 from vllm import LLM, SamplingParams
-from vllm.engine.sampler import Sampler
+from vllm.worker.sampler import Sampler
 
 # A broken engine could loop forever: fail instead.
 pytestmark = pytest.mark.timeout(300)
@@ -54,10 +54,10 @@ def record_logits(monkeypatch) -> dict[str, list[torch.Tensor]]:
     seen: dict[str, list[torch.Tensor]] = {}
     original = Sampler.sample
 
-    def spy(self, logits, seqs):
-        for row, seq in zip(logits, seqs, strict=True):
-            seen.setdefault(seq.request_id, []).append(row.clone())
-        return original(self, logits, seqs)
+    def spy(self, logits, md):
+        for row, rid in zip(logits, md.request_ids, strict=True):
+            seen.setdefault(rid, []).append(row.clone())
+        return original(self, logits, md)
 
     monkeypatch.setattr(Sampler, "sample", spy)
     return seen

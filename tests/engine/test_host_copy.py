@@ -8,8 +8,8 @@ import torch
 
 from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
-from vllm.engine.host_copy import DeviceSpan, HostCopy
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.worker.host_copy import DeviceSpan, HostCopy
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -64,12 +64,12 @@ def run(llm: LLM, steps_busy: list[bool] | None = None) -> dict[str, list[int]]:
         engine.add_request(rid, p, params)
     tokens: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
-        reads = engine.core._in_flight is not None  # this step reads the one before it
+        reads = engine.engine_core._in_flight is not None  # this step reads the one before
         for out in engine.step():
             if out.finished:
                 tokens[out.request_id] = list(out.outputs[0].token_ids)
                 assert len(out.outputs[0].logprobs) == 6
-        if steps_busy is not None and reads and engine.core._in_flight is not None:
+        if steps_busy is not None and reads and engine.engine_core._in_flight is not None:
             steps_busy.append(not torch.cuda.current_stream().query())
     return tokens
 
@@ -78,7 +78,7 @@ def run(llm: LLM, steps_busy: list[bool] | None = None) -> dict[str, list[int]]:
 def test_async_read_leaves_the_next_step_running(monkeypatch):
     want = run(make_llm(async_scheduling=False))
     llm = make_llm(async_scheduling=True)
-    core = llm.engine.core
+    core = llm.engine.engine_core
     dispatch = core._dispatch
 
     def dispatch_then_spin(batch):
@@ -145,9 +145,9 @@ def test_device_span_is_the_steps_own_device_time(monkeypatch):
     device work: a spin queued inside the step (before its forward) is in every span; the
     same spin queued after the step (before the next one) is in none."""
     llm = make_llm(async_scheduling=True)
-    core, engine = llm.engine.core, llm.engine
+    core, engine = llm.engine.engine_core, llm.engine
     spin = spin_seconds()
-    execute, dispatch = core.runner.execute, core._dispatch
+    execute, dispatch = engine.runner.execute_inputs, core._dispatch
 
     def spin_inside(*args, **kwargs):
         torch.cuda._sleep(SLEEP_CYCLES)
@@ -160,7 +160,7 @@ def test_device_span_is_the_steps_own_device_time(monkeypatch):
 
     means = {}
     for where, obj, name, fn in (
-        ("inside", core.runner, "execute", spin_inside),
+        ("inside", engine.runner, "execute_inputs", spin_inside),
         ("after", core, "_dispatch", spin_after),
     ):
         before = engine.step_totals.as_dict()

@@ -93,13 +93,14 @@ def test_admission_waits_for_blocks_without_preemption():
                     max_model_len=16, num_gpu_blocks_override=4)  # fmt: skip
     sched = llm.engine.scheduler
     seen = []
-    execute = llm.engine.runner.execute
+    executor = llm.engine.engine_core.executor
+    execute = executor.execute_model
 
-    def noting(batch, *rest):
+    def noting(inputs):
         seen.append(len(sched.running))
-        return execute(batch, *rest)
+        return execute(inputs)
 
-    llm.engine.runner.execute = noting
+    executor.execute_model = noting
     params = SamplingParams(max_tokens=None, ignore_eos=True)
     outs = llm.generate([[1, 2], [3, 4, 5], [6]], params, use_tqdm=False)
     assert [len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outs] == [16] * 3

@@ -161,14 +161,14 @@ def _generate(model, threshold: int, prompts, max_tokens: int, **opts):
     """Greedy tokens through ``LLM.generate``, and the largest prefill row of any step."""
     llm = LLM(model, long_prefill_token_threshold=threshold, **opts)
     assert llm.engine.scheduler.long_prefill_token_threshold == threshold
-    runner = llm.engine.runner
-    execute, biggest = runner.execute, [0]
+    executor = llm.engine.engine_core.executor
+    execute, biggest = executor.execute_model, [0]
 
-    def noting(batch, *rest):
-        biggest[0] = max(biggest[0], *batch.num_tokens[batch.num_decodes :], 0)
-        return execute(batch, *rest)
+    def noting(inputs):
+        biggest[0] = max(biggest[0], *inputs.lens[inputs.num_decodes :], 0)
+        return execute(inputs)
 
-    runner.execute = noting
+    executor.execute_model = noting
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], biggest[0]

@@ -108,7 +108,7 @@ def test_flushed_and_hooked_states_equal_every_step(device):
         count = pools[True].rings["count"][:, 0]
         assert set(count.unique().tolist()) == {want_count}, "decodes - 1 = steps in the ring"
         if want_count:
-            engines[True].engine.core.materialise([0])
+            engines[True].engine.engine_core.materialise([0])
             assert set(pools[True].rings["count"][:, 0].unique().tolist()) == {0}
         torch.testing.assert_close(
             pools[True].ssm_state[:, 0], pools[False].ssm_state[:, 0], atol=2e-5, rtol=2e-5

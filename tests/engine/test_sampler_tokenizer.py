@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import torch
 
-from vllm.engine.sampler import Sampler
-from vllm.engine.sequence import Sequence
 from vllm.engine.tokenizer import ByteTokenizer, IncrementalDetokenizer, get_tokenizer
 from vllm.sampling_params import SamplingParams
+from vllm.step_io import SamplingMetadata
+from vllm.worker.sampler import Sampler
 
 
-def seqs_with(*params: SamplingParams) -> list[Sequence]:
-    return [Sequence(str(i), [1], p) for i, p in enumerate(params)]
+def rows_of(*params: SamplingParams) -> SamplingMetadata:
+    """The sampling metadata of one row per ``params``, request ids "0", "1", ..."""
+    return SamplingMetadata(
+        temperature=[p.temperature for p in params],
+        top_k=[p.top_k for p in params],
+        top_p=[p.top_p for p in params],
+        seeds=[p.seed for p in params],
+        request_ids=[str(i) for i in range(len(params))],
+        logprobs=[p.logprobs for p in params],
+    )
 
 
 def test_greedy_top_k_top_p_keep_to_their_support():
@@ -26,7 +34,7 @@ def test_greedy_top_k_top_p_keep_to_their_support():
     sampler = Sampler(torch.device("cpu"), seed=0)
     seen = [set() for _ in params]
     for _ in range(300):
-        for i, tok in enumerate(sampler.sample(logits, seqs_with(*params)).tolist()):
+        for i, tok in enumerate(sampler.sample(logits, rows_of(*params)).tolist()):
             seen[i].add(tok)
     assert seen[0] == {1}
     assert seen[1] == {1, 3}
@@ -36,15 +44,17 @@ def test_greedy_top_k_top_p_keep_to_their_support():
 
 def test_seeded_rows_do_not_depend_on_the_batch():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    p = SamplingParams(temperature=1.0, seed=42)
+    batch = rows_of(SamplingParams(), SamplingParams(temperature=1.0, seed=42), SamplingParams())
     alone = [
-        Sampler(torch.device("cpu"), 1).sample(logits[1:2], seqs_with(p)).tolist()[0]
+        Sampler(torch.device("cpu"), 1).sample(logits[1:2], batch.row(1)).tolist()[0]
         for _ in range(2)
     ]
     s = Sampler(torch.device("cpu"), 7)
-    batch = seqs_with(SamplingParams(), SamplingParams(temperature=1.0, seed=42), SamplingParams())
-    got = s.sample(logits, batch).tolist()[1]
-    assert got == alone[0] == alone[1]
+    draws = [s.sample(logits, batch).tolist()[1] for _ in range(5)]
+    assert draws[0] == alone[0] == alone[1]
+    assert len(set(draws)) > 1  # the row's generator moves on from draw to draw ...
+    s.forget(["1"])  # ... until its request is forgotten: then it starts from the seed again
+    assert [s.sample(logits, batch).tolist()[1] for _ in range(5)] == draws
 
 
 def test_byte_fallback_and_incremental_detokenization():

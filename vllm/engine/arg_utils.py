@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 
 _DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
 

@@ -6,21 +6,21 @@ the GIL and must take it back, which waits while the event loop streams. Here th
 runs in a spawned child process that does nothing else: it takes requests and aborts from a
 pipe, steps while it has work, and sends each step's ``EngineCoreOutput`` deltas back.
 
-``EngineCoreClient`` (the parent's side) has what ``LLMEngine`` uses of an ``EngineCore``:
+``MPClient`` (the parent's side) is an engine-core client (``core_client.py``):
 ``add_request`` and ``abort_requests`` queue messages that a sender thread writes (a caller
-never blocks on a full pipe), and ``recv`` (on the caller's thread) returns the next
-``StepResult`` with its outputs named by the caller's request ids again. The child names
-each request with an id unique for the client's life (``"{id}#{n}"``): an output still in
-the pipe of a request aborted meanwhile matches nothing and is dropped, even if a new
-request took the same id.
+never blocks on a full pipe), and ``get_output`` (on the caller's thread) returns the next
+``EngineCoreOutputs`` with its outputs named by the caller's request ids again. The child
+names each request with an id unique for the client's life (``"{id}#{n}"``): an output
+still in the pipe of a request aborted meanwhile matches nothing and is dropped, even if a
+new request took the same id.
 
 The protocol (pickled tuples): child -> parent ``("ready", info)`` once started (or
 ``("failed", message)``; ``("failed", error)`` for a user's error, ValueError or OSError,
-which the parent raises as it is), then ``("step", StepResult)`` after every step it runs
-and after every batch of messages it takes while idle, ``("dead", message)`` if its loop
-fails, and ``("bye",)`` after a shutdown; parent -> child ``("add", EngineCoreRequest)``,
-``("abort", [ids])``, ``("shutdown",)``. A parent that goes away closes the pipe: the
-child then stops.
+which the parent raises as it is), then ``("step", EngineCoreOutputs)`` after every step it
+runs and after every batch of messages it takes while idle, ``("dead", message)`` if its
+loop fails, and ``("bye",)`` after a shutdown; parent -> child ``("add",
+EngineCoreRequest)``, ``("abort", [ids])``, ``("shutdown",)``. A parent that goes away
+closes the pipe: the child then stops.
 """
 
 from __future__ import annotations
@@ -32,29 +32,16 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
+from vllm.engine import core_client
 from vllm.engine.core import EngineCoreOutput, EngineCoreRequest
-from vllm.engine.stats import StepStats
-from vllm.entrypoints.cli.startup import USER_ERRORS
+from vllm.engine.core_client import EngineCoreOutputs
+from vllm.errors import USER_ERRORS
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
-
-
-@dataclass
-class StepResult:
-    """What the child sends after a step (``step`` None: it took messages, ran no step).
-    ``loop_wait_s`` / ``loop_other_s``: its loop's time since the previous result outside
-    the step, blocked waiting for work and the rest (taking messages, sending)."""
-
-    outputs: list[EngineCoreOutput] = field(default_factory=list)
-    step: StepStats | None = None
-    num_running: int = 0
-    num_waiting: int = 0
-    loop_wait_s: float = 0.0
-    loop_other_s: float = 0.0
 
 
 # Outputs cross the pipe as plain tuples of their fields: a quarter of a dataclass's
@@ -116,7 +103,7 @@ def _serve(core, conn) -> None:
         wait_s = clock() - t_wait
         while conn.poll():
             messages.append(conn.recv())
-        result = StepResult(loop_wait_s=wait_s)
+        result = EngineCoreOutputs(loop_wait_s=wait_s)
         for message in messages:
             kind = message[0]
             if kind == "add":
@@ -152,8 +139,10 @@ class EngineCoreDied(RuntimeError):
     """The engine core process failed or exited."""
 
 
-class EngineCoreClient:
+class MPClient(core_client.EngineCoreClient):
     """The parent's handle on the core process (see the module docstring)."""
+
+    in_process = False
 
     def __init__(self, config: EngineConfig):
         ctx = mp.get_context("spawn")
@@ -251,7 +240,7 @@ class EngineCoreClient:
 
     # -- results (the caller's thread) ---------------------------------------------------
 
-    def recv(self) -> StepResult | None:
+    def get_output(self) -> EngineCoreOutputs | None:
         """The next step's result (blocks; the GIL is free meanwhile); None after the child
         said "bye". Raises EngineCoreDied when the child failed or exited unasked."""
         try:
@@ -266,7 +255,7 @@ class EngineCoreClient:
             return None
         if kind == "dead":
             raise EngineCoreDied(f"the engine core loop died: {message[1]}")
-        result: StepResult = message[1]
+        result: EngineCoreOutputs = message[1]
         outputs = []
         for packed in result.outputs:
             out = EngineCoreOutput(*packed)
@@ -280,3 +269,9 @@ class EngineCoreClient:
         result.outputs = outputs
         self.num_running, self.num_waiting = result.num_running, result.num_waiting
         return result
+
+    # The names async_llm.py uses until its loop moves onto the client interface.
+    recv = get_output
+
+
+EngineCoreClient = MPClient

@@ -9,17 +9,20 @@ detokenizing) comes back finished with reason "error" and its message in ``error
 other requests and the engine go on. ``step_totals`` sums every step's ``StepStats`` (host
 timing and token counts: ``stats.py``) from the engine's start.
 
-``core_class`` builds the core (``EngineCore`` by default): the server may pass
-``EngineCoreClient`` (``core_proc.py``), whose core runs in a process of its own and whose
-steps arrive through ``process_step`` rather than ``step``.
+``core_class`` builds ``self.core``, the engine-core client (``core_client.py``):
+``InprocClient`` (the default: the core in this process, a step run per ``step`` call) or
+``MPClient`` (``core_proc.py``: the core in a process of its own; the server's loop hands
+its outputs to ``process_step``). ``engine_core`` is the in-process ``EngineCore``, and
+``runner`` rank 0's model runner through its executor: for tools and tests.
 """
 
 from __future__ import annotations
 
 import time
 
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 from vllm.engine.core import EngineCore, EngineCoreRequest
+from vllm.engine.core_client import InprocClient
 from vllm.engine.output_processor import OutputProcessor
 from vllm.engine.processor import InputProcessor, ProcessedPrompt
 from vllm.engine.stats import IterationStats, StepTotals
@@ -32,7 +35,7 @@ logger = init_logger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, core_class=EngineCore):
+    def __init__(self, config: EngineConfig, core_class=InprocClient):
         t0 = time.perf_counter()
         self.config = config
         self.core = core_class(config)
@@ -50,18 +53,21 @@ class LLMEngine:
     def from_engine_args(cls, args) -> LLMEngine:
         return cls(args.create_engine_config())
 
-    # The core's parts, where benchmarks and tests look for them.
+    # The in-process core's parts, where benchmarks and tests look for them.
+    @property
+    def engine_core(self) -> EngineCore:
+        if not self.core.in_process:
+            raise RuntimeError("the engine core runs in a process of its own")
+        return self.core.engine_core
+
     @property
     def runner(self):
-        return self.core.runner
+        """Rank 0's ``ModelRunner`` (the worker in this process)."""
+        return self.engine_core.executor.driver_worker.runner
 
     @property
     def scheduler(self):
-        return self.core.scheduler
-
-    @property
-    def sampler(self):
-        return self.core.sampler
+        return self.engine_core.scheduler
 
     @property
     def model_config(self):
@@ -71,11 +77,7 @@ class LLMEngine:
 
     @property
     def num_steps(self) -> int:
-        return self.core.num_steps
-
-    @property
-    def _in_flight(self):
-        return self.core._in_flight
+        return self.engine_core.num_steps
 
     def process(self, prompt, params: SamplingParams) -> ProcessedPrompt:
         """Check and tokenize one request (ValueError naming the problem); queues nothing."""
@@ -128,8 +130,12 @@ class LLMEngine:
         """One core step; the outputs of the requests with something new (and of those
         that failed: finished, reason "error", the message in ``self.errors``)."""
         t0 = time.perf_counter()
-        core_outputs = self.core.step()
-        return self.process_step(core_outputs, self.core.last_step, stats, t0)
+        result = self.core.get_output()
+        if result is None:
+            return []
+        # In process the output processing follows the step: its time is the step's too.
+        t0 = t0 if self.core.in_process else None
+        return self.process_step(result.outputs, result.step, stats, t0)
 
     def process_step(
         self, core_outputs, step, stats: IterationStats | None = None, t0: float | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 from vllm.inputs.data import PROMPT_KEYS
 from vllm.sampling_params import SamplingParams
 

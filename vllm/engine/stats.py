@@ -34,9 +34,10 @@ class StepStats:
     batch was queued and behind its sampler): from the GPU reaching the batch (the work
     queued before it done) to the batch's end, gaps the host left inside it included; None
     when the call read no batch or the device has no events (CPU).
-    ``kernel_compiles``: Triton kernel variants the call compiled (launches that missed
-    the launchers' caches: ``vllm.triton_utils.launch``); the start-up warm-up compiles
-    every variant a step can pick, so anything but 0 is a variant it missed."""
+    ``kernel_compiles``: Triton kernel variants the batch the call read compiled (launches
+    that missed the launchers' caches: ``vllm.triton_utils.launch``, counted by the
+    worker); the start-up warm-up compiles every variant a step can pick, so anything but
+    0 is a variant it missed."""
 
     schedule_s: float = 0.0
     dispatch_s: float = 0.0

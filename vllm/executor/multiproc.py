@@ -4,6 +4,8 @@
     result = executor.run("execute_model", step_inputs)   # rank 0's result
     executor.shutdown()
 
+The engine's ``Executor`` for TP > 1 (``Executor.make``: its workers are ``Worker``s); any
+picklable worker factory works (the tests drive it with workers of their own).
 Rank 0 is the driver: it lives in the caller's process; ranks 1 .. N-1 are processes
 started with torch.multiprocessing (spawn). Every rank joins the torch.distributed group
 (``parallel_state.init_distributed``) and then builds its worker with ``worker_factory()``
@@ -52,6 +54,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vllm.distributed import parallel_state
+from vllm.executor.abstract import Executor
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.logger import init_logger
 
@@ -146,7 +149,7 @@ def _abort_nccl() -> None:
         logger.warning("aborting the NCCL communicators failed: %s", err)
 
 
-class MultiprocExecutor:
+class MultiprocExecutor(Executor):
     def __init__(
         self,
         world_size: int,
@@ -225,7 +228,8 @@ class MultiprocExecutor:
 
     @property
     def failed(self) -> bool:
-        """A call or the start-up failed: the executor refuses further calls."""
+        """A call or the start-up failed: the ranks may be out of step, so the executor
+        refuses further calls."""
         return self._error is not None
 
     @property
@@ -234,11 +238,9 @@ class MultiprocExecutor:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def run(self, method: str, *args, driver_kwargs: dict | None = None, **kwargs) -> Any:
-        """Call ``method(*args, **kwargs)`` on every rank's worker; rank 0's result.
-
-        ``driver_kwargs``: more keyword arguments for rank 0's call only, never pickled
-        (rank 0's device tensors, e.g. the tokens it sampled, which it then broadcasts)."""
+    def run(self, method: str, *args, **kwargs) -> Any:
+        """Call ``method(*args, **kwargs)`` on every rank's worker; rank 0's result (rank 0
+        runs in this process: it may hold device tensors, e.g. a step's handle)."""
         if self._error is not None:
             raise RuntimeError("the tensor-parallel executor has failed before") from self._error
         if self._closed:
@@ -257,8 +259,7 @@ class MultiprocExecutor:
                 if failure is err:
                     raise
                 raise failure from err
-            driver = {**kwargs, **(driver_kwargs or {})}
-            return self._wait(self._driver.submit(lambda: bound(*args, **driver)), None)
+            return self._wait(self._driver.submit(lambda: bound(*args, **kwargs)), None)
         except BaseException as err:
             self._fail(err)
             raise

@@ -1,12 +1,12 @@
-"""ModelRunner: turns a scheduled batch into the model's inputs, runs it, returns logits.
+"""ModelRunner: turns a step's flat inputs into the model's, runs the forward, returns logits.
 
-Once per step it fills host buffers (pinned on CUDA) with the input ids, the token
-positions (models with attention layers), the rows whose logits are needed, and the
-metadata's host data, copies them to the device without a sync, builds the step's
-metadata once (the Mamba2 metadata; the attention metadata from the batch's block tables),
-and runs the model inside ``set_forward_context``, where each layer reads the part it
-needs. Decode-only steps on CUDA replay a captured graph instead (``cuda_graph.py``)
-unless ``enforce_eager``.
+Once per step (``execute_inputs``; the worker samples the logits) it fills host buffers
+(pinned on CUDA) with the input ids, the token positions (models with attention layers),
+the rows whose logits are needed, and the metadata's host data, copies them to the device
+without a sync, builds the step's metadata once (the Mamba2 metadata; the attention
+metadata from the step's block tables), and runs the model inside ``set_forward_context``,
+where each layer reads the part it needs. Decode-only steps on CUDA replay a captured
+graph instead (``cuda_graph.py``) unless ``enforce_eager``.
 
 Start-up (``__init__``) does all the one-time work before the first request: weights,
 the caches the model's specs describe (``cache_engine.py``: the state pool, and the KV
@@ -19,19 +19,18 @@ batch-size bucket; ``startup`` records the seconds each part took.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from vllm.config import EngineConfig
 from vllm.distributed.parallel_state import get_tp_group
-from vllm.engine.config import EngineConfig
-from vllm.engine.sampler import _small
-from vllm.engine.scheduler import ScheduledBatch
-from vllm.engine.sequence import PENDING_TOKEN
 from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.model_loader import get_model
+from vllm.step_io import StepInputs
 from vllm.worker.cache_engine import CacheEngine
 from vllm.worker.cuda_graph import DecodeGraphs
+from vllm.worker.utils import async_tensor_h2d
 from vllm.worker.warmup import compile_kernels, dummy_steps
 
 # Tokens a start-up dummy row that continues a sequence has in the cache already.
@@ -40,37 +39,12 @@ _DUMMY_CONTEXT = 2
 
 @dataclass
 class StepResult:
-    """``logits[j]`` (fp32) ends the known tokens of ``batch.seqs[sample_idx[j]]``;
-    ``prompt_logits`` rows predict prompt tokens: span (i, first, count) of ``batch.seqs[i]``
-    covers its positions first .. first + count - 1, rows in span order."""
+    """fp32 logits: ``logits[j]`` of ``StepInputs.sample_rows[j]``, ``prompt_logits[j]`` of
+    ``prompt_rows[j]`` (None when the step has none); rank 0's (None on the other ranks
+    under tensor parallelism)."""
 
-    logits: torch.Tensor
-    sample_idx: list[int]
+    logits: torch.Tensor | None
     prompt_logits: torch.Tensor | None = None
-    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
-
-
-@dataclass
-class StepInputs:
-    """A step's inputs as flat host lists, the batch's sequences left behind: token ids,
-    positions (models with attention), the rows to sample and the sequences they end, the
-    rows of pending input tokens and their rows in the previous step's tokens, the rows
-    predicting prompt tokens and their spans, and per sequence its length this step, slot,
-    cached tokens (and block table)."""
-
-    lens: list[int]
-    slots: list[int]
-    contexts: list[int]
-    num_decodes: int
-    block_tables: list[list[int]] | None = None
-    ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    sample_seqs: list[int] = field(default_factory=list)
-    sample_rows: list[int] = field(default_factory=list)
-    fill_dst: list[int] = field(default_factory=list)
-    fill_src: list[int] = field(default_factory=list)
-    prompt_rows: list[int] = field(default_factory=list)
-    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -253,60 +227,20 @@ class ModelRunner:
 
     # -- steps ---------------------------------------------------------------------------
 
-    def prepare(self, batch: ScheduledBatch) -> StepInputs:
-        """The step's flat host inputs (all a rank needs of the batch; under tensor
-        parallelism rank 0 makes them and every rank runs them)."""
-        attention = self.attn_builder is not None
-        inp = StepInputs(
-            lens=list(batch.num_tokens),
-            slots=[seq.slot for seq in batch.seqs],
-            contexts=[seq.num_computed_tokens for seq in batch.seqs],
-            num_decodes=batch.num_decodes,
-            block_tables=batch.block_tables if attention else None,
-        )
-        ids = inp.ids
-        for i, (seq, n) in enumerate(zip(batch.seqs, inp.lens, strict=True)):
-            start = seq.num_computed_tokens
-            chunk = seq.token_ids[start : start + n]
-            count = min(n, seq.num_prompt_tokens - 1 - start)
-            if seq.params.prompt_logprobs is not None and count > 0:
-                inp.prompt_spans.append((i, start, count))
-                inp.prompt_rows.extend(range(len(ids), len(ids) + count))
-            if chunk[-1] == PENDING_TOKEN:
-                if PENDING_TOKEN in chunk[:-1]:
-                    raise RuntimeError(f"{seq}: a pending input token the runner cannot fill")
-                inp.fill_dst.append(len(ids) + n - 1)
-                inp.fill_src.append(seq.pending_row)
-            ids.extend(chunk)
-            if attention:
-                inp.positions.extend(range(start, start + n))
-            if start + n == len(seq.token_ids):
-                inp.sample_seqs.append(i)
-                inp.sample_rows.append(len(ids) - 1)
-        return inp
-
-    @torch.no_grad()
-    def execute(self, batch: ScheduledBatch, prev_tokens: torch.Tensor | None = None) -> StepResult:
-        """fp32 logits of the rows that end a sequence's known tokens, and those rows'
-        indices into ``batch.seqs`` (a prefill chunk short of the prompt's end samples
-        nothing); for sequences that ask for prompt logprobs, the logits of their chunk's
-        rows that predict a prompt token.
-
-        An input token still on the device (``PENDING_TOKEN``: sampled by the step before,
-        whose tokens the host has not read) is taken from ``prev_tokens``, that step's
-        sampled tokens, at row ``seq.pending_row``; a device gather, no sync.
-        """
-        return self.execute_inputs(self.prepare(batch), prev_tokens)
-
     @torch.no_grad()
     def execute_inputs(
         self, inp: StepInputs, prev_tokens: torch.Tensor | None = None
     ) -> StepResult:
-        """``execute`` of prepared inputs. Under tensor parallelism every rank runs the same
-        inputs; the logits are rank 0's (None on the others)."""
+        """The step's forward: fp32 logits of ``inp.sample_rows`` (and of ``inp.prompt_rows``).
+        Under tensor parallelism every rank runs the same inputs; the logits are rank 0's.
+
+        An input token still on the device (row ``fill_dst[i]``: sampled by the step before,
+        whose tokens the host has not read) is taken from ``prev_tokens``, that step's
+        sampled tokens, at row ``fill_src[i]``; a device gather, no sync.
+        """
         ids, positions, lens = inp.ids, inp.positions, inp.lens
         sample_rows, fill_dst, fill_src = inp.sample_rows, inp.fill_dst, inp.fill_src
-        sample_seqs, slots, contexts = inp.sample_seqs, inp.slots, inp.contexts
+        slots, contexts = inp.slots, inp.contexts
         if fill_dst and prev_tokens is None:
             raise RuntimeError("pending input tokens but no previous step's tokens to fill them")
         attention = self.attn_builder is not None
@@ -320,7 +254,7 @@ class ModelRunner:
             pending = (fill_dst, fill_src, prev_tokens) if fill_dst else None
             attn = (contexts, inp.block_tables) if attention else None
             # Every row of this step ends its sequence's known tokens: all sample.
-            return StepResult(self.graphs.run(ids, slots, pending, attn), sample_seqs)
+            return StepResult(self.graphs.run(ids, slots, pending, attn))
 
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy out of the host buffer
@@ -351,9 +285,8 @@ class ModelRunner:
                 input_ids, state=self.pool, positions=self._dev[num_tokens:tail] if n_pos else None
             )
         rows = self._dev[tail : tail + num_rows]
-        result = StepResult(self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs)
-        if inp.prompt_spans:
-            rows = _small(inp.prompt_rows, self.device, dtype=torch.long)
+        result = StepResult(self.model.compute_logits(hidden.index_select(0, rows)))
+        if inp.prompt_rows:
+            rows = async_tensor_h2d(inp.prompt_rows, self.device, dtype=torch.long)
             result.prompt_logits = self.model.compute_logits(hidden.index_select(0, rows))
-            result.prompt_spans = inp.prompt_spans
         return result

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-USER_ERRORS = (ValueError, OSError)
+from vllm.errors import USER_ERRORS
 
 
 def run_or_exit(prog: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -1,0 +1,290 @@
+"""EngineConfig: every knob of the engine, checked once."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from vllm.executor.tp_checks import check_tp_divisibility
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader.loader import LOAD_FORMATS, check_tensor_parallel_support
+from vllm.model_executor.model_loader.weight_utils import check_safetensors_files
+from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
+from vllm.transformers_utils.hub import resolve_model, resolve_tokenizer
+
+logger = init_logger(__name__)
+
+_SSM_CACHE_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass
+class EngineConfig:
+    """``model`` is an HF model directory of a registered architecture
+    (``vllm/model_executor/models/registry.py``) or a registered config such as
+    ``Mamba2ModelConfig`` (dummy weights).
+
+    ``max_num_seqs`` is both the most sequences in a step and the number of state slots: a
+    running sequence always owns a slot, so admission never needs preemption.
+    ``max_num_batched_tokens`` is the token budget of one step (decodes + prefill chunks); it
+    must cover a decode token of every running sequence. ``long_prefill_token_threshold``
+    (vLLM's name) N > 0 caps the tokens one sequence computes in a step at N: a longer
+    prompt is prefilled in chunks of at most N over several steps, so a step beside running
+    decodes carries at most N tokens of each prompt (0, the default: only the step budget
+    cuts chunks). The budget still bounds the step's total: several prompts may each bring
+    N. An N >= ``max_num_batched_tokens`` never binds (the budget cuts first) and is
+    accepted with a warning, as vLLM accepts it. ``enforce_eager`` turns the CUDA
+    graphs of decode-only steps off (they are never used off CUDA).
+    ``mamba_ssm_cache_dtype`` (vLLM's name) is the dtype of the SSM state pool: "float32"
+    (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32
+    whatever it is, and read and write the pool in it. ``async_scheduling`` dispatches
+    each step before the host reads the previous step's tokens (``llm_engine.py``).
+    ``max_model_len`` bounds prompt + output tokens (a longer prompt is refused, and
+    generation stops there with finish reason "length"); None takes the config's
+    ``max_position_embeddings``, else 2048 (vLLM's fallback). ``served_model_name`` is the
+    name the server answers to (default: the model argument).
+
+    ``model`` and ``tokenizer`` (default: the model's) are each a directory or a Hugging
+    Face Hub id (``ORG/NAME``), resolved once here to ``model_dir`` / ``tokenizer_dir``
+    (``vllm/transformers_utils/hub.py``: the cache, or a download of ``revision`` /
+    ``tokenizer_revision`` into ``download_dir``, default huggingface_hub's cache); the
+    engine reads only those, and ``model`` stays what was given (the served name). Unless
+    ``load_format`` is "dummy" every safetensors file is opened here, so a missing or
+    truncated one fails before any process starts. ``device`` is "auto" (CUDA when
+    there is a GPU, else CPU), "cuda", "cuda:N" or "cpu"; CUDA must be there.
+
+    The KV cache of models with attention layers (Bamba, NemotronH, Zamba2) is paged in
+    blocks of ``block_size`` tokens. The block count is ``num_gpu_blocks_override`` when
+    set; else on CUDA what ``gpu_memory_utilization`` (the fraction of the GPU's memory the
+    engine may use in all) leaves after the weights, the state pool and the activations
+    of a full step; else (CPU) enough for ``max_num_seqs`` sequences of ``max_model_len``
+    tokens, at most 4 GiB. It must hold one sequence of ``max_model_len`` tokens. Models
+    without attention layers (pure Mamba2) have no KV cache: the three are then unused.
+
+    ``use_replayssm`` (upstream's name) runs the Mamba2 layers' decode rows through the
+    replayed update (``ops/mamba_ssm_replay``, docs/replayssm.md): each state slot keeps a
+    ring of its last ``replayssm_buffer_len`` - 1 decode steps' inputs, so a slot's state is
+    read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
+    128); the rings are part of the state pool (counted in its memory and so in what
+    ``gpu_memory_utilization`` leaves for the KV cache). None (the default) resolves to
+    True on CUDA, where it is faster at every batch size (docs/benchmarks/replayssm_h200.md),
+    and False on CPU, where the state traffic does not bound a step and the PyTorch path of
+    the replayed update costs more than the every-step one.
+
+    ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
+    processes under gloo with ``device="cpu"``): checked here, before any process starts,
+    against the model's heads and groups (``check_tp_divisibility``) and refused for a
+    model class that does not shard (``check_tensor_parallel_support``; every registered
+    model shards, the hybrids included).
+    """
+
+    model: str | os.PathLike | Any
+    tokenizer: str | os.PathLike | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | os.PathLike | None = None
+    load_format: str = "auto"
+    dtype: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enforce_eager: bool = False
+    mamba_ssm_cache_dtype: str = "float32"
+    async_scheduling: bool = True
+    max_model_len: int | None = None
+    served_model_name: str | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    tensor_parallel_size: int = 1
+    long_prefill_token_threshold: int = 0
+    use_replayssm: bool | None = None
+    replayssm_buffer_len: int = 16
+    # Set from the fields above: where the model's and the tokenizer's files are.
+    model_dir: Any = field(init=False, default=None, repr=False)
+    tokenizer_dir: Any = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        model = self.model
+        if not (
+            isinstance(model, os.PathLike) or (isinstance(model, str) and model)
+        ) and not is_model_config(model):
+            raise ValueError(
+                f"model must be a model directory, a Hugging Face Hub id (ORG/NAME) or a "
+                f"registered model config such as Mamba2ModelConfig, got {model!r}"
+            )
+        if isinstance(self.mamba_ssm_cache_dtype, torch.dtype):
+            self.mamba_ssm_cache_dtype = str(self.mamba_ssm_cache_dtype).removeprefix("torch.")
+        if self.mamba_ssm_cache_dtype not in _SSM_CACHE_DTYPES:
+            raise ValueError(
+                f"mamba_ssm_cache_dtype must be one of {', '.join(_SSM_CACHE_DTYPES)}, got "
+                f"{self.mamba_ssm_cache_dtype!r}"
+            )
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "seed",
+            "block_size",
+            "tensor_parallel_size",
+            "long_prefill_token_threshold",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        length = self.replayssm_buffer_len
+        if isinstance(length, bool) or not isinstance(length, int) or not 2 <= length <= 128:
+            raise ValueError(
+                f"replayssm_buffer_len (--replayssm-buffer-len) must be an integer from 2 to "
+                f"128 (the steps between two state writes; the ring's counters are int8), "
+                f"got {length!r}"
+            )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util!r}")
+        override = self.num_gpu_blocks_override
+        if override is not None and (
+            isinstance(override, bool) or not isinstance(override, int) or override < 1
+        ):
+            raise ValueError(
+                f"num_gpu_blocks_override must be a positive integer or None, got {override!r}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step"
+            )
+        threshold = self.long_prefill_token_threshold
+        if threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0 (0: off), got {threshold}")
+        if threshold >= self.max_num_batched_tokens:
+            logger.warning(
+                "long_prefill_token_threshold (%d) >= max_num_batched_tokens (%d): the step "
+                "budget cuts prefill chunks first, so the threshold has no effect",
+                threshold,
+                self.max_num_batched_tokens,
+            )
+        self.device = _check_device(self.device)
+        if self.use_replayssm is None:
+            self.use_replayssm = torch.device(self.device).type == "cuda"
+        if not isinstance(self.use_replayssm, bool):
+            raise ValueError(
+                f"use_replayssm must be True, False or None (auto), got {self.use_replayssm!r}"
+            )
+        # After the checks above: resolving may download the model.
+        self._resolve_model()
+        if self.max_model_len is None:
+            self.max_model_len = self.model_config.max_position_embeddings or 2048
+        if (
+            isinstance(self.max_model_len, bool)
+            or not isinstance(self.max_model_len, int)
+            or self.max_model_len < 1
+        ):
+            raise ValueError(
+                f"max_model_len must be a positive integer, got {self.max_model_len!r}"
+            )
+        rope_positions = getattr(self.model_config, "rope_positions", None)
+        if rope_positions is not None and self.max_model_len > rope_positions:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the {rope_positions} positions "
+                "the model's rotary embedding covers (max_position_embeddings in its config)"
+            )
+        if self.tensor_parallel_size > 1:
+            check_tensor_parallel_support(model_class(self.model_config), self.tensor_parallel_size)
+            check_tp_divisibility(self.model_config, self.tensor_parallel_size)
+        if self.served_model_name is None:
+            self.served_model_name = (
+                self.model.model_type if is_model_config(self.model) else str(self.model)
+            )
+
+    def _resolve_model(self) -> None:
+        model = self.model
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}"
+            )
+        if is_model_config(model):
+            if self.revision is not None:
+                raise ValueError(
+                    f"revision={self.revision!r} picks a snapshot of a Hugging Face Hub id, "
+                    "but the model is a config object: drop the revision"
+                )
+            self.model_dir = model
+        else:
+            self.model_dir = resolve_model(
+                model,
+                revision=self.revision,
+                download_dir=self.download_dir,
+                load_format=self.load_format,
+            )
+            if self.load_format != "dummy":
+                check_safetensors_files(self.model_dir)
+        if self.tokenizer is None and is_model_config(model):
+            return
+        tokenizer = model if self.tokenizer is None else self.tokenizer
+        revision = self.tokenizer_revision
+        if revision is None and tokenizer == model:
+            revision = self.revision  # vLLM's default: the model's own revision
+        if tokenizer == model and revision == self.revision:
+            self.tokenizer_dir = self.model_dir
+        else:
+            self.tokenizer_dir = resolve_tokenizer(
+                tokenizer, revision=revision, download_dir=self.download_dir
+            )
+        self.tokenizer = tokenizer
+
+    @cached_property
+    def model_config(self):
+        """The registered config of the model (``Mamba2ModelConfig``, ``BambaModelConfig``,
+        ...), read from its config.json once."""
+        return load_model_config(self.model_dir)
+
+    @property
+    def ssm_state_dtype(self) -> torch.dtype:
+        return _SSM_CACHE_DTYPES[self.mamba_ssm_cache_dtype]
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def _check_device(device) -> str:
+    """The device to run on: "auto" picks CUDA or the CPU; any other value is checked
+    against what this machine has."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ValueError(
+            f"device={device!r} is not supported: give 'auto' (CUDA when there is a GPU, "
+            "else CPU), 'cuda', 'cuda:N' or 'cpu'"
+        )
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            cpu_build = torch.version.cuda is None
+            why = "this torch is a CPU-only build" if cpu_build else "torch sees no GPU"
+            raise ValueError(
+                f"device={device!r}, but no CUDA device is available ({why}): use "
+                "device='cpu' (--device cpu), or 'auto' to take a GPU when there is one"
+            )
+        index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+        if index >= count:
+            raise ValueError(
+                f"device={device!r}, but this machine has {count} CUDA device(s): give "
+                f"cuda:0 .. cuda:{count - 1}"
+            )
+    return device
