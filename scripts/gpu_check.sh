@@ -6,7 +6,7 @@
 # suite (on CUDA tensors where a test's device fixture picks CUDA), the demo and the
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
-# Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, vs_hf, cold_start, e2e,
+# Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, replay_bench, vs_hf, cold_start, e2e,
 # e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench, serving_sweep, tp (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -129,6 +129,24 @@ wheels() {
     local rc=$?
     tail -n 1 "$out/wheels.log"
     return $rc
+}
+# Replayed decode (docs/replayssm.md): the kernel table against upstream 0.33's kernels when
+# a carried .upstream/ holds them (~1 minute), then the CUDA-graph decode step at batch 128,
+# fp32 and bf16 state, replay on and off (~2 minutes). REPLAY_BENCH_ARGS adds kernel options.
+replay_bench() {
+    local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d .upstream ] && path="$path:$PWD/.upstream"
+    # shellcheck disable=SC2086
+    PYTHONPATH=$path python3 benchmarks/kernels/benchmark_replayssm.py ${REPLAY_BENCH_ARGS:-} \
+        --out "$out/replay" 2>&1 | tee "$out/replay.log"
+    local dtype flag
+    for dtype in float32 bfloat16; do
+        for flag in --use-replayssm --no-use-replayssm; do
+            python3 benchmarks/benchmark_mamba2_step.py --backends triton --decode-batch 128 \
+                --num-decodes 127 --iters 16 --mamba-ssm-cache-dtype $dtype $flag \
+                --out "$out/replay/step_${dtype}${flag}.json" 2>&1 | tee -a "$out/replay_step.log"
+        done
+    done
 }
 # The SSD op benchmark (ours Triton and PyTorch, mamba_ssm): ~2 minutes.
 ssd_bench() {
@@ -377,7 +395,7 @@ for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
+        wheels | ssd_bench | replay_bench | vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
         serving_sweep | tp) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
@@ -400,6 +418,8 @@ fi
 for f in "$out"/bamba9b_conv*.log; do [ -f "$f" ] && grep -H '^Throughput' "$f"; done
 [ -f "$out/wheels.log" ] && tail -n 1 "$out/wheels.log"
 [ -f "$out/ssd/ssd_bench.md" ] && cat "$out/ssd/ssd_bench.md"
+[ -f "$out/replay.log" ] && tail -n 40 "$out/replay.log"
+[ -f "$out/replay_step.log" ] && grep -E -i 'decode|step' "$out/replay_step.log" | tail -n 24
 [ -f "$out/vs_hf.md" ] && cat "$out/vs_hf.md"
 [ -f "$out/cold_start.log" ] && grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|no tests ran' \
     "$out/cold_start.log"
