@@ -47,12 +47,14 @@ from vllm.triton_utils import launch as _launch_mod
 _NO_LIMIT = (0.0, math.inf)
 # Raised while keying arguments that are not tensors: the full checks then name them.
 KEY_ERRORS = (AttributeError, TypeError, IndexError)
+_ALIGN = 128  # bytes: each part of the workspace starts on a 128-byte boundary
 
 
 class SSDWorkspace(NamedTuple):
-    """One call's fp32 intermediates (views of one allocation): ``states`` (chunks, nheads,
-    headdim, dstate) chunk contributions, then start states; ``cb`` (chunks, ngroups, L, L);
-    ``dt``, ``cs`` (chunks, nheads, L); ``decay`` (chunks, nheads)."""
+    """One call's intermediates (views of one allocation): ``states`` (chunks, nheads,
+    headdim, dstate) fp32 chunk contributions, then start states; ``cb`` (chunks, ngroups,
+    L, L) in fp32 or the activations' 16-bit dtype (the launch config's ``cb_dtype``);
+    ``dt``, ``cs`` (chunks, nheads, L) fp32, cs in log2 units; ``decay`` (chunks, nheads)."""
 
     states: torch.Tensor
     cb: torch.Tensor
@@ -63,32 +65,36 @@ class SSDWorkspace(NamedTuple):
 
 class WorkspaceLayout:
     """Where the parts of a call's workspace sit: each part holds a fixed number of elements
-    per chunk, and starts 128-byte aligned in the one fp32 allocation."""
+    per chunk, and starts 128-byte aligned in the one byte allocation."""
 
-    def __init__(self, nheads: int, headdim: int, dstate: int, ngroups: int, chunk_size: int):
+    def __init__(self, nheads: int, headdim: int, dstate: int, ngroups: int, chunk_size: int,
+                 cb_dtype: torch.dtype = torch.float32):  # fmt: skip
         L = chunk_size
-        self.tails = ((nheads, headdim, dstate), (ngroups, L, L), (nheads, L), (nheads, L),
-                      (nheads,))  # fmt: skip
-        self.per_chunk = tuple(math.prod(t) for t in self.tails)
+        f32 = torch.float32
+        self.parts = (((nheads, headdim, dstate), f32), ((ngroups, L, L), cb_dtype),
+                      ((nheads, L), f32), ((nheads, L), f32), ((nheads,), f32))  # fmt: skip
+        self.per_chunk = tuple(math.prod(t) * d.itemsize for t, d in self.parts)  # bytes
 
     def offsets(self, num_chunks: int) -> tuple[list[int], int]:
-        """Each part's first element, and the elements of the allocation (at least one per
-        part, so that no pointer is null)."""
+        """Each part's first byte, and the bytes of the allocation (at least one aligned
+        block per part, so that no pointer is null)."""
         offsets, total = [], 0
         for per_chunk in self.per_chunk:
             offsets.append(total)
-            total += -(-max(num_chunks * per_chunk, 1) // 32) * 32
+            total += -(-max(num_chunks * per_chunk, 1) // _ALIGN) * _ALIGN
         return offsets, total
 
     def views(self, buf: torch.Tensor, num_chunks: int, offsets: list[int]) -> SSDWorkspace:
         parts = []
-        for off, per_chunk, tail in zip(offsets, self.per_chunk, self.tails, strict=True):
-            parts.append(buf[off : off + num_chunks * per_chunk].view(num_chunks, *tail))
+        for off, per_chunk, (tail, dtype) in zip(offsets, self.per_chunk, self.parts,
+                                                 strict=True):  # fmt: skip
+            part = buf[off : off + num_chunks * per_chunk].view(dtype)
+            parts.append(part.view(num_chunks, *tail))
         return SSDWorkspace(*parts)
 
     def allocate(self, num_chunks: int, device) -> SSDWorkspace:
         offsets, total = self.offsets(num_chunks)
-        buf = torch.empty(total, dtype=torch.float32, device=device)
+        buf = torch.empty(total, dtype=torch.uint8, device=device)
         return self.views(buf, num_chunks, offsets)
 
 
@@ -109,8 +115,9 @@ class Chunks(NamedTuple):
         return self.seq_chunk_starts.shape[0] - 1
 
 
-def launch_all(x, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, init, D, dt_bias,
-               dt_softplus, dt_lo, dt_hi, out, cfg: dict, ws: SSDWorkspace) -> list:  # fmt: skip
+def launch_all(x, z, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, init, chunk_lines,
+               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg: dict,
+               ws: SSDWorkspace) -> list:  # fmt: skip
     """The call's launches over ``ws`` (``init``: has_initial_state as bytes, or None);
     returns what each launched, (launcher, grid, args, constexprs)."""
     done = []
@@ -124,12 +131,12 @@ def launch_all(x, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, init, 
         )
         done.append(launch_chunk_state(x, dt, A, dt_bias, B, chunks.chunk_starts, ws, flags,
                                        cfg["chunk_state"]))  # fmt: skip
-    passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init, ws,
-                                   cfg["state_passing"])  # fmt: skip
+    passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init, chunk_lines,
+                                   ws, cfg["state_passing"])  # fmt: skip
     if passing is not None:
         done.append(passing)
     if chunks.num_chunks:
-        done.append(launch_chunk_scan(x, C, D, chunks, state_indices, init, ws, out,
+        done.append(launch_chunk_scan(x, z, C, D, chunks, state_indices, init, ws, out,
                                       cfg["chunk_scan"]))  # fmt: skip
     return done
 
@@ -140,12 +147,14 @@ def _layout_of(t, full_shape: bool):
     return (t.dtype, t.device, tuple(t.shape) if full_shape else tuple(t.shape[1:]), t.stride())
 
 
-def plan_key(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D, dt_bias,
-             dt_softplus, dt_limit, out) -> tuple:  # fmt: skip
-    """Everything the full checks read but the token and sequence counts (``SSDPlan.fits``
-    checks those). Raises one of ``KEY_ERRORS`` for arguments that are not tensors."""
+def plan_key(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+             chunk_state_indices, D, dt_bias, dt_softplus, dt_limit, out) -> tuple:  # fmt: skip
+    """Everything the full checks read but the token, chunk and sequence counts
+    (``SSDPlan.fits`` checks those). Raises one of ``KEY_ERRORS`` for arguments that are
+    not tensors."""
     return (
         _layout_of(x, False),
+        _layout_of(z, False),
         _layout_of(dt, False),
         _layout_of(B, False),
         _layout_of(C, False),
@@ -156,6 +165,7 @@ def plan_key(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_stat
         _layout_of(ssm_states, True),
         _layout_of(state_indices, False),
         _layout_of(has_initial_state, False),
+        _layout_of(chunk_state_indices, False),
         layout.chunk_size,
         bool(dt_softplus),
         tuple(dt_limit),
@@ -174,11 +184,12 @@ class SSDPlan:
         ngroups, dstate = B.shape[1:]
         self.cfg, self.chunk_size = cfg, chunk_size
         self.dt_lo, self.dt_hi = (float(v) for v in dt_limit)
-        self.ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size)
+        self.ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size, cfg["cb_dtype"])
         self.device, self.on_cuda = x.device, x.is_cuda
         self.device_index = x.device.index if x.is_cuda else None
         self.is_kernel_device = is_kernel_device  # use_ssd_kernel, re-read off CUDA
-        self.per_chunk_scan = chunk_scan_programs(1, nheads, headdim, cfg["chunk_scan"])
+        self.per_chunk_scan = chunk_scan_programs(1, nheads, headdim, chunk_size,
+                                                  cfg["chunk_scan"])  # fmt: skip
         self.per_chunk_state = chunk_state_programs(1, nheads, headdim, dstate,
                                                     cfg["chunk_state"])  # fmt: skip
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
@@ -189,18 +200,23 @@ class SSDPlan:
         self.no_direct = False  # a pointer argument was none of the call's tensors
         self.aligned: set[str] = set()  # pointers the direct kernels need 16-byte aligned
 
-    def fits(self, x, dt, B, C, layout, state_indices, has_initial_state, out) -> bool:
+    def fits(self, x, z, dt, B, C, layout, state_indices, has_initial_state,
+             chunk_state_indices, out) -> bool:  # fmt: skip
         """The call's counts agree and its chunk layout is on the plan's device; otherwise
         the full checks run (and name what is wrong)."""
         n = x.shape[0]
         if dt.shape[0] != n or B.shape[0] != n or C.shape[0] != n:
             return False
-        if (out is not None and out.shape[0] != n) or not isinstance(layout, SSDChunkLayout):
+        if (z is not None and z.shape[0] != n) or (out is not None and out.shape[0] != n):
+            return False
+        if not isinstance(layout, SSDChunkLayout):
             return False
         s = layout.num_seqs
         if layout.end_row > n or state_indices.shape[0] != s:
             return False
         if has_initial_state is not None and has_initial_state.shape[0] != s:
+            return False
+        if chunk_state_indices is not None and chunk_state_indices.shape[0] != layout.num_chunks:
             return False
         dev = self.device
         if (layout.chunk_starts.device != dev or layout.chunk_seqs.device != dev
@@ -208,13 +224,13 @@ class SSDPlan:
             return False
         return self.on_cuda or self.is_kernel_device(x)
 
-    def run(self, x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D,
-            dt_bias, dt_softplus, out) -> None:  # fmt: skip
+    def run(self, x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+            chunk_state_indices, D, dt_bias, dt_softplus, out) -> None:  # fmt: skip
         num_chunks, num_seqs = layout.num_chunks, layout.num_seqs
         if num_seqs == 0:
             return
         offsets, total = self.ws.offsets(num_chunks)
-        buf = torch.empty(total, dtype=torch.float32, device=self.device)
+        buf = torch.empty(total, dtype=torch.uint8, device=self.device)
         init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
         if (
             self.direct is not None
@@ -230,14 +246,12 @@ class SSDPlan:
                 chunk_seqs=layout.chunk_seqs.data_ptr(),
                 seq_chunk_starts=layout.seq_chunk_starts.data_ptr(),
             )  # fmt: skip
-            if D is not None:
-                ptrs["D"] = D.data_ptr()
-            if dt_bias is not None:
-                ptrs["dt_bias"] = dt_bias.data_ptr()
-            if init is not None:
-                ptrs["init"] = init.data_ptr()
+            for name, t in (("z", z), ("D", D), ("dt_bias", dt_bias), ("init", init),
+                            ("chunk_lines", chunk_state_indices)):  # fmt: skip
+                if t is not None:
+                    ptrs[name] = t.data_ptr()
             for name, off in zip(_WS_NAMES, offsets, strict=True):
-                ptrs[name] = base + 4 * off
+                ptrs[name] = base + off
             acc = 0
             for name in self.aligned:
                 acc |= ptrs[name]
@@ -247,11 +261,13 @@ class SSDPlan:
         ws = self.ws.views(buf, num_chunks, offsets)
         chunks = Chunks(self.chunk_size, layout.chunk_starts, layout.chunk_seqs,
                         layout.seq_chunk_starts)  # fmt: skip
-        done = launch_all(x, dt, A, B, C, chunks, ssm_states, state_indices, init, D, dt_bias,
-                          dt_softplus, self.dt_lo, self.dt_hi, out, self.cfg, ws)  # fmt: skip
+        done = launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init,
+                          chunk_state_indices, D, dt_bias, dt_softplus, self.dt_lo, self.dt_hi,
+                          out, self.cfg, ws)  # fmt: skip
         if self.direct is None and not self.no_direct and self.on_cuda:
-            sources = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, out=out,
+            sources = dict(x=x, z=z, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, out=out,
                            ssm_states=ssm_states, state_indices=state_indices, init=init,
+                           chunk_lines=chunk_state_indices,
                            chunk_starts=layout.chunk_starts, chunk_seqs=layout.chunk_seqs,
                            seq_chunk_starts=layout.seq_chunk_starts,
                            **dict(zip(_WS_NAMES, ws, strict=True)))  # fmt: skip
