@@ -135,47 +135,41 @@ def _ssd_chunk_scan_kernel(
     # sources. Below the diagonal block the decay factors through the source block's last
     # row r: exp2(cs[l] - cs[r]) * exp2(cs[r] - cs[s]), both <= 1, so a block takes
     # BLOCK_M + BLOCK_K exponentials instead of BLOCK_M * BLOCK_K.
-    p_cb = cb_ptr + (i_c * NGROUPS + i_g) * (CHUNK * CHUNK) + o_m[:, None] * CHUNK + o_k[None, :]
+    # Scalar 64-bit bases, 32-bit offset tensors (nothing 64-bit is carried by the loops).
+    p_cb = cb_ptr + (i_c * NGROUPS + i_g) * (CHUNK * CHUNK)
+    o_cb = o_m[:, None] * CHUNK + o_k[None, :]
     p_x = x_ptr + row0 * stride_x_t + i_h * stride_x_h
-    p_xk = p_x + o_k[:, None] * stride_x_t + o_p[None, :] * stride_x_p
-    p_csk = cs_ptr + p_ws + o_k
-    p_dtk = dt_ptr + p_ws + o_k
-    for _ in range(0, m0, BLOCK_K):  # every source row < m0 < clen: no masks but the rows'
-        b_cb = tl.load(p_cb, mask=m_m[:, None], other=0.0).to(tl.float32)
-        b_cs_k = tl.load(p_csk)
-        b_cs_r = tl.load(p_csk + (BLOCK_K - 1))
-        b_dt_k = tl.load(p_dtk)
+    o_xk = o_k[:, None] * stride_x_t + o_p[None, :] * stride_x_p
+    p_cs = cs_ptr + p_ws
+    p_dt = dt_ptr + p_ws
+    for k0 in range(0, m0, BLOCK_K):  # every source row < m0 < clen: no masks but the rows'
+        b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None], other=0.0).to(tl.float32)
+        b_cs_k = tl.load(p_cs + k0 + o_k)
+        b_cs_r = tl.load(p_cs + k0 + (BLOCK_K - 1))
+        b_dt_k = tl.load(p_dt + k0 + o_k)
         b_rows = tl.exp2(b_cs_m - b_cs_r)
         b_cols = tl.exp2(b_cs_r - b_cs_k) * b_dt_k
         b_w = b_cb * b_rows[:, None] * b_cols[None, :]
-        b_x = tl.load(p_xk, mask=m_p[None, :], other=0.0)
+        b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_p[None, :], other=0.0)
         acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
-        p_cb += BLOCK_K
-        p_xk += BLOCK_K * stride_x_t
-        p_csk += BLOCK_K
-        p_dtk += BLOCK_K
     # The diagonal block: the decay per element, -inf above the diagonal (no exp2
     # overflows); the select keeps CB blocks the CB job did not write out of the sum.
     for k0 in range(m0, tl.minimum(m0 + BLOCK_M, clen), BLOCK_K):
         o_s = k0 + o_k
         m_s = o_s < clen
-        b_cb = tl.load(p_cb, mask=m_m[:, None] & m_s[None, :], other=0.0).to(tl.float32)
-        b_cs_k = tl.load(p_csk, mask=m_s, other=0.0)
-        b_dt_k = tl.load(p_dtk, mask=m_s, other=0.0)
+        b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None] & m_s[None, :], other=0.0)
+        b_cs_k = tl.load(p_cs + o_s, mask=m_s, other=0.0)
+        b_dt_k = tl.load(p_dt + o_s, mask=m_s, other=0.0)
         causal = (o_m[:, None] >= o_s[None, :]) & m_s[None, :]
         b_seg = tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], float("-inf"))
-        b_w = tl.where(causal, b_cb * tl.exp2(b_seg) * b_dt_k[None, :], 0.0)
-        b_x = tl.load(p_xk, mask=m_s[:, None] & m_p[None, :], other=0.0)
+        b_w = tl.where(causal, b_cb.to(tl.float32) * tl.exp2(b_seg) * b_dt_k[None, :], 0.0)
+        b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_s[:, None] & m_p[None, :], other=0.0)
         acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
-        p_cb += BLOCK_K
-        p_xk += BLOCK_K * stride_x_t
-        p_csk += BLOCK_K
-        p_dtk += BLOCK_K
 
     m_y = m_m[:, None] & m_p[None, :]
     if HAS_D:
-        b_x = tl.load(p_x + o_m[:, None] * stride_x_t + o_p[None, :] * stride_x_p, mask=m_y,
-                      other=0.0).to(tl.float32)  # fmt: skip
+        o_xm = o_m[:, None] * stride_x_t + o_p[None, :] * stride_x_p
+        b_x = tl.load(p_x + o_xm, mask=m_y, other=0.0).to(tl.float32)
         if D_HAS_HDIM:
             b_D = tl.load(D_ptr + i_h * stride_D_h + o_p * stride_D_p, mask=m_p, other=0.0)
             acc += b_x * b_D.to(tl.float32)[None, :]

@@ -119,13 +119,13 @@ def _ssd_chunk_state_kernel(
     # chunk's end), and, from one program per (chunk, head), dt, cs and the decay.
     o_l = tl.arange(0, BLOCK_L)
     m_l = o_l < clen
-    b_dt = _chunk_dt(p_dt + o_l * stride_dt_t, m_l, b_bias, dt_min, dt_max, DT_SOFTPLUS,
-                     HAS_DT_LIMIT)  # fmt: skip
-    b_total = tl.sum(b_dt * b_A)
+    b_dt_l = _chunk_dt(p_dt + o_l * stride_dt_t, m_l, b_bias, dt_min, dt_max, DT_SOFTPLUS,
+                       HAS_DT_LIMIT)  # fmt: skip
+    b_total = tl.sum(b_dt_l * b_A)
     if (i_pb == 0) & (i_nb == 0):
         p_ws = (i_c * NHEADS + i_h) * CHUNK
-        tl.store(dt_out_ptr + p_ws + o_l, b_dt, mask=m_l)
-        tl.store(cs_out_ptr + p_ws + o_l, tl.cumsum(b_dt * b_A, axis=0), mask=m_l)
+        tl.store(dt_out_ptr + p_ws + o_l, b_dt_l, mask=m_l)
+        tl.store(cs_out_ptr + p_ws + o_l, tl.cumsum(b_dt_l * b_A, axis=0), mask=m_l)
         tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
 
     # state (P x N) = x^T (P x T) @ (w * B) (T x N) per block of BLOCK_T tokens: x^T comes
@@ -135,25 +135,23 @@ def _ssd_chunk_state_kernel(
     o_n = i_nb * BLOCK_N + tl.arange(0, BLOCK_N)
     m_p = o_p < HEADDIM
     m_n = o_n < DSTATE
+    # Scalar 64-bit bases, 32-bit offset tensors (nothing 64-bit is carried by the loop).
     p_x = x_ptr + row0 * stride_x_t + i_h * stride_x_h
-    p_x = p_x + o_p[:, None] * stride_x_p + o_t[None, :] * stride_x_t
+    o_x = o_p[:, None] * stride_x_p + o_t[None, :] * stride_x_t
     p_B = B_ptr + row0 * stride_B_t + i_g * stride_B_g
-    p_B = p_B + o_t[:, None] * stride_B_t + o_n[None, :] * stride_B_n
-    p_dt = p_dt + o_t * stride_dt_t
+    o_B = o_t[:, None] * stride_B_t + o_n[None, :] * stride_B_n
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     b_prefix = 0.0
     for t0 in range(0, clen, BLOCK_T):
         m_t = (t0 + o_t) < clen
-        b_dt = _chunk_dt(p_dt, m_t, b_bias, dt_min, dt_max, DT_SOFTPLUS, HAS_DT_LIMIT)
+        b_dt = _chunk_dt(p_dt + (t0 + o_t) * stride_dt_t, m_t, b_bias, dt_min, dt_max,
+                         DT_SOFTPLUS, HAS_DT_LIMIT)  # fmt: skip
         b_dA = b_dt * b_A
         b_w = tl.exp2(b_total - b_prefix - tl.cumsum(b_dA, axis=0)) * b_dt
         b_prefix += tl.sum(b_dA)
-        b_x = tl.load(p_x, mask=m_p[:, None] & m_t[None, :], other=0.0)
-        b_B = tl.load(p_B, mask=m_t[:, None] & m_n[None, :], other=0.0)
+        b_x = tl.load(p_x + t0 * stride_x_t + o_x, mask=m_p[:, None] & m_t[None, :], other=0.0)
+        b_B = tl.load(p_B + t0 * stride_B_t + o_B, mask=m_t[:, None] & m_n[None, :], other=0.0)
         acc = _dot_rhs_f32(b_x, b_B.to(tl.float32) * b_w[:, None], acc, SPLIT)
-        p_x += BLOCK_T * stride_x_t
-        p_B += BLOCK_T * stride_B_t
-        p_dt += BLOCK_T * stride_dt_t
 
     p_states = states_ptr + (i_c * NHEADS + i_h) * (HEADDIM * DSTATE)
     p_states = p_states + o_p[:, None] * DSTATE + o_n[None, :]
