@@ -73,7 +73,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from benchmark_utils import ColdTimer, copy_gbps, graph_samples, host_us, summarize  # noqa: E402
 from ssd_bench_cases import CASES, SMOKE_CASES, build_inputs, reference, rel_l2  # noqa: E402
-from ssd_bench_providers import first_line, load_ops, make_provider  # noqa: E402
+from ssd_bench_providers import (  # noqa: E402
+    compile_autotune_configs_in_parallel,
+    first_line,
+    load_ops,
+    make_provider,
+)
 
 PROVIDERS = ("triton", "upstream", "mamba_ssm", "mamba_ssm_batch", "torch")
 DEFAULT_PROVIDERS = ("triton", "upstream", "mamba_ssm", "mamba_ssm_batch")
@@ -387,6 +392,8 @@ def main(argv=None) -> int:
         f"{rates['matmul_tflops']:.0f} TFLOP/s",
         flush=True,
     )
+    if on_cuda:
+        compile_autotune_configs_in_parallel()
     ops = load_ops(args.providers)
     results = []
     for i, name in enumerate(names):

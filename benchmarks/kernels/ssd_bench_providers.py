@@ -64,6 +64,42 @@ def load_ops(providers) -> dict:
     return ops
 
 
+def compile_autotune_configs_in_parallel(workers: int | None = None) -> None:
+    """Make every Triton autotuner compile all of a key's configs at once, in threads
+    (Triton releases the GIL while compiling), before it benchmarks them one by one: its
+    own loop compiles each config as it reaches it, which at upstream's and mamba_ssm's
+    dozens of configs per kernel costs minutes of device time. What the autotuner then
+    measures and picks is unchanged. Process-wide; a failure leaves the plain path."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime.autotuner import Autotuner
+
+    original = Autotuner.run
+    if getattr(original, "_parallel", False):
+        return
+
+    def run(self, *args, **kwargs):
+        try:
+            nargs = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+            named = {k: v for k, v in nargs.items() if k in self.arg_names}
+            key = [named[k] for k in self.keys if k in named]
+            key += [str(v.dtype) for v in named.values() if hasattr(v, "dtype")]
+            if len(self.configs) > 1 and tuple(key) not in self.cache:
+                rest = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+                n = workers or os.cpu_count() or 1
+                with ThreadPoolExecutor(n) as pool, AsyncCompileMode(pool, ignore_errors=True):
+                    for config in self.prune_configs(kwargs):
+                        self.fn.warmup(*args, grid=(1,), **rest, **config.all_kwargs())
+        except Exception:  # the autotuner's own path still compiles what is missing
+            pass
+        return original(self, *args, **kwargs)
+
+    run._parallel = True
+    Autotuner.run = run
+
+
 def _first_config_only(module) -> None:
     """Under the interpreter (CPU smoke) an autotuner would time every config: keep each of
     the upstream kernels' autotuners at its first."""
