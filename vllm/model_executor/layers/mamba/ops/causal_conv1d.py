@@ -70,17 +70,12 @@ import torch
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import (
     PAD_DEFAULT,
-    PlanCache,
-    cdiv,
     check_cache_indices_data,
     check_common,
     check_index,
     check_qsl,
     check_qsl_data,
-    direct_ok,
-    fast_kernel,
     feature_contiguous,
-    next_power_of_2,
     one_d_contiguous,
     pad_marker,
 )
@@ -92,7 +87,14 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
 )
 from vllm.tensor_checks import FLOAT_DTYPES, check_default_lines, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
-from vllm.triton_utils import launch as _launch
+from vllm.triton_utils.host import (
+    PlanCache,
+    cdiv,
+    direct_kernel,
+    direct_stream,
+    next_power_of_2,
+    recording,
+)
 from vllm.triton_utils.launch import CachedLauncher
 
 __all__ = [
@@ -1363,13 +1365,13 @@ class _Plan:
         direct path declines (unaligned pointers, a precompile block, another current device,
         the interpreter). Afterwards the compiled kernel is kept for direct launches."""
         launcher = self.launcher
-        if not launcher.direct and key in self.launched and _launch._SESSION is None:
+        if not launcher.direct and key in self.launched and not recording():
             launcher.kernel[grid](*args, **constexprs)
             return
         launcher(grid, args, constexprs, variants=variants)
         self.launched.add(key)
         if key not in self.direct:
-            fast = fast_kernel(launcher, args, constexprs)
+            fast = direct_kernel(launcher, args, constexprs)
             if fast is not None:
                 self.direct[key] = (fast.fn, fast.head, fast.tail, fast.device,
                                     torch._C._cuda_getDevice,
@@ -1417,7 +1419,7 @@ class _DecodePlan(_Plan):
 
     def launch(self, out, x, conv_state, weight, bias, idx):
         d = self.direct.get(None)
-        if d is not None and _launch._SESSION is None and d[4]() == d[3]:
+        if d is not None and not recording() and d[4]() == d[3]:
             px, ps, pw, po = x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(), out.data_ptr()
             pb = bias.data_ptr() if self.has_bias else 0
             pi = idx.data_ptr() if self.has_idx else 0
@@ -1482,7 +1484,7 @@ class _UpdatePlan(_Plan):
 
     def launch(self, out, x, conv_state, weight, bias, idx, accepted, qsl):
         d = self.direct.get(None)
-        if d is not None and _launch._SESSION is None and d[4]() == d[3]:
+        if d is not None and not recording() and d[4]() == d[3]:
             tensors = (x, weight, bias, conv_state, idx, accepted, qsl, out)
             ptrs = [t if t is None else t.data_ptr() for t in tensors]
             acc = 0
@@ -1577,7 +1579,7 @@ class _FwdPlan(_Plan):
         key, grid0, ints = step
         tile_seq = metadata.tile_seq if metadata is not None else None
         d = self.direct.get(key)
-        if d is not None and _launch._SESSION is None and d[4]() == d[3]:
+        if d is not None and not recording() and d[4]() == d[3]:
             has_bias, has_idx, has_init, with_meta = self.has
             px, pw, ps, pq, po = (x.data_ptr(), weight.data_ptr(), conv_states.data_ptr(),
                                   qsl.data_ptr(), out.data_ptr())  # fmt: skip
@@ -1657,7 +1659,7 @@ def host_path_pieces(op, *args, **kwargs) -> dict:
         raise ValueError(f"no host-path pieces for {op!r}")
     if plan.on_cuda:
         device = a["x"].device.index
-        pieces["stream lookup"] = lambda: direct_ok(device)
+        pieces["stream lookup"] = lambda: direct_stream(device)
     pieces["whole call"] = lambda: op(*args, **kwargs)
     return pieces
 

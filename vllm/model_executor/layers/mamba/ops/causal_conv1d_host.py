@@ -6,15 +6,10 @@ Checks. Every function here reads shapes, strides, dtypes, devices and Python va
 ``*_data`` checks, used with ``validate_data=True``, read the index tensors (and sync).
 
 Launch plans. ``causal_conv1d.py`` keeps, per op, a cache of launch plans keyed by everything
-its checks read (``PlanCache``): a call whose arguments have the layout of an earlier one
-finds its plan with one dict lookup and skips the checks and the launch decisions. A plan
-launches its compiled kernel directly (``FastKernel``): the Triton launcher's C entry point
-with raw data pointers, so neither Triton's Python binding nor the launch cache's key runs,
-and no tensor pays ``data_ptr()`` plus ``cuPointerGetAttribute`` inside the launcher. The
-compiled kernel is the one ``CachedLauncher`` holds for 16-byte aligned pointers; a call
-with an unaligned pointer, inside ``precompile()``, on another current device, or under the
-interpreter goes through the ``CachedLauncher`` instead (the interpreter runs the kernel's
-source on CPU tensors: there is nothing compiled to launch).
+its checks read (``vllm.triton_utils.host.PlanCache``): a call whose arguments have the
+layout of an earlier one finds its plan with one dict lookup and skips the checks and the
+launch decisions. A plan launches its compiled kernel directly
+(``vllm.triton_utils.host.direct_kernel``, which says when it must not).
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ import torch
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.tensor_checks import FLOAT_DTYPES, check_conv_weight_bias, check_tensor
-from vllm.triton_utils import launch as _launch
 
 # --------------------------------------------------------------------------
 # Argument checks
@@ -139,88 +133,7 @@ def check_qsl_data(name, qsl, num_tokens) -> None:
         )
 
 
-# --------------------------------------------------------------------------
-# Launch plans: the cache and the direct launch
-# --------------------------------------------------------------------------
-
-
-def cdiv(a: int, b: int) -> int:
-    """``triton.cdiv`` without its cost: Triton 3.6 makes it a constexpr function whose host
-    calls unwrap their arguments (about 2 us each on the development machine)."""
-    return -(-a // b)
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-class PlanCache(dict):
-    """Launch plans by argument layout. Bounded: a caller whose layouts never repeat (a new
-    batch size per call, say) clears it now and then instead of growing it without end."""
-
-    def __init__(self, max_size: int = 1024):
-        super().__init__()
-        self.max_size = max_size
-
-    def put(self, key, plan) -> None:
-        if len(self) >= self.max_size:
-            self.clear()
-        self[key] = plan
-
-
 def one_d_contiguous(*tensors) -> bool:
     """Each tensor is None or has stride (1,): only then is a plan keyed by strides exact for
     every length (a strided view of one entry passes the checks, of two it does not)."""
     return all(t is None or t.stride() == (1,) for t in tensors)
-
-
-class FastKernel:
-    """One compiled kernel, for launching through the Triton launcher's C entry point:
-
-        fn(grid0, grid1, grid2, stream, *head, *args, *tail)
-
-    ``args`` are the kernel's runtime arguments, tensors given as their data pointers
-    (ints) and absent ones as None; ``tail`` holds the compiled kernel's constexpr values.
-    ``device`` is the CUDA device whose context holds the kernel.
-    """
-
-    __slots__ = ("fn", "head", "tail", "device")
-
-    def __init__(self, compiled, tail: tuple, device: int):
-        run = compiled.run
-        c_launch = getattr(run, "launch", None)
-        scratch = (getattr(run, "global_scratch_size", 1), getattr(run, "profile_scratch_size", 1))
-        if c_launch is not None and scratch == (0, 0):
-            # CudaLauncher.__call__ only allocates scratch (none here) and calls launch().
-            self.fn = c_launch
-            self.head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None,
-                         None, compiled.packed_metadata, None, None, None)  # fmt: skip
-        else:
-            self.fn = run
-            self.head = (compiled.function, compiled.packed_metadata, None, None, None)
-        self.tail = tail
-        self.device = device
-
-
-def fast_kernel(launcher, args: tuple, constexprs: dict) -> FastKernel | None:
-    """The compiled kernel ``launcher`` holds for these arguments, or None: not compiled yet,
-    not a GPU launcher, a precompile block recording, or a pointer that is not 16-byte
-    aligned (the direct launches use the kernel compiled for aligned pointers only)."""
-    if not launcher.direct or _launch._SESSION is not None:
-        return None
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.data_ptr() % 16:
-            return None
-    entry = launcher.cache.get(launcher.key(args, constexprs))
-    if entry is None:
-        return None
-    compiled, tail = entry
-    return FastKernel(compiled, tail, torch.cuda.current_device())
-
-
-def direct_ok(device: int) -> int | None:
-    """The raw stream to launch on, or None when a direct launch must not be made: a
-    precompile block records launches, or another device is current."""
-    if _launch._SESSION is not None or torch._C._cuda_getDevice() != device:
-        return None
-    return torch._C._cuda_getCurrentRawStream(device)

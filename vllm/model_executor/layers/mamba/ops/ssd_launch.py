@@ -11,11 +11,11 @@ checks only what the key leaves out (``SSDPlan.fits``: counts and the chunk layo
 first calls go through ``launch_all``; once each kernel is compiled, the plan keeps the
 compiled kernels with their fixed integer arguments and, for each pointer argument, which
 of the call's tensors it was (by identity), and launches them directly through the Triton
-launcher's C entry point (``causal_conv1d_host.FastKernel``): the pointers, the grids and
-the one per-step integer, nothing else computed. A data pointer that is not 16-byte aligned
-(the kept kernels are the ones compiled for aligned data pointers; the step's index and
-layout pointers are not specialised on), a ``precompile()`` block, another current device
-or the interpreter take ``launch_all`` instead.
+launcher's C entry point (``vllm.triton_utils.host.DirectLaunches``): the pointers, the
+grids and the one per-step integer, nothing else computed. A data pointer that is not
+16-byte aligned (the kept kernels are the ones compiled for aligned data pointers; the
+step's index and layout pointers are not specialised on), a ``precompile()`` block,
+another current device or the interpreter take ``launch_all`` instead.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import torch
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import FastKernel, PlanCache
 from vllm.model_executor.layers.mamba.ops.ssd_chunk_scan import _LAUNCH as _SCAN_LAUNCHER
 from vllm.model_executor.layers.mamba.ops.ssd_chunk_scan import (
     chunk_scan_programs,
@@ -42,7 +41,7 @@ from vllm.model_executor.layers.mamba.ops.ssd_state_passing import (
     launch_state_passing,
     state_passing_programs,
 )
-from vllm.triton_utils import launch as _launch_mod
+from vllm.triton_utils.host import DirectLaunches, PlanCache
 
 _NO_LIMIT = (0.0, math.inf)
 # Raised while keying arguments that are not tensors: the full checks then name them.
@@ -195,10 +194,8 @@ class SSDPlan:
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
             1, 1, nheads, headdim, dstate, ngroups, chunk_size, cfg["state_passing"]
         )
-        self.kernels: dict[str, tuple] = {}  # kernel name -> its direct launch
-        self.direct: tuple | None = None  # (chunk state, state passing, chunk scan)
-        self.no_direct = False  # a pointer argument was none of the call's tensors
-        self.aligned: set[str] = set()  # pointers the direct kernels need 16-byte aligned
+        order = [_STATE_LAUNCHER.name, _PASSING_LAUNCHER.name, _SCAN_LAUNCHER.name]
+        self.direct = DirectLaunches(order)
 
     def fits(self, x, z, dt, B, C, layout, state_indices, has_initial_state,
              chunk_state_indices, out) -> bool:  # fmt: skip
@@ -232,11 +229,7 @@ class SSDPlan:
         offsets, total = self.ws.offsets(num_chunks)
         buf = torch.empty(total, dtype=torch.uint8, device=self.device)
         init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
-        if (
-            self.direct is not None
-            and _launch_mod._SESSION is None
-            and torch._C._cuda_getDevice() == self.device_index
-        ):
+        if self.direct.ready:
             base = buf.data_ptr()
             ptrs = dict(
                 x=x.data_ptr(), dt=dt.data_ptr(), A=A.data_ptr(), B=B.data_ptr(),
@@ -252,11 +245,7 @@ class SSDPlan:
                     ptrs[name] = t.data_ptr()
             for name, off in zip(_WS_NAMES, offsets, strict=True):
                 ptrs[name] = base + off
-            acc = 0
-            for name in self.aligned:
-                acc |= ptrs[name]
-            if not acc & 15:
-                self._launch_direct(ptrs, num_chunks, num_seqs)
+            if self._launch_direct(ptrs, num_chunks, num_seqs):
                 return
         ws = self.ws.views(buf, num_chunks, offsets)
         chunks = Chunks(self.chunk_size, layout.chunk_starts, layout.chunk_seqs,
@@ -264,66 +253,22 @@ class SSDPlan:
         done = launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init,
                           chunk_state_indices, D, dt_bias, dt_softplus, self.dt_lo, self.dt_hi,
                           out, self.cfg, ws)  # fmt: skip
-        if self.direct is None and not self.no_direct and self.on_cuda:
+        if not self.direct.ready and not self.direct.failed and self.on_cuda:
             sources = dict(x=x, z=z, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, out=out,
                            ssm_states=ssm_states, state_indices=state_indices, init=init,
                            chunk_lines=chunk_state_indices,
                            chunk_starts=layout.chunk_starts, chunk_seqs=layout.chunk_seqs,
                            seq_chunk_starts=layout.seq_chunk_starts,
                            **dict(zip(_WS_NAMES, ws, strict=True)))  # fmt: skip
-            self._capture(done, sources, num_seqs)
+            # State passing's first integer, its number of state-passing programs, is the
+            # step's; every other integer is fixed by the plan's key.
+            self.direct.capture(done, sources, {_PASSING_LAUNCHER.name: 1})
 
-    def _capture(self, done: list[tuple], sources: dict, num_seqs: int) -> None:
-        """Keep each launch's compiled kernel for direct launches: its pointer arguments by
-        the name of the call's tensor each one was, and its integer arguments (all fixed by
-        the plan's key but state passing's first, its number of state-passing programs)."""
-        names_by_id = {}
-        for name, t in sources.items():
-            if t is not None:
-                names_by_id.setdefault(id(t), name)
-        for launcher, _, args, constexprs in done:
-            if launcher.name in self.kernels:
-                continue
-            k = 0
-            while k < len(args) and isinstance(args[k], torch.Tensor):
-                k += 1
-            names = tuple(names_by_id.get(id(a)) for a in args[:k])
-            ints = args[k:]
-            per_step = 1 if launcher is _PASSING_LAUNCHER else 0
-            if None in names or (per_step and ints[0] != num_seqs * self.per_seq_pass):
-                self.no_direct = True
-                return
-            # The direct launch uses the kernel compiled for 16-byte aligned pointers where
-            # Triton keys on alignment (not the step's index and layout pointers, whose
-            # offsets in the step's metadata vary).
-            keyed = [i for i in range(k) if launcher.keys_alignment(i)]
-            if not launcher.direct or _launch_mod._SESSION is not None:
-                return
-            if any(args[i].data_ptr() % 16 for i in keyed):
-                return  # an unaligned pointer: capture at a later call
-            entry = launcher.cache.get(launcher.key(args, constexprs))
-            if entry is None:
-                return
-            fast = FastKernel(entry[0], entry[1], self.device_index)
-            self.kernels[launcher.name] = (fast.fn, fast.head, names, ints[per_step:], fast.tail)
-            self.aligned |= {names[i] for i in keyed}
-        order = [_STATE_LAUNCHER.name, _PASSING_LAUNCHER.name, _SCAN_LAUNCHER.name]
-        if all(name in self.kernels for name in order):
-            self.direct = tuple(self.kernels[name] for name in order)
-
-    def _launch_direct(self, ptrs: dict, num_chunks: int, num_seqs: int) -> None:
-        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
-        (f1, h1, n1, i1, t1), (f2, h2, n2, i2, t2), (f3, h3, n3, i3, t3) = self.direct
-        if num_chunks:
-            f1(num_chunks * self.per_chunk_state, 1, 1, stream, *h1, *[ptrs[n] for n in n1],
-               *i1, *t1)  # fmt: skip
+    def _launch_direct(self, ptrs: dict, num_chunks: int, num_seqs: int) -> bool:
         num_pass = num_seqs * self.per_seq_pass
-        grid = num_pass + num_chunks * self.per_chunk_cb
-        if grid:
-            f2(grid, 1, 1, stream, *h2, *[ptrs[n] for n in n2], num_pass, *i2, *t2)
-        if num_chunks:
-            f3(num_chunks * self.per_chunk_scan, 1, 1, stream, *h3, *[ptrs[n] for n in n3],
-               *i3, *t3)  # fmt: skip
+        grids = (num_chunks * self.per_chunk_state, num_pass + num_chunks * self.per_chunk_cb,
+                 num_chunks * self.per_chunk_scan)  # fmt: skip
+        return self.direct.launch(self.device_index, ptrs, grids, ((), (num_pass,), ()))
 
 
 PLANS = PlanCache()
