@@ -76,6 +76,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import (
     _DecodePlan,
     _fwd_block_t,
     _fwd_config,
+    _fwd_config_name,  # noqa: F401 (the bounds benchmark reads the choice here)
     _fwd_key,
     _fwd_variants,
     _FwdPlan,
