@@ -212,7 +212,7 @@ def test_gpu_plans_launch_directly_and_agree_with_the_general_path(monkeypatch, 
 
     def counted(self, ptrs, num_chunks, num_seqs):
         direct.append((num_chunks, num_seqs))
-        original(self, ptrs, num_chunks, num_seqs)
+        return original(self, ptrs, num_chunks, num_seqs)  # False: the general path runs
 
     monkeypatch.setattr(ssd_launch.SSDPlan, "_launch_direct", counted)
     ssd_launch.PLANS.clear()
