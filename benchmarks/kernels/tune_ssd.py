@@ -47,12 +47,8 @@ from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS  # noqa: E402
 from vllm.triton_utils import configs  # noqa: E402
 from vllm.triton_utils.launch import precompile  # noqa: E402
 
-# (kernel, changes); "default" first. The H200 sweep of 2026-12-03 (docs/benchmarks/ssd_h200.md)
-# dropped what lost there by 10% or more: chunk scan 32-row blocks (0.61x), 128-row blocks
-# with 64-source blocks (0.71x), 32-wide headdim blocks (0.76x); chunk state 8 warps
-# (0.58x), 32-wide headdim blocks (0.88x); state passing tiles of 512 or 1024 elements
-# (0.80x, 0.89x), 128-row CB blocks with 8 warps (0.80x); and the precision trades (no
-# split in the chunk state 1.11x, none for the carried state 1.06x), which are not taken.
+# (kernel, changes); "default" first. Variants that lost by 10% or more on the H200 are not
+# swept again (the list and the numbers: docs/benchmarks/ssd_h200.md, "Sweep").
 VARIANTS = [("default", {})]
 VARIANTS += [
     ("chunk_scan", c)
@@ -80,9 +76,7 @@ VARIANTS += [
     for c in (dict(BLOCK_N=64), dict(BLOCK_SP=32, num_warps=8), dict(BLOCK_T=32))
 ]
 VARIANTS += [("cb", dict(cb_16bit=True))]
-# Precision traded for time: measured for the record, never taken. A 16-bit CB rounds the
-# local weights twice (y rel-L2 2.3e-3 against 2.0e-3 at 1 x 8192, H200, 2026-12-03) and a
-# chunked prefill then differed from one prefill by 0.12 (test_gpu_chunked_prefill...).
+# Precision traded for time: measured for the record, never taken (docs/ssd.md, "Precision").
 NEVER_TAKEN = ({"SPLIT_STATE": False}, {"SPLIT": False}, {"cb_16bit": True})
 
 
