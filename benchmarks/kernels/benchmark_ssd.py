@@ -10,30 +10,46 @@ in, final states written to the sequences' pool lines):
 - ``triton``: ours, ``ssd_combined.mamba_chunk_scan_combined_varlen`` with the step's
   ``plan_ssd_chunks`` layout (built on the host once per step: outside the timed call;
   its host cost is the "plan us" column).
-- ``torch``: ours, ``mamba_ssm_torch.chunk_scan_varlen`` with ``plan_chunked_scan``, the
-  pool gather and scatter around it as ``MambaMixer2`` does.
+- ``upstream``: upstream vLLM 0.33.0's Triton ``mamba_chunk_scan_combined_varlen`` as its
+  Mamba2 mixer calls it (chunk metadata built beforehand, initial states gathered from the
+  pool, final states written into the pool by its kernel). Its files are imported as the
+  package ``upstream_vllm033`` (shimmed, never committed; ssd_bench_providers.py); without
+  it on ``PYTHONPATH`` the provider is skipped with that reason.
 - ``mamba_ssm``: mamba_ssm 2.3.2's ``mamba_chunk_scan_combined`` on the packed batch
   (``seq_idx`` + ``cu_seqlens``, final states from ``return_varlen_states``), the states
   written into the pool. With initial states and several sequences it refuses; its error
   is recorded as the result (no number).
 - ``mamba_ssm_batch``: the same op on a padded batch (``(seqs, len, ...)``, with initial
   states), which equal-length cases allow: how HF transformers calls it.
+- ``torch`` (on request): ours, ``mamba_ssm_torch.chunk_scan_varlen`` with
+  ``plan_chunked_scan``, the pool gather and scatter around it as ``MambaMixer2`` did.
 
-Codestral layer shape (128 heads of 64, state 128, 8 groups, chunk 256), bf16
-activations, fp32 state pool, D, dt_bias, softplus. FLOPs and bytes: ssd_bench_cases.py.
+Cases: the Codestral layer shape (128 heads of 64, state 128, 8 groups, chunk 256) and
+Granite-4.0-H's (state 256, one group), bf16 activations, fp32 state pool, D, dt_bias,
+softplus. FLOPs and bytes: ssd_bench_cases.py.
 
-Before timing, every provider runs once on a fresh copy of the pool and is compared with
-an fp32 token-by-token recurrence: rel-L2 of y and of the final states under TOL, no NaN,
+Before timing, every provider runs once on a fresh copy of the pool (which also runs the
+autotuners of upstream and mamba_ssm, whose choice then stays) and is compared with an
+fp32 token-by-token recurrence: rel-L2 of y and of the final states under TOL, no NaN,
 and the pool lines of no sequence untouched. A failure is reported and not timed; the run
 then exits 1.
 
-Times are "cold" (anchors-h200.md section 2, benchmark_utils.ColdTimer): L2 flushed by
-zeroing 256 MB, the GPU kept busy by ``torch.cuda._sleep`` so the host is ahead, CUDA
-events around the one call; median of ``--reps`` calls with p20/p80. A provider that
-syncs inside (ours: no; torch's chunk layout loop: no) would show its host time. % copy is
-of a 4 GiB device copy and % mm of a bf16 8192^3 matmul, both measured in the same run.
-``--smoke`` runs tiny cases, for the tests: on the GPU where there is one, else on the CPU
-under TRITON_INTERPRET=1 (fp32; wall-clock medians that measure Python, not kernels).
+Timing, the same for every provider:
+
+- ``us`` (the result): cold, GPU only. Before each call the L2 is flushed (256 MB zeroed)
+  and the GPU is kept busy by ``torch.cuda._sleep`` for ~2 ms, longer than any provider's
+  host work per call, so the host has enqueued the whole call before the GPU reaches it;
+  CUDA events around the one call; median of ``--reps`` with p20/p80.
+- ``cold200``: the same with the ~200 us sleep of anchors-h200.md (benchmark_utils): a
+  provider whose host work per call is longer shows its host time here, not its GPU time.
+- ``graph``: ``calls`` calls captured in one CUDA graph and replayed, per call (warm L2:
+  the upstream numbers of the issue were taken this way).
+- ``host``: an eager back-to-back loop, per call: the larger of host and GPU time.
+
+% copy is of a 4 GiB device copy and % mm of a bf16 8192^3 matmul, both measured in the
+same run. ``--smoke`` runs tiny cases, for the tests: on the GPU where there is one, else
+on the CPU under TRITON_INTERPRET=1 (fp32; wall-clock medians that measure Python, not
+kernels; only ``us``).
 
 Writes DIR/ssd_bench.{csv,md,json}: GPU, torch/triton versions, git sha, the command.
 """
@@ -55,12 +71,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from benchmark_utils import ColdTimer, copy_gbps, summarize  # noqa: E402
+from benchmark_utils import ColdTimer, copy_gbps, graph_samples, host_us, summarize  # noqa: E402
 from ssd_bench_cases import CASES, SMOKE_CASES, build_inputs, reference, rel_l2  # noqa: E402
-from ssd_bench_providers import first_line, load_ops, make_provider  # noqa: E402
+from ssd_bench_providers import (  # noqa: E402
+    compile_autotune_configs_in_parallel,
+    first_line,
+    load_ops,
+    make_provider,
+)
 
-PROVIDERS = ("triton", "torch", "mamba_ssm", "mamba_ssm_batch")
+PROVIDERS = ("triton", "upstream", "mamba_ssm", "mamba_ssm_batch", "torch")
+DEFAULT_PROVIDERS = ("triton", "upstream", "mamba_ssm", "mamba_ssm_batch")
+PEERS = ("upstream", "mamba_ssm", "mamba_ssm_batch")
 OURS = ("triton", "torch")
+LONG_SLEEP_CYCLES = 4_000_000  # ~2 ms at the H200's ~2 GHz
 TOL = {"bfloat16": 1e-2, "float16": 5e-3, "float32": 1e-3}  # rel-L2, y and states
 
 
@@ -84,7 +108,10 @@ class Result:
     pct_mm: float = float("nan")
     y_rel_l2: float = float("nan")
     state_rel_l2: float = float("nan")
-    vs_mamba_ssm: float = float("nan")  # this time / mamba_ssm's (varlen, else batch)
+    cold200: float = float("nan")  # cold with anchors-h200's 200 us sleep
+    graph: float = float("nan")  # CUDA-graph replay per call, warm L2
+    host: float = float("nan")  # eager back-to-back loop per call
+    vs_best_peer: float = float("nan")  # this time / the fastest peer's (upstream, mamba_ssm)
 
 
 def check(run, case, inp, res, tol) -> None:
@@ -105,6 +132,26 @@ def check(run, case, inp, res, tol) -> None:
         res.note = f"nan={nan} other_lines_untouched={untouched} tol={tol:g}"
 
 
+def cold_samples(timer, fn, reps: int, sleep_cycles: int) -> list[float]:
+    """``ColdTimer.samples`` with a chosen GPU sleep before each call."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(reps):
+        timer.flush.zero_()
+        torch.cuda._sleep(sleep_cycles)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e3 for s, e in pairs]
+
+
 def measure(run, plan, inp, res, timer, rates, reps) -> None:
     pool = inp.pool.clone()
     if timer is None:  # CPU smoke: wall clock
@@ -114,7 +161,17 @@ def measure(run, plan, inp, res, timer, rates, reps) -> None:
             run(pool)
             samples.append((time.perf_counter() - t0) * 1e6)
     else:
-        samples = timer.samples(lambda: run(pool), reps)
+        from benchmark_utils import SLEEP_CYCLES
+
+        samples = cold_samples(timer, lambda: run(pool), reps, LONG_SLEEP_CYCLES)
+        res.cold200 = statistics.median(cold_samples(timer, lambda: run(pool), reps, SLEEP_CYCLES))
+        us = statistics.median(samples)
+        try:
+            calls = max(2, min(20, round(5000 / us)))
+            res.graph = statistics.median(graph_samples(lambda: run(pool), calls, replays=10))
+        except Exception as err:  # not capturable (a host sync inside): say so
+            res.note = f"graph: {first_line(err)}"[:200]
+        res.host = host_us(lambda: run(pool), n=max(5, min(100, round(50000 / us))), warmup=3)
     res.us, res.p20, res.p80 = summarize(samples)
     if plan is not None:
         t = []
@@ -155,18 +212,17 @@ def run_case(case, args, ops, timer, rates, seed) -> list[Result]:
                 if res.status == "ok":
                     measure(run, plan, inp, res, timer, rates, args.reps)
         except Exception as err:  # recorded, never faked: mamba_ssm's refusals land here
-            refused = name.startswith("mamba_ssm") and isinstance(err, AssertionError | ValueError)
+            refused = name in PEERS and isinstance(err, AssertionError | ValueError)
             res.status = "refused" if refused else "ERROR"
             res.note = first_line(err)
         if inp.x.is_cuda:
             torch.cuda.synchronize()
         results.append(res)
         print(_line(res), flush=True)
-    ok = {r.provider: r for r in results if r.status == "ok"}
-    base = ok.get("mamba_ssm") or ok.get("mamba_ssm_batch")
+    peers = [r.us for r in results if r.status == "ok" and r.provider in PEERS]
     for r in results:
-        if base is not None and r.status == "ok":
-            r.vs_mamba_ssm = r.us / base.us
+        if peers and r.status == "ok":
+            r.vs_best_peer = r.us / min(peers)
     del inp
     if args.device == "cuda":
         torch.cuda.empty_cache()  # the next case's inputs and pools start from a clean pool
@@ -174,11 +230,12 @@ def run_case(case, args, ops, timer, rates, seed) -> list[Result]:
 
 
 def _line(r: Result) -> str:
-    text = f"{r.case:14s} {r.provider:16s} {r.status:7s}"
+    text = f"{r.case:18s} {r.provider:16s} {r.status:7s}"
     if r.status == "ok":
         text += (
-            f" {r.us:10.1f} us [{r.p20:.1f}, {r.p80:.1f}]  {r.tflops:6.1f} TFLOP/s"
-            f"  {r.gbps:7.1f} GB/s  y {r.y_rel_l2:.2e}  states {r.state_rel_l2:.2e}"
+            f" {r.us:9.1f} us [{r.p20:.1f}, {r.p80:.1f}] cold200 {r.cold200:8.1f} graph"
+            f" {r.graph:8.1f} host {r.host:8.1f}  {r.tflops:5.1f} TFLOP/s  y {r.y_rel_l2:.1e}"
+            f"  states {r.state_rel_l2:.1e}"
         )
     return text + (f"  [{r.note}]" if r.note else "")
 
@@ -231,15 +288,17 @@ def _f(v, d=1) -> str:
 
 
 def markdown(env, results, ops) -> str:
-    mamba = ops.get("mamba_ssm")
+    mamba, upstream = ops.get("mamba_ssm"), ops.get("upstream")
     lines = [
         "# SSD (Mamba2 chunked scan) benchmark",
         "",
         f"- GPU: {env['gpu']}; torch {env['torch']} (CUDA {env['cuda']}); triton {env['triton']}",
         f"- git: {env['git_sha']}; {env['date_utc']} UTC",
         f"- command: `{env['command']}`",
-        f"- {env['dtype']} activations, {env['state_dtype']} state pool; cold L2, one call, "
-        "median [p20, p80]; plan = host layout build (outside the timed call)",
+        f"- {env['dtype']} activations, {env['state_dtype']} state pool. us: cold L2, one call, "
+        "~2 ms GPU sleep before it (host work hidden), median [p20, p80]; cold200: the same "
+        "with a 200 us sleep; graph: CUDA-graph replay per call (warm L2); host: eager loop "
+        "per call; plan = host layout build (outside the timed call)",
         f"- device copy {env['copy_gbps']:.0f} GB/s, bf16 matmul {env['matmul_tflops']:.0f} "
         "TFLOP/s (both measured at the start of this run)",
         "- mamba_ssm: "
@@ -248,10 +307,16 @@ def markdown(env, results, ops) -> str:
             if hasattr(mamba, "version")
             else str(mamba or "not requested")
         ),
+        "- upstream: "
+        + (
+            f"vLLM 0.33.0 Triton SSD ({Path(upstream.__file__).parent})"
+            if hasattr(upstream, "__file__")
+            else str(upstream or "not requested")
+        ),
         "",
-        "| case | provider | status | us [p20, p80] | plan us | GFLOP | MB | TFLOP/s | GB/s "
-        "| % copy | % mm | y rel-L2 | state rel-L2 | / mamba_ssm |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | provider | status | us [p20, p80] | cold200 | graph | host | plan us | GFLOP "
+        "| MB | TFLOP/s | GB/s | % copy | % mm | y rel-L2 | state rel-L2 | / best peer |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     notes = []
     for r in results:
@@ -263,19 +328,38 @@ def markdown(env, results, ops) -> str:
         err = "" if r.y_rel_l2 != r.y_rel_l2 else f"{r.y_rel_l2:.1e}"
         serr = "" if r.state_rel_l2 != r.state_rel_l2 else f"{r.state_rel_l2:.1e}"
         lines.append(
-            f"| {r.case} | {r.provider} | {status} | {time_cell} | {_f(r.plan_us)} | "
+            f"| {r.case} | {r.provider} | {status} | {time_cell} | {_f(r.cold200)} | "
+            f"{_f(r.graph)} | {_f(r.host)} | {_f(r.plan_us)} | "
             f"{r.gflop:.4g} | {r.mbytes:.4g} | {_f(r.tflops)} | {_f(r.gbps)} | "
-            f"{_f(r.pct_copy)} | {_f(r.pct_mm)} | {err} | {serr} | {_f(r.vs_mamba_ssm, 2)} |"
+            f"{_f(r.pct_copy)} | {_f(r.pct_mm)} | {err} | {serr} | {_f(r.vs_best_peer, 2)} |"
         )
     lines += ["", *(f"[{i}] {n}" for i, n in enumerate(notes, 1))]
     return "\n".join(lines) + "\n"
+
+
+def summary(results) -> str:
+    """One line per case: each provider's time (us, cold), and ours over the best peer's."""
+    cases = list(dict.fromkeys(r.case for r in results))
+    names = list(dict.fromkeys(r.provider for r in results))
+    lines = ["case".ljust(20) + "".join(n.rjust(17) for n in names) + "   ours/best peer"]
+    for case in cases:
+        row = {r.provider: r for r in results if r.case == case}
+        cells = []
+        for n in names:
+            r = row.get(n)
+            cells.append((f"{r.us:.1f}" if r is not None and r.status == "ok" else
+                          (r.status if r is not None else "")).rjust(17))  # fmt: skip
+        ours = row.get("triton")
+        ratio = _f(ours.vs_best_peer, 2) if ours is not None else ""
+        lines.append(case.ljust(20) + "".join(cells) + ratio.rjust(18))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny cases (CPU: interpreted)")
     p.add_argument("--cases", nargs="+", help="case names (default: all of the mode)")
-    p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
+    p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(DEFAULT_PROVIDERS))
     p.add_argument("--reps", type=int, default=None, help="timed calls (default 25; smoke 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="output directory")
@@ -308,6 +392,8 @@ def main(argv=None) -> int:
         f"{rates['matmul_tflops']:.0f} TFLOP/s",
         flush=True,
     )
+    if on_cuda:
+        compile_autotune_configs_in_parallel()
     ops = load_ops(args.providers)
     results = []
     for i, name in enumerate(names):
@@ -323,6 +409,7 @@ def main(argv=None) -> int:
     text = markdown(env, results, ops)
     Path(f"{stem}.md").write_text(text)
     print("\n" + text + f"wrote {stem}.csv, .json, .md; {env['seconds']} s")
+    print(summary(results))
     bad = [r for r in results if r.provider in OURS and r.status in ("FAIL", "ERROR")]
     bad += [r for r in results if r.status == "FAIL"]
     return 1 if bad else 0

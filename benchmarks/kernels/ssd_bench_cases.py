@@ -38,6 +38,9 @@ class Shape:
 
 
 CODESTRAL = Shape(nheads=128, headdim=64, dstate=128, ngroups=8, chunk=256)
+# Granite-4.0-H's Mamba2 layer as the issue gives it: state 256, one group (128 heads of 64,
+# chunk 256, as its 4096-wide model expands to 8192 channels).
+GRANITE = Shape(nheads=128, headdim=64, dstate=256, ngroups=1, chunk=256)
 TINY = Shape(nheads=4, headdim=8, dstate=8, ngroups=2, chunk=8)
 
 
@@ -75,8 +78,8 @@ class Case:
         return self.tokens * per_token * act_bytes + states + 3 * s.nheads * 4
 
 
-def _uniform(n, a, init=False):
-    return Case(f"{n}x{a}" + ("_init" if init else ""), (a,) * n, (init,) * n)
+def _uniform(n, a, init=False, shape=CODESTRAL, prefix=""):
+    return Case(prefix + f"{n}x{a}" + ("_init" if init else ""), (a,) * n, (init,) * n, shape)
 
 
 CASES = {
@@ -88,6 +91,8 @@ CASES = {
         _uniform(16, 512),
         _uniform(128, 512, init=True),
         _uniform(1, 32768),
+        _uniform(1, 8192, shape=GRANITE, prefix="granite_"),
+        _uniform(16, 512, init=True, shape=GRANITE, prefix="granite_"),
     )
 }
 # CPU smoke (interpreter): unequal lengths, a partial chunk, mixed initial-state flags,

@@ -1,5 +1,10 @@
 """The SSD benchmark's providers (benchmark_ssd.py says what each one is).
 
+Upstream vLLM 0.33.0's Triton SSD is imported as the package ``upstream_vllm033`` (its
+``ops/ssd_*.py`` and helpers from the PyPI wheel, with small shims for its imports of
+vllm's platforms, triton_utils and envs), which is never committed: the GPU run carries the
+folder that holds it and puts it on ``PYTHONPATH``. Without it the provider says why.
+
 ``make_provider`` gives ``(run, plan)``: ``run(pool) -> y`` does one call on the case's
 data, reading initial states from and writing final states to the pool lines of the
 sequences; ``plan()`` rebuilds the host-side layout (None where there is none). Or it
@@ -35,6 +40,17 @@ def load_ops(providers) -> dict:
             )
         except ImportError as err:
             ops["triton"] = f"ssd_combined not importable ({err})"
+    if "upstream" in providers:
+        try:
+            from upstream_vllm033.ops import ssd_combined as upstream
+
+            ops["upstream"] = upstream
+            if not torch.cuda.is_available():
+                _first_config_only(upstream)
+        except ImportError as err:
+            ops["upstream"] = (
+                f"upstream_vllm033 not importable ({err}): put the folder holding it on PYTHONPATH"
+            )
     if {"mamba_ssm", "mamba_ssm_batch"} & set(providers):
         from mamba_ssm_import import import_mamba_ssm_triton, interpreter_shims
 
@@ -46,6 +62,56 @@ def load_ops(providers) -> dict:
             if not torch.cuda.is_available():
                 interpreter_shims()
     return ops
+
+
+def compile_autotune_configs_in_parallel(workers: int | None = None) -> None:
+    """Make every Triton autotuner compile all of a key's configs at once, in threads
+    (Triton releases the GIL while compiling), before it benchmarks them one by one: its
+    own loop compiles each config as it reaches it, which at upstream's and mamba_ssm's
+    dozens of configs per kernel costs minutes of device time. What the autotuner then
+    measures and picks is unchanged. Process-wide; a failure leaves the plain path."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime.autotuner import Autotuner
+
+    original = Autotuner.run
+    if getattr(original, "_parallel", False):
+        return
+
+    def run(self, *args, **kwargs):
+        try:
+            nargs = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+            named = {k: v for k, v in nargs.items() if k in self.arg_names}
+            key = [named[k] for k in self.keys if k in named]
+            key += [str(v.dtype) for v in named.values() if hasattr(v, "dtype")]
+            if len(self.configs) > 1 and tuple(key) not in self.cache:
+                rest = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+                n = workers or os.cpu_count() or 1
+                with ThreadPoolExecutor(n) as pool, AsyncCompileMode(pool, ignore_errors=True):
+                    for config in self.prune_configs(kwargs):
+                        self.fn.warmup(*args, grid=(1,), **rest, **config.all_kwargs())
+        except Exception:  # the autotuner's own path still compiles what is missing
+            pass
+        return original(self, *args, **kwargs)
+
+    run._parallel = True
+    Autotuner.run = run
+
+
+def _first_config_only(module) -> None:
+    """Under the interpreter (CPU smoke) an autotuner would time every config: keep each of
+    the upstream kernels' autotuners at its first."""
+    import sys
+
+    from triton.runtime.autotuner import Autotuner
+
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("upstream_vllm033.ops"):
+            for value in vars(mod).values():
+                if isinstance(value, Autotuner):
+                    value.configs = value.configs[:1]
 
 
 def _kw(inp) -> dict:
@@ -90,6 +156,35 @@ def _torch(case, inp):
         return out
 
     return run, make_layout
+
+
+def _upstream(case, inp, upstream):
+    """vLLM 0.33.0's ``mamba_chunk_scan_combined_varlen`` called as its Mamba2 mixer calls
+    it: the step's chunk metadata built on the host beforehand (as vLLM's metadata builder
+    does; ours likewise), the initial states gathered from the pool (zeros for sequences
+    without one), the final states written into the pool by the kernel
+    (``final_states_out``, ``final_state_indices``), ``state_dtype`` the pool's."""
+    from vllm.model_executor.layers.mamba.ops.ssd_layout import plan_ssd_chunks
+
+    dev = inp.x.device
+    lay = plan_ssd_chunks(inp.qsl_cpu, case.shape.chunk)
+    cu_seqlens = inp.qsl_cpu.to(dev)
+    cu_chunk = lay.chunk_starts.to(dev)
+    last_chunk = (lay.seq_chunk_starts[1:] - 1).to(dev)
+    seq_idx = lay.chunk_seqs.to(dev)
+    out = torch.empty_like(inp.x)
+
+    def run(pool):
+        initial = _initial(inp, pool) if any(case.init) else None
+        upstream.mamba_chunk_scan_combined_varlen(
+            inp.x, inp.dt, inp.A, inp.B, inp.C, case.shape.chunk, cu_seqlens=cu_seqlens,
+            cu_chunk_seqlens=cu_chunk, last_chunk_indices=last_chunk, seq_idx=seq_idx,
+            out=out, initial_states=initial, state_dtype=pool.dtype, final_states_out=pool,
+            final_state_indices=inp.idx, **_kw(inp),
+        )  # fmt: skip
+        return out
+
+    return run, None
 
 
 def _mamba_ssm_packed(case, inp, scan):
@@ -140,6 +235,12 @@ def _mamba_ssm_batch(case, inp, scan):
 def make_provider(name, case, inp, ops):
     if name == "torch":
         return _torch(case, inp)
+    if name == "upstream":
+        return (
+            ops["upstream"]
+            if isinstance(ops["upstream"], str)
+            else _upstream(case, inp, ops["upstream"])
+        )
     family = "triton" if name == "triton" else "mamba_ssm"
     if isinstance(ops[family], str):
         return ops[family]

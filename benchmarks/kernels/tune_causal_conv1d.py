@@ -2,11 +2,17 @@
 
 Prints, per case, the cold GPU time of each configuration (L2 flushed, GPU
 kept busy with ``torch.cuda._sleep`` so host launch cost is hidden) and checks
-every configuration against the fp32 reference first. Used to pick the
-heuristics in ``_fwd_block_t`` / ``_fwd_config`` / ``_decode_config``; the numbers it prints are
+every configuration against the fp32 reference first. Used to pick the launch
+configurations (``configs/causal_conv1d/*.json``, read by ``causal_conv1d_host``'s
+``_fwd_block_t`` / ``_fwd_configs`` / ``_decode_configs``); the numbers it prints are
 exploration, the benchmark of record is ``benchmark_causal_conv1d.py``.
 
     python benchmarks/kernels/tune_causal_conv1d.py [--quick | --small-steps] [--json PATH]
+        [--write [PATH]]
+
+``--write`` writes the device's table (or PATH): the current entries, with the decode
+kernel's configurations replaced by the fastest correct ones of the sweep (``lone`` from
+batches of one or two sequences, ``batch`` from the others, by CUDA-graph time).
 
 ``--small-steps`` sweeps a wider grid of forward configurations on steps of 2048 to
 32768 tokens only (no decode, host or CUDA parts).
@@ -21,6 +27,23 @@ import torch
 from benchmark_utils import cold_us, copy_gbps, graph_us, host_us
 
 from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
+from vllm.model_executor.layers.mamba.ops import causal_conv1d_host as host
+
+# The plans read their configurations in causal_conv1d_host, the full path in causal_conv1d:
+# a sweep swaps both, and forgets the plans made with the previous configuration.
+_CONFIG_NAMES = ("_fwd_config", "_fwd_block_t", "_fwd_configs", "_decode_config", "_decode_configs")
+
+
+def swap_configs(**functions) -> dict:
+    """Replace the named configuration functions in both modules; returns the originals."""
+    original = {name: getattr(host, name) for name in _CONFIG_NAMES}
+    for name, fn in functions.items():
+        setattr(host, name, fn)
+        if hasattr(cc, name):
+            setattr(cc, name, fn)
+    cc.clear_host_caches()
+    return original
+
 
 DTYPE = torch.bfloat16
 WIDTH = 4
@@ -67,12 +90,13 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--small-steps", action="store_true", help="wide forward sweep, small steps")
     p.add_argument("--json")
+    p.add_argument("--write", nargs="?", const="", default=None, help="write the table")
     args = p.parse_args()
     torch.manual_seed(0)
     results = {"copy_gbps": copy_gbps()}
     print(f"device copy: {results['copy_gbps']:.0f} GB/s")
 
-    orig_fwd, orig_bt = cc._fwd_config, cc._fwd_block_t
+    original = {name: getattr(host, name) for name in _CONFIG_NAMES}
     fwd_cases = {
         "T2048x1": ([2048], 0, False),
         "T8192x16": ([512] * 16, 0, False),
@@ -110,8 +134,12 @@ def main():
             cfg = dict(BLOCK_G=bg, BLOCK_D=vec // 2 * 32 * nw, HEAD_S=hs, num_warps=nw)
             if maxr:
                 cfg["maxnreg"] = maxr
-            cc._fwd_config = lambda *a, cfg=cfg: dict(cfg)
-            cc._fwd_block_t = lambda n, bt=bt: bt
+            swap_configs(
+                _fwd_config=lambda *a, cfg=cfg: dict(cfg),
+                _fwd_configs=lambda es, cfg=cfg: {n: cfg for n in ("small_step", "tiles",
+                                                                     "many_heads")},
+                _fwd_block_t=lambda n, bt=bt: bt,
+            )  # fmt: skip
             c["meta"] = cc.compute_causal_conv1d_metadata(c["qsl_cpu"], "cuda")
             key = f"T{bt}_G{bg}_V{vec}_w{nw}_S{hs}" + (f"_r{maxr}" if maxr else "")
             try:
@@ -121,7 +149,7 @@ def main():
                 print(f"{name} {key}: FAILED {type(e).__name__}: {e}")
                 continue
             row[key] = dict(us=us, ok=ok, err=err, pct=nbytes / us / 1e3 / results["copy_gbps"])
-        cc._fwd_config, cc._fwd_block_t = orig_fwd, orig_bt
+        swap_configs(**original)
         c["meta"] = cc.compute_causal_conv1d_metadata(c["qsl_cpu"], "cuda")
         best = sorted(row.items(), key=lambda kv: kv[1]["us"])
         print(f"\n{name}: T={c['T']} bytes={nbytes / 1e6:.1f} MB")
@@ -166,7 +194,7 @@ def main():
     print("\nhost us per eager call:", {k: round(v, 1) for k, v in results["host"].items()})
 
     # Decode: one token per sequence, 1024-line pool, CUDA graph.
-    orig_dec = cc._decode_config
+    orig_dec = original["_decode_config"]
     results["update"] = {}
     for B in (1, 32, 512) if args.quick else (1, 8, 32, 128, 256, 512):
         dim = 8448
@@ -181,14 +209,18 @@ def main():
         if args.quick:
             dec_configs = [(64, 1), (128, 2), (256, 4), (256, 2), (512, 4)]
         for bd, nw in dec_configs:
-            cc._decode_config = lambda *a, bd=bd, nw=nw: dict(BLOCK_D=bd, num_warps=nw)
+            cfg = dict(BLOCK_D=bd, num_warps=nw)
+            swap_configs(
+                _decode_config=lambda *a, cfg=cfg: dict(cfg),
+                _decode_configs=lambda es, cfg=cfg: {"lone": cfg, "batch": cfg},
+            )
             s1, s2 = st.clone(), st.clone()
             o1 = cc.causal_conv1d_update(x, s1, w, b, "silu", idx)
             o2 = cc.causal_conv1d_update_ref(x, s2, w, b, "silu", idx)
             ok = torch.equal(s1, s2) and (o1.float() - o2.float()).abs().max().item() < 5e-2
             fn = functools.partial(cc.causal_conv1d_update, x, st, w, b, "silu", idx)
             row[f"D{bd}_w{nw}"] = dict(graph=graph_us(fn), cold=cold_us(fn), ok=ok)
-        cc._decode_config = orig_dec
+        swap_configs(**original)
         fn = functools.partial(cc.causal_conv1d_update, x, st, w, b, "silu", idx)
         default = dict(graph=graph_us(fn), cold=cold_us(fn), host=host_us(fn),
                        cfg=orig_dec(B, dim, 2))  # fmt: skip
@@ -224,6 +256,49 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.write is not None:
+        write_table(args, results["update"])
+
+
+def write_table(args, update: dict) -> None:
+    """The current entries, with the decode configurations the sweep found fastest."""
+    import sys
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from run_info import git_sha
+
+    from vllm.triton_utils import configs as tables
+
+    def best(batches):
+        totals: dict = {}
+        for b in batches:
+            for key, r in update[b]["configs"].items():
+                if r["ok"] and totals.get(key, 0.0) != float("inf"):
+                    totals[key] = totals.get(key, 0.0) + r["graph"]
+                else:
+                    totals[key] = float("inf")
+        key = min(totals, key=totals.get)
+        bd, nw = key[1:].split("_w")
+        return dict(BLOCK_D=int(bd), num_warps=int(nw))
+
+    key = tables.table_key(elem_size=torch.empty(0, dtype=DTYPE).element_size())
+    entry = tables.lookup(host.CONFIG_FOLDER, key)
+    lone = [b for b in update if int(b[1:]) <= 2]
+    entry["decode"] = dict(entry["decode"], batch=best([b for b in update if b not in lone]))
+    if lone:
+        entry["decode"]["lone"] = best(lone)
+    path = Path(args.write or host.CONFIG_FOLDER / f"{tables.device_file_name()}.json")
+    old = json.loads(path.read_text())["entries"] if path.is_file() else {}
+    entries = dict(old, **{key: entry, "tiles": tables.lookup(host.CONFIG_FOLDER, "tiles")})
+    meta = dict(
+        command="python benchmarks/kernels/tune_causal_conv1d.py " + " ".join(sys.argv[1:]),
+        commit=git_sha(),
+        device=torch.cuda.get_device_name(),
+        date_utc=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    )
+    tables.write_table(path, entries, meta)
+    print(f"wrote {path} [{key}]: {entry}")
 
 
 if __name__ == "__main__":

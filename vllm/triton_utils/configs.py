@@ -15,6 +15,7 @@ falls back from the device's file to ``default.json`` key by key, then to ``"*"`
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -66,6 +67,19 @@ def lookup(folder: Path, key: str, device: torch.device | int | None = None) -> 
             if k in entries:
                 return dict(entries[k])
     raise KeyError(f"no launch configuration for {key!r} in {folder} (tables: {names})")
+
+
+def lookup_first(folder: Path, keys: list[str], device: torch.device | int | None = None) -> dict:
+    """``lookup`` over several keys, most specific first: the first key found in the
+    device's table or in ``default.json`` wins (a tuned shape over a general one); ``"*"``
+    only when none is. A copy, as ``lookup``'s."""
+    names = [device_file_name(device), DEFAULT] if torch.cuda.is_available() else [DEFAULT]
+    for k in (*keys, WILDCARD):
+        for stem in names:
+            entries = _read(Path(folder) / f"{stem}.json")
+            if k in entries:
+                return copy.deepcopy(entries[k])
+    raise KeyError(f"no launch configuration for {keys!r} in {folder} (tables: {names})")
 
 
 def write_table(path: Path, entries: dict[str, dict], meta: dict) -> None:

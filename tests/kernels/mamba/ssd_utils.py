@@ -49,6 +49,8 @@ class Case:
     strided: bool = False  # x | dt, B | C column slices of wider tensors, a strided pool
     idx64: bool = False
     offset: int = 3  # rows before the first sequence
+    z: bool = False  # gating inside the scan: y * silu(z)
+    D2: bool = False  # D per head and headdim: (nheads, headdim)
 
     @property
     def id(self) -> str:
@@ -73,6 +75,7 @@ class Case:
             parts.append("strided")
         if self.idx64:
             parts.append("idx64")
+        parts += [n for n, on in (("z", self.z), ("Dhp", self.D2)) if on]
         return "_".join(parts)
 
     @property
@@ -145,12 +148,20 @@ def build(case: Case, device, key=None) -> Inputs:
         has_initial_state=None
         if case.init == "none"
         else torch.tensor(init, dtype=torch.bool, device=device),
-        D=torch.randn(H, generator=gen).to(**f32) if case.D else None,
+        D=(torch.randn(H, P, generator=gen) if case.D2 else torch.randn(H, generator=gen)).to(**f32)
+        if case.D
+        else None,
         dt_bias=(0.3 * torch.randn(H, generator=gen)).to(**f32) if case.dt_bias else None,
         dt_softplus=case.softplus,
         dt_limit=case.limit,
         out=out,
+        z=None,
     )
+    if case.z:
+        if case.strided:  # a column slice of a wider projection, as the mixer's z is
+            kwargs["z"] = rnd(T, H * P + 5)[:, 5:].unflatten(-1, (H, P))
+        else:
+            kwargs["z"] = rnd(T, H, P)
     return Inputs(qsl, pool, lines.tolist(), init, kwargs)
 
 
@@ -163,14 +174,84 @@ def run_ssd(case: Case, inp: Inputs, device, qsl=None, **overrides):
     return mamba_chunk_scan_combined_varlen(x, dt, A, B, C, layout, pool, **kw)
 
 
-def run_ref(inp: Inputs, pool: torch.Tensor) -> torch.Tensor:
-    """``ssm_scan_ref`` (fp32, token by token) on ``pool``; y of every row (0 elsewhere)."""
+def run_ref(inp: Inputs, pool: torch.Tensor, qsl=None) -> torch.Tensor:
+    """``ssm_scan_ref`` (fp32, token by token) on ``pool``; y of every row (0 elsewhere and
+    for padded sequences), with D per head or per (head, headdim) and the z gate applied
+    as the op applies them: ``y = (scan + D x) * silu(z)``."""
     kw = inp.kwargs
-    return ssm_scan_ref(
-        kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], inp.qsl, pool, kw["state_indices"],
-        kw["has_initial_state"], D=kw["D"], dt_bias=kw["dt_bias"],
+    qsl = inp.qsl if qsl is None else qsl
+    y = ssm_scan_ref(
+        kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], qsl, pool, kw["state_indices"],
+        kw["has_initial_state"], D=None, dt_bias=kw["dt_bias"],
         dt_softplus=kw["dt_softplus"], dt_limit=kw["dt_limit"],
     )  # fmt: skip
+    live = torch.zeros(y.shape[0], dtype=torch.bool, device=y.device)
+    for i, line in enumerate(kw["state_indices"].tolist()):
+        if line != PAD_SLOT_ID:
+            live[int(qsl[i]) : int(qsl[i + 1])] = True
+    D = kw["D"]
+    if D is not None:
+        D = D.float()[None] if D.dim() == 2 else D.float()[None, :, None]
+        y = y + torch.where(live[:, None, None], D * kw["x"].float(), 0.0)
+    if kw.get("z") is not None:
+        z = kw["z"].float()
+        y = y * z * torch.sigmoid(z)
+    return y
+
+
+def chunk_end_states_ref(case: Case, inp: Inputs, pool: torch.Tensor) -> list:
+    """The state at the end of each chunk of the layout (``plan_ssd_chunks``), by the
+    per-token reference on the sequence's rows up to the chunk's end; None for a chunk of a
+    padded sequence."""
+    layout = plan_ssd_chunks(inp.qsl, case.chunk)
+    kw = inp.kwargs
+    states = []
+    for c in range(layout.num_chunks):
+        seq = int(layout.chunk_seqs[c])
+        if inp.lines[seq] == PAD_SLOT_ID:
+            states.append(None)
+            continue
+        scratch = pool.clone()
+        sub = dict(kw, state_indices=kw["state_indices"][seq : seq + 1],
+                   has_initial_state=None if kw["has_initial_state"] is None
+                   else kw["has_initial_state"][seq : seq + 1])  # fmt: skip
+        rows = torch.tensor([int(inp.qsl[seq]), int(layout.chunk_starts[c + 1])])
+        ssm_scan_ref(
+            sub["x"], sub["dt"], sub["A"], sub["B"], sub["C"], rows, scratch,
+            sub["state_indices"], sub["has_initial_state"], dt_bias=sub["dt_bias"],
+            dt_softplus=sub["dt_softplus"], dt_limit=sub["dt_limit"],
+        )  # fmt: skip
+        states.append(scratch[inp.lines[seq]].float())
+    return states
+
+
+def small_blocks(monkeypatch, **blocks) -> None:
+    """Run the SSD with launch blocks smaller than the chunk (default 16: the smallest
+    ``tl.dot`` takes), so that the interpreter's small chunks reach every path the model
+    shapes reach on the GPU: several row blocks (the off-diagonal source blocks of the
+    chunk scan), several CB block rows, several chunk-state token blocks."""
+    from vllm.model_executor.layers.mamba.ops import ssd_combined
+    from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
+
+    original = ssd_combined.ssd_configs
+    sizes = dict(
+        chunk_scan=dict(BLOCK_M=16, BLOCK_K=16),
+        chunk_state=dict(BLOCK_T=16),
+        state_passing=dict(BLOCK_T=16, BLOCK_SP=4, BLOCK_SN=8),
+    )
+    for name, value in blocks.items():
+        kernel, key = name.split("__")
+        sizes[kernel][key] = value
+
+    def configs(*args):
+        table = {k: dict(v) if isinstance(v, dict) else v for k, v in original(*args).items()}
+        for kernel, changes in sizes.items():
+            table[kernel].update(changes)
+        return table
+
+    monkeypatch.setattr(ssd_combined, "ssd_configs", configs)
+    PLANS.clear()
+    monkeypatch.setattr(PLANS, "get", lambda key: None)  # plans keep their configuration
 
 
 def coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
@@ -216,9 +297,15 @@ def torch_reference(case: Case, inp: Inputs, chunk: int | None = None):
 
     y, final = chunk_scan_varlen(
         f32(kw["x"][rows]), f32(kw["dt"][rows]), kw["A"], f32(kw["B"][rows]),
-        f32(kw["C"][rows]), layout, initial, D=kw["D"], dt_bias=kw["dt_bias"],
+        f32(kw["C"][rows]), layout, initial, dt_bias=kw["dt_bias"],
         dt_softplus=kw["dt_softplus"], dt_limit=kw["dt_limit"],
     )  # fmt: skip
+    D = kw["D"]
+    if D is not None:  # per head or per (head, headdim), then the gate: as the op does
+        y = y + (D.float()[None] if D.dim() == 2 else D.float()[None, :, None]) * f32(kw["x"][rows])
+    if kw.get("z") is not None:
+        z = f32(kw["z"][rows])
+        y = y * z * torch.sigmoid(z)
     # Padded sequences: y = 0 (the reference's rule), no final state.
     seq_of_row = torch.repeat_interleave(torch.arange(len(case.lens)), torch.tensor(case.lens))
     pad_rows = (lines.cpu() == PAD_SLOT_ID)[seq_of_row].to(dev)

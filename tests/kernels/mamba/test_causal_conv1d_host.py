@@ -23,8 +23,8 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     causal_conv1d_update_ref,
     compute_causal_conv1d_metadata,
 )
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import PlanCache
 from vllm.triton_utils import launch as launch_mod
+from vllm.triton_utils.host import PlanCache
 
 from . import test_causal_conv1d_errors as errors
 from .conv_utils import (

@@ -17,8 +17,10 @@ from tests.kernels.mamba.ssd_utils import (
     build,
     check_against_reference,
     check_against_torch,
+    chunk_end_states_ref,
     run_ref,
     run_ssd,
+    small_blocks,
 )
 from tests.models.mamba2_utils import FP16, assert_close
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
@@ -41,12 +43,72 @@ CASES = [
     Case((12, 5, 1), strided=True),
     Case((14, 9), dtype=FP16, headdim=16, dstate=8, init="all"),
     Case((7, 12), dtype=FP16, state_dtype=FP16, strided=True, pads=1),
+    Case((9, 14), z=True),  # gating inside the scan
+    Case((11, 5), D2=True, init="all"),  # D per (head, headdim)
+    Case((6, 13, 2), z=True, D2=True, strided=True, pads=1),
+    Case((12, 7), dtype=FP16, headdim=16, z=True, D2=True),
 ]
+# Chunks longer than the launch blocks (small_blocks): several row blocks per chunk, so the
+# chunk scan's factored off-diagonal blocks, the CB job's block rows and the chunk state's
+# token blocks all run.
+BLOCK_CASES = [
+    Case((70, 33), chunk=32, groups=1),
+    Case((64, 1, 45), chunk=32, init="all", pads=1, z=True, D2=True),
+    Case((100,), heads=2, headdim=16, dstate=32, groups=1, chunk=64, init="off"),
+    Case((50, 19), chunk=32, dtype=FP16, headdim=16, limit=(0.05, 0.3)),
+]
+
+
+@pytest.fixture
+def blocks(monkeypatch):
+    from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
+
+    small_blocks(monkeypatch)
+    yield
+    PLANS.clear()  # the plans made here keep the small blocks
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_ssd_matches_reference(case: Case, device, nan_poison):
     check_against_reference(case, build(case, device), device)
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=lambda c: c.id)
+def test_ssd_matches_reference_with_blocks_smaller_than_the_chunk(case, device, nan_poison, blocks):
+    check_against_reference(case, build(case, device), device)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [Case((13, 8, 0, 3), pads=1), Case((40, 17), chunk=16, init="all", groups=1)],
+    ids=lambda c: c.id,
+)
+def test_chunk_end_states_into_given_lines(case, device, nan_poison, blocks):
+    """``chunk_state_indices``: the state at the end of every chunk of the layout goes to
+    its line (PAD_SLOT_ID: none); the sequences' final states and outputs are as without
+    it, and lines nobody names stay bit-identical."""
+    inp = build(case, device)
+    layout = plan_ssd_chunks(inp.qsl, case.chunk)
+    extra = layout.num_chunks + 1
+    pool = torch.cat([inp.pool, torch.randn(extra, *inp.pool.shape[1:]).to(inp.pool)])
+    lines = torch.arange(case.num_lines, case.num_lines + layout.num_chunks)
+    lines[1::3] = PAD_SLOT_ID  # some chunks' states are not wanted
+    expected = chunk_end_states_ref(case, inp, inp.pool)
+    plain = build(case, device)
+    y_plain = run_ssd(case, plain, device)
+    before = pool.clone()
+    y = run_ssd(case, inp, device, pool=pool, chunk_state_indices=lines.to(device, torch.int32))
+    rows = slice(case.offset, case.offset + sum(case.lens))
+    assert torch.equal(y[rows], y_plain[rows])
+    assert torch.equal(pool[: case.num_lines], plain.pool)
+    for c, line in enumerate(lines.tolist()):
+        if line == PAD_SLOT_ID or expected[c] is None:
+            continue
+        assert_close(pool[line], expected[c], "scan", case.dtype)
+    named = {line for line, s in zip(lines.tolist(), expected, strict=True) if s is not None}
+    for line in range(case.num_lines, pool.shape[0]):
+        if line not in named:
+            assert torch.equal(pool[line], before[line]), f"line {line} was touched"
 
 
 def test_ssd_matches_the_pytorch_scan(device, nan_poison):

@@ -101,10 +101,10 @@ def _op_args(case: Case, device):
     kw = inp.kwargs
     lay = plan_ssd_chunks(inp.qsl, case.chunk).to(device)
     lo, hi = kw["dt_limit"]
-    return (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], lay.chunk_starts, lay.chunk_seqs,
-            lay.seq_chunk_starts, lay.chunk_size, inp.pool, kw["state_indices"],
-            kw["has_initial_state"], kw["D"], kw["dt_bias"], kw["dt_softplus"], lo, hi,
-            kw["out"])  # fmt: skip
+    return (kw["x"], None, kw["dt"], kw["A"], kw["B"], kw["C"], lay.chunk_starts,
+            lay.chunk_seqs, lay.seq_chunk_starts, lay.chunk_size, inp.pool,
+            kw["state_indices"], kw["has_initial_state"], None, kw["D"], kw["dt_bias"],
+            kw["dt_softplus"], lo, hi, kw["out"])  # fmt: skip
 
 
 _CPU_KERNEL = pytest.param(
@@ -132,7 +132,7 @@ def test_op_writes_what_the_function_writes(device):
     y = run_ssd(CASE, inp, device)
     args = _op_args(CASE, device)
     torch.ops.vllm.mamba_chunk_scan_combined_varlen(*args)
-    pool, out = args[9], args[17]
+    pool, out = args[10], args[19]
     assert torch.equal(out[3:12], y[3:12]) and torch.equal(pool, inp.pool)
 
 

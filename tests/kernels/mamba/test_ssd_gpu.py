@@ -7,6 +7,7 @@ the per-token reference is too slow at these sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -45,7 +46,11 @@ GPU_CASES = [
     Case((900, 33), **FALCON_H1, dtype=BF16),
     Case((500, 1, 300), **ZAMBA2, dtype=BF16, D=False),
     Case((333, 90), heads=24, headdim=80, dstate=200, groups=3, chunk=100, dtype=BF16),
+    Case((1000, 37, 300), **CODESTRAL, dtype=BF16, z=True, D2=True, pads=1, strided=True),
+    Case((600, 129), **FALCON_H1, dtype=BF16, z=True, init="all"),
+    Case((400, 90), **CODESTRAL, dtype=FP16, state_dtype=FP32, D2=True),
 ]
+GRANITE = dict(heads=128, headdim=64, dstate=256, groups=1, chunk=256)
 
 
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
@@ -167,14 +172,16 @@ def test_gpu_int64_offsets():
         state_indices=torch.arange(2, dtype=torch.int32, device=device),
         has_initial_state=init, dt_softplus=True,
     )  # fmt: skip
+    chunk_lines = torch.tensor([num_lines - 2, -1], dtype=torch.int32, device=device)
     mamba_chunk_scan_combined_varlen(
         x, dt, A, bc[:, 0], bc[:, 1], plan_ssd_chunks(qsl, L).to(device), pool, idx, init,
-        dt_softplus=True, out=out,
+        dt_softplus=True, out=out, chunk_state_indices=chunk_lines,
     )  # fmt: skip
     assert_close(out[start : start + 280], y_small, "batching", BF16)
+    assert_close(pool[num_lines - 2], ref_pool[0], "batching", BF16)  # seq 0 is one chunk
     assert torch.isnan(out[start - 1]).all() and torch.isnan(out[start + 280]).all()
     assert_close(pool[lines], ref_pool, "batching", BF16)
-    assert not pool[num_lines - 2].any() and not pool[num_lines - 4].any()
+    assert not pool[num_lines - 4].any()  # named by no sequence and no chunk
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
@@ -205,7 +212,7 @@ def test_gpu_plans_launch_directly_and_agree_with_the_general_path(monkeypatch, 
 
     def counted(self, ptrs, num_chunks, num_seqs):
         direct.append((num_chunks, num_seqs))
-        original(self, ptrs, num_chunks, num_seqs)
+        return original(self, ptrs, num_chunks, num_seqs)  # False: the general path runs
 
     monkeypatch.setattr(ssd_launch.SSDPlan, "_launch_direct", counted)
     ssd_launch.PLANS.clear()
@@ -228,3 +235,101 @@ def test_gpu_plans_launch_directly_and_agree_with_the_general_path(monkeypatch, 
     for _ in range(2):
         check_against_torch(strided, build(strided, device), device)
     assert len(direct) == 2
+
+
+def test_gpu_granite_shape(nan_poison):
+    """Granite-4.0-H's layer (state 256, one group): two state blocks per dot."""
+    case = Case((1500, 512, 3), **GRANITE, dtype=BF16, init="all", z=True)
+    device = torch.device("cuda")
+    check_against_torch(case, build(case, device), device)
+
+
+def test_gpu_chunk_end_states_into_given_lines(nan_poison):
+    """Codestral shape: every chunk's end state into its line, pads skipped; the lines
+    match the per-chunk prefixes scanned by the PyTorch scan."""
+    device = torch.device("cuda")
+    case = Case((600, 256, 45), **CODESTRAL, dtype=BF16, init="all")
+    inp = build(case, device)
+    layout = plan_ssd_chunks(inp.qsl, case.chunk)
+    extra = torch.randn(layout.num_chunks, *inp.pool.shape[1:], device=device)
+    pool = torch.cat([inp.pool, extra])
+    lines = torch.arange(case.num_lines, case.num_lines + layout.num_chunks)
+    lines[1] = -1  # PAD_SLOT_ID: not wanted
+    before = pool.clone()
+    run_ssd(case, inp, device, pool=pool,
+            chunk_state_indices=lines.to(device, torch.int32))  # fmt: skip
+    expected = chunk_end_states_ref_torch(case, inp, before[: case.num_lines])
+    for c, line in enumerate(lines.tolist()):
+        if line < 0:
+            assert torch.equal(pool[case.num_lines + c], before[case.num_lines + c])
+            continue
+        scale = expected[c].abs().max()
+        assert_close(pool[line] / scale, expected[c] / scale, "batching", FP32)
+
+
+def chunk_end_states_ref_torch(case: Case, inp, pool):
+    """Each chunk's end state: the PyTorch scan of its sequence up to the chunk's end."""
+    layout = plan_ssd_chunks(inp.qsl, case.chunk)
+    out = []
+    for c in range(layout.num_chunks):
+        seq = int(layout.chunk_seqs[c])
+        first = int(inp.qsl[seq])
+        sub_case = dataclasses.replace(
+            case, lens=(int(layout.chunk_starts[c + 1]) - first,), offset=first, pads=0
+        )
+        sub = dataclasses.replace(inp, lines=[inp.lines[seq]], init=[inp.init[seq]], pool=pool)
+        out.append(torch_reference(sub_case, sub)[1][0])
+    return out
+
+
+def _tune_module():
+    import importlib.util
+    import pathlib
+    import sys
+
+    kernels = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "kernels"
+    sys.path[:0] = [str(kernels), str(kernels.parent)]
+    spec = importlib.util.spec_from_file_location("tune_ssd", kernels / "tune_ssd.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    return tune
+
+
+TUNE = _tune_module() if torch.cuda.is_available() else None
+SWEPT = [] if TUNE is None else [v for v in TUNE.VARIANTS]
+
+
+@pytest.mark.parametrize(
+    "variant", SWEPT, ids=lambda v: f"{v[0]}-" + "-".join(f"{k}{x}" for k, x in v[1].items())
+)
+def test_gpu_every_configuration_agrees(variant, nan_poison):
+    """Every configuration the tune script sweeps (and so every table entry it can write):
+    a fresh plan's call over a workspace of NaN bytes and the plan's direct launch over a
+    zeroed one write the same bits (a kernel that read workspace it did not write, a race,
+    or a direct launch unlike the general one would differ), and match the PyTorch scan."""
+    from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
+
+    kernel, changes = variant
+    device = torch.device("cuda")
+    case = Case((700, 1, 300, 0), **CODESTRAL, dtype=BF16, pads=1, z=True)
+    rows = slice(3, 3 + sum(case.lens))
+
+    def two_runs():
+        runs = []
+        for byte in (255, 0):
+            inp = build(case, device)
+            with TUNE.poisoned_workspace(byte):
+                y = run_ssd(case, inp, device)
+            runs.append((y[rows].clone(), inp.pool.clone()))
+        return runs
+
+    (y0, p0), (y1, p1) = TUNE.run_variant(kernel, changes, two_runs)
+    PLANS.clear()
+    assert torch.equal(y0, y1) and torch.equal(p0, p1), "general and direct calls differ"
+    y_ref, final = torch_reference(case, build(case, device))
+    live = [i for i, line in enumerate(build(case, device).lines) if line != -1]
+    scale = y_ref.abs().max()
+    assert_close(y0 / scale, y_ref / scale, "scan", BF16)
+    lines = [build(case, device).lines[i] for i in live]
+    fscale = final[live].abs().max()
+    assert_close(p0[lines] / fscale, final[live] / fscale, "scan", BF16)

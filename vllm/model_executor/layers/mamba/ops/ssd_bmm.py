@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from vllm.triton_utils import tl, triton
 
+# Decays are kept in log2 units (dA * log2(e)), so that each one is a single exp2.
+LOG2E = tl.constexpr(1.4426950408889634)
+
 
 @triton.jit
 def _dot_exact(a, b, acc):
@@ -61,49 +64,50 @@ def _cb_rows(
     B_ptr,
     chunk_starts_ptr,
     cb_ptr,
-    ngroups,
-    dstate,
-    chunk_size,
     stride_C_t,
     stride_C_g,
     stride_C_n,
     stride_B_t,
     stride_B_g,
     stride_B_n,
-    stride_cb_c,
-    stride_cb_g,
-    stride_cb_l,
-    stride_cb_s,
+    NGROUPS: tl.constexpr,
+    DSTATE: tl.constexpr,
+    CHUNK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One program of CB: block row ``l`` of chunk ``c``, group ``g``, every causal block."""
-    n_rows = tl.cdiv(chunk_size, BLOCK_T)
-    i_l = i_job % n_rows
-    i_g = (i_job // n_rows) % ngroups
-    i_c = i_job // n_rows // ngroups
-    row0 = tl.load(chunk_starts_ptr + i_c).to(tl.int64)
-    clen = tl.load(chunk_starts_ptr + i_c + 1).to(tl.int64) - row0
+    """One program of CB: block row ``l`` of chunk ``c``, group ``g``, every causal block.
+    ``cb`` is contiguous (chunks, NGROUPS, CHUNK, CHUNK), in its own dtype (fp32, or the
+    16-bit activation dtype when the launch config asks for it)."""
+    N_ROWS: tl.constexpr = (CHUNK + BLOCK_T - 1) // BLOCK_T
+    i_l = i_job % N_ROWS
+    i_g = (i_job // N_ROWS) % NGROUPS
+    i_c = (i_job // N_ROWS // NGROUPS).to(tl.int64)
+    start = tl.load(chunk_starts_ptr + i_c)
+    clen = tl.load(chunk_starts_ptr + i_c + 1) - start
+    row0 = start.to(tl.int64)
 
-    o_l = i_l * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    o_l = i_l * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_t = tl.arange(0, BLOCK_T)
+    o_n = tl.arange(0, BLOCK_N)
     m_l = o_l < clen
-    p_C = C_ptr + (row0 + o_l[:, None]) * stride_C_t + i_g * stride_C_g
-    p_B = B_ptr + i_g * stride_B_g
-    p_cb = cb_ptr + i_c * stride_cb_c + i_g * stride_cb_g + o_l[:, None] * stride_cb_l
+    p_C = C_ptr + row0 * stride_C_t + i_g * stride_C_g
+    p_C = p_C + o_l[:, None] * stride_C_t + o_n[None, :] * stride_C_n
+    p_B = B_ptr + row0 * stride_B_t + i_g * stride_B_g
+    p_cb = cb_ptr + (i_c * NGROUPS + i_g) * (CHUNK * CHUNK) + o_l[:, None] * CHUNK
     # Blocks s <= l that hold tokens; none when the block row is past the chunk's end.
     n_cols = tl.minimum(i_l + 1, tl.cdiv(clen, BLOCK_T))
     for i_s in range(0, n_cols):
-        o_s = tl.cast(i_s, tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        o_s = i_s * BLOCK_T + o_t
         m_s = o_s < clen
         acc = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
-        for i_n in range(0, tl.cdiv(dstate, BLOCK_N)):
-            o_n = tl.cast(i_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-            m_n = o_n < dstate
-            b_C = tl.load(
-                p_C + o_n[None, :] * stride_C_n, mask=m_l[:, None] & m_n[None, :], other=0.0
-            )
+        for n0 in tl.static_range(0, DSTATE, BLOCK_N):
+            m_n = (n0 + o_n) < DSTATE
+            b_C = tl.load(p_C + n0 * stride_C_n, mask=m_l[:, None] & m_n[None, :], other=0.0)
             # B^T: (BLOCK_N, BLOCK_T)
-            p_Bt = p_B + (row0 + o_s[None, :]) * stride_B_t + o_n[:, None] * stride_B_n
+            p_Bt = p_B + o_s[None, :] * stride_B_t + (n0 + o_n)[:, None] * stride_B_n
             b_Bt = tl.load(p_Bt, mask=m_n[:, None] & m_s[None, :], other=0.0)
             acc = _dot_exact(b_C, b_Bt, acc)
-        tl.store(p_cb + o_s[None, :] * stride_cb_s, acc, mask=m_l[:, None] & m_s[None, :])
+        tl.store(
+            p_cb + o_s[None, :], acc.to(cb_ptr.dtype.element_ty), mask=m_l[:, None] & m_s[None, :]
+        )

@@ -36,6 +36,7 @@ from vllm.triton_utils.launch import CachedLauncher
 )
 def _ssd_chunk_scan_kernel(
     x_ptr,
+    z_ptr,
     C_ptr,
     cb_ptr,
     states_ptr,
@@ -48,57 +49,56 @@ def _ssd_chunk_scan_kernel(
     seq_chunk_starts_ptr,
     state_indices_ptr,
     has_init_ptr,
-    headdim,
-    dstate,
-    ngroups,
-    heads_per_group,
     pad_slot_id,
     stride_x_t,
     stride_x_h,
     stride_x_p,
+    stride_z_t,
+    stride_z_h,
+    stride_z_p,
     stride_C_t,
     stride_C_g,
     stride_C_n,
-    stride_cb_c,
-    stride_cb_g,
-    stride_cb_l,
-    stride_cb_s,
-    stride_states_c,
-    stride_states_h,
-    stride_states_p,
-    stride_states_n,
-    stride_cs_c,
-    stride_cs_h,
     stride_D_h,
+    stride_D_p,
     stride_out_t,
     stride_out_h,
     stride_out_p,
     stride_idx,
     stride_init,
+    NHEADS: tl.constexpr,
+    HEADDIM: tl.constexpr,
+    DSTATE: tl.constexpr,
+    NGROUPS: tl.constexpr,
+    CHUNK: tl.constexpr,
     HAS_D: tl.constexpr,
+    D_HAS_HDIM: tl.constexpr,
+    HAS_Z: tl.constexpr,
     HAS_INIT: tl.constexpr,
     SPLIT: tl.constexpr,
     SPLIT_STATE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    ROW_BLOCKS: tl.constexpr,
 ):
-    # ROW_BLOCKS > 1: that many programs share a (chunk, head, headdim block), each doing
-    # every ROW_BLOCKS-th row block (more, shorter programs); 1: one walks them all.
-    i_pid = tl.program_id(0).to(tl.int64)
-    i_rb = i_pid % ROW_BLOCKS
-    i_pid = i_pid // ROW_BLOCKS
-    n_pb = tl.cdiv(headdim, BLOCK_P)
-    i_pb = i_pid % n_pb
-    i_hg = (i_pid // n_pb) % heads_per_group
-    i_g = (i_pid // n_pb // heads_per_group) % ngroups
-    i_c = i_pid // n_pb // heads_per_group // ngroups
-    i_h = i_g * heads_per_group + i_hg
+    # Programs: row block fastest (the heaviest, last, first), then headdim block, then the
+    # heads (a group's heads are neighbours: its CB and C blocks are read from L2), chunks.
+    N_MB: tl.constexpr = (CHUNK + BLOCK_M - 1) // BLOCK_M
+    N_PB: tl.constexpr = (HEADDIM + BLOCK_P - 1) // BLOCK_P
+    i_pid = tl.program_id(0)
+    i_mb = N_MB - 1 - i_pid % N_MB
+    i_pb = (i_pid // N_MB) % N_PB
+    i_h = (i_pid // (N_MB * N_PB)) % NHEADS
+    i_c = (i_pid // (N_MB * N_PB * NHEADS)).to(tl.int64)
+    i_g = i_h // (NHEADS // NGROUPS)
 
-    row0 = tl.load(chunk_starts_ptr + i_c).to(tl.int64)
-    clen = tl.load(chunk_starts_ptr + i_c + 1).to(tl.int64) - row0
+    start = tl.load(chunk_starts_ptr + i_c)
+    clen = tl.load(chunk_starts_ptr + i_c + 1) - start
+    m0 = i_mb * BLOCK_M
+    if m0 >= clen:
+        return
+    row0 = start.to(tl.int64)
     i_seq = tl.load(chunk_seqs_ptr + i_c).to(tl.int64)
     live = tl.load(state_indices_ptr + i_seq * stride_idx).to(tl.int64) != pad_slot_id
     first = tl.load(seq_chunk_starts_ptr + i_seq).to(tl.int64) == i_c
@@ -108,93 +108,105 @@ def _ssd_chunk_scan_kernel(
         has_start = ~first
     has_start = has_start & live
 
-    o_p = i_pb * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
-    m_p = o_p < headdim
-    b_D = 0.0
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    o_k = tl.arange(0, BLOCK_K)
+    o_p = i_pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    m_m = o_m < clen
+    m_p = o_p < HEADDIM
+    p_ws = (i_c * NHEADS + i_h) * CHUNK  # dt and cs of (chunk, head)
+    b_cs_m = tl.load(cs_ptr + p_ws + o_m, mask=m_m, other=0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+
+    # Carried: exp2(cs[l]) * C[l] @ S^T, S the chunk's start state (P x N).
+    if has_start:
+        o_n = tl.arange(0, BLOCK_N)
+        p_C = C_ptr + row0 * stride_C_t + i_g * stride_C_g
+        p_C = p_C + o_m[:, None] * stride_C_t + o_n[None, :] * stride_C_n
+        p_S = states_ptr + (i_c * NHEADS + i_h) * (HEADDIM * DSTATE)
+        p_S = p_S + o_n[:, None] + o_p[None, :] * DSTATE  # S^T: (BLOCK_N, BLOCK_P)
+        for n0 in tl.static_range(0, DSTATE, BLOCK_N):
+            m_n = (n0 + o_n) < DSTATE
+            b_C = tl.load(p_C + n0 * stride_C_n, mask=m_m[:, None] & m_n[None, :], other=0.0)
+            b_S = tl.load(p_S + n0, mask=m_n[:, None] & m_p[None, :], other=0.0)
+            acc = _dot_rhs_f32(b_C, b_S, acc, SPLIT_STATE)
+        acc = acc * tl.exp2(b_cs_m)[:, None]
+
+    # Local: sum_{s <= l} CB[l, s] exp2(cs[l] - cs[s]) dt[s] x[s], per block of BLOCK_K
+    # sources. Below the diagonal block the decay factors through the source block's last
+    # row r: exp2(cs[l] - cs[r]) * exp2(cs[r] - cs[s]), both <= 1, so a block takes
+    # BLOCK_M + BLOCK_K exponentials instead of BLOCK_M * BLOCK_K.
+    # Scalar 64-bit bases, 32-bit offset tensors (nothing 64-bit is carried by the loops).
+    p_cb = cb_ptr + (i_c * NGROUPS + i_g) * (CHUNK * CHUNK)
+    o_cb = o_m[:, None] * CHUNK + o_k[None, :]
+    p_x = x_ptr + row0 * stride_x_t + i_h * stride_x_h
+    o_xk = o_k[:, None] * stride_x_t + o_p[None, :] * stride_x_p
+    p_cs = cs_ptr + p_ws
+    p_dt = dt_ptr + p_ws
+    for k0 in range(0, m0, BLOCK_K):  # every source row < m0 < clen: no masks but the rows'
+        b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None], other=0.0).to(tl.float32)
+        b_cs_k = tl.load(p_cs + k0 + o_k)
+        b_cs_r = tl.load(p_cs + k0 + (BLOCK_K - 1))
+        b_dt_k = tl.load(p_dt + k0 + o_k)
+        b_rows = tl.exp2(b_cs_m - b_cs_r)
+        b_cols = tl.exp2(b_cs_r - b_cs_k) * b_dt_k
+        b_w = b_cb * b_rows[:, None] * b_cols[None, :]
+        b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_p[None, :], other=0.0)
+        acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
+    # The diagonal block: the decay per element, -inf above the diagonal (no exp2
+    # overflows); the select keeps CB blocks the CB job did not write out of the sum.
+    for k0 in range(m0, tl.minimum(m0 + BLOCK_M, clen), BLOCK_K):
+        o_s = k0 + o_k
+        m_s = o_s < clen
+        b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None] & m_s[None, :], other=0.0)
+        b_cs_k = tl.load(p_cs + o_s, mask=m_s, other=0.0)
+        b_dt_k = tl.load(p_dt + o_s, mask=m_s, other=0.0)
+        causal = (o_m[:, None] >= o_s[None, :]) & m_s[None, :]
+        b_seg = tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], float("-inf"))
+        b_w = tl.where(causal, b_cb.to(tl.float32) * tl.exp2(b_seg) * b_dt_k[None, :], 0.0)
+        b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_s[:, None] & m_p[None, :], other=0.0)
+        acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
+
+    m_y = m_m[:, None] & m_p[None, :]
     if HAS_D:
-        b_D = tl.load(D_ptr + i_h * stride_D_h).to(tl.float32)
-    p_x = x_ptr + i_h * stride_x_h + o_p[None, :] * stride_x_p
-    p_C = C_ptr + i_g * stride_C_g
-    p_cs = cs_ptr + i_c * stride_cs_c + i_h * stride_cs_h
-    p_dt = dt_ptr + i_c * stride_cs_c + i_h * stride_cs_h
-    p_S = (
-        states_ptr + i_c * stride_states_c + i_h * stride_states_h + o_p[None, :] * stride_states_p
-    )
-    p_cb = cb_ptr + i_c * stride_cb_c + i_g * stride_cb_g
-    p_out = out_ptr + i_h * stride_out_h + o_p[None, :] * stride_out_p
-
-    for i_l in range(i_rb, tl.cdiv(clen, BLOCK_T), ROW_BLOCKS):
-        o_l = tl.cast(i_l, tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
-        m_l = o_l < clen
-        b_cs_l = tl.load(p_cs + o_l, mask=m_l, other=0.0)
-        acc = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
-        if has_start:
-            for i_n in range(0, tl.cdiv(dstate, BLOCK_N)):
-                o_n = tl.cast(i_n, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-                m_n = o_n < dstate
-                p_Cl = p_C + (row0 + o_l[:, None]) * stride_C_t + o_n[None, :] * stride_C_n
-                b_C = tl.load(p_Cl, mask=m_l[:, None] & m_n[None, :], other=0.0)
-                # S^T: (BLOCK_N, BLOCK_P)
-                b_S = tl.load(
-                    p_S + o_n[:, None] * stride_states_n,
-                    mask=m_n[:, None] & m_p[None, :],
-                    other=0.0,
-                )
-                acc = _dot_rhs_f32(b_C, b_S, acc, SPLIT_STATE)
-            acc = acc * tl.exp(b_cs_l)[:, None]
-
-        # Source blocks up to the row block's diagonal.
-        n_s = tl.cdiv(tl.minimum((tl.cast(i_l, tl.int64) + 1) * BLOCK_T, clen), BLOCK_S)
-        for i_s in range(0, n_s):
-            o_s = tl.cast(i_s, tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S).to(tl.int64)
-            m_s = o_s < clen
-            b_cb = tl.load(
-                p_cb + o_l[:, None] * stride_cb_l + o_s[None, :] * stride_cb_s,
-                mask=m_l[:, None] & m_s[None, :],
-                other=0.0,
-            )
-            b_cs_s = tl.load(p_cs + o_s, mask=m_s, other=0.0)
-            b_dt_s = tl.load(p_dt + o_s, mask=m_s, other=0.0)
-            causal = (o_l[:, None] >= o_s[None, :]) & m_s[None, :]
-            # -inf above the diagonal, so no exp overflows; the select keeps CB blocks the
-            # CB job did not write (past the diagonal block) out of the sum.
-            b_seg = tl.where(causal, b_cs_l[:, None] - b_cs_s[None, :], float("-inf"))
-            b_w = tl.where(causal, b_cb * tl.exp(b_seg) * b_dt_s[None, :], 0.0)
-            b_xs = tl.load(
-                p_x + (row0 + o_s[:, None]) * stride_x_t,
-                mask=m_s[:, None] & m_p[None, :],
-                other=0.0,
-            )
-            acc = _dot_lhs_f32(b_w, b_xs, acc, SPLIT)
-
-        m_y = m_l[:, None] & m_p[None, :]
-        if HAS_D:
-            b_x = tl.load(p_x + (row0 + o_l[:, None]) * stride_x_t, mask=m_y, other=0.0)
-            acc += b_D * b_x.to(tl.float32)
-        acc = tl.where(live, acc, 0.0)
-        p_y = p_out + (row0 + o_l[:, None]) * stride_out_t
-        tl.store(p_y, acc.to(out_ptr.dtype.element_ty), mask=m_y)
+        o_xm = o_m[:, None] * stride_x_t + o_p[None, :] * stride_x_p
+        b_x = tl.load(p_x + o_xm, mask=m_y, other=0.0).to(tl.float32)
+        if D_HAS_HDIM:
+            b_D = tl.load(D_ptr + i_h * stride_D_h + o_p * stride_D_p, mask=m_p, other=0.0)
+            acc += b_x * b_D.to(tl.float32)[None, :]
+        else:
+            acc += b_x * tl.load(D_ptr + i_h * stride_D_h).to(tl.float32)
+    if HAS_Z:
+        p_z = z_ptr + row0 * stride_z_t + i_h * stride_z_h
+        p_z = p_z + o_m[:, None] * stride_z_t + o_p[None, :] * stride_z_p
+        b_z = tl.load(p_z, mask=m_y, other=0.0).to(tl.float32)
+        acc = acc * b_z * tl.sigmoid(b_z)
+    acc = tl.where(live, acc, 0.0)
+    p_y = out_ptr + row0 * stride_out_t + i_h * stride_out_h
+    p_y = p_y + o_m[:, None] * stride_out_t + o_p[None, :] * stride_out_p
+    tl.store(p_y, acc.to(out_ptr.dtype.element_ty), mask=m_y)
 
 
 _LAUNCH = CachedLauncher(_ssd_chunk_scan_kernel)
 
 
-def chunk_scan_programs(num_chunks: int, nheads: int, headdim: int, cfg: dict) -> int:
-    """Launch 3's grid: one program per (chunk, head, headdim block, row-block lane)."""
-    return num_chunks * nheads * -(-headdim // cfg["BLOCK_P"]) * cfg["ROW_BLOCKS"]
+def chunk_scan_programs(num_chunks: int, nheads: int, headdim: int, chunk_size: int,
+                        cfg: dict) -> int:  # fmt: skip
+    """Launch 3's grid: one program per (chunk, head, headdim block, row block)."""
+    return num_chunks * nheads * -(-headdim // cfg["BLOCK_P"]) * -(-chunk_size // cfg["BLOCK_M"])
 
 
-def launch_chunk_scan(
-    x, C, D, layout, state_indices, has_initial_state, ws, out, cfg: dict
-) -> tuple:
+def launch_chunk_scan(x, z, C, D, layout, state_indices, has_initial_state, ws, out,
+                      cfg: dict) -> tuple:  # fmt: skip
     """Launch 3 over ``ws`` (the call's ``SSDWorkspace``): y of every chunk into ``out``.
     Returns what it launched: (launcher, grid, args, constexprs)."""
     _, nheads, headdim = x.shape
     ngroups, dstate = C.shape[1:]
-    grid = (chunk_scan_programs(layout.num_chunks, nheads, headdim, cfg),)
+    grid = (chunk_scan_programs(layout.num_chunks, nheads, headdim, layout.chunk_size, cfg),)
     init = has_initial_state
+    D2 = D is not None and D.dim() == 2
     args = (
         x,
+        x if z is None else z,
         C,
         ws.cb,
         ws.states,
@@ -207,21 +219,27 @@ def launch_chunk_scan(
         layout.seq_chunk_starts,
         state_indices,
         state_indices if init is None else init,
-        headdim,
-        dstate,
-        ngroups,
-        nheads // ngroups,
         PAD_SLOT_ID,
         *x.stride(),
+        *((0, 0, 0) if z is None else z.stride()),
         *C.stride(),
-        *ws.cb.stride(),
-        *ws.states.stride(),
-        *ws.cs.stride()[:2],
         0 if D is None else D.stride(0),
+        D.stride(1) if D2 else 0,
         *out.stride(),
         state_indices.stride(0),
         0 if init is None else init.stride(0),
     )
-    constexprs = dict(HAS_D=D is not None, HAS_INIT=init is not None, **cfg)
+    constexprs = dict(
+        NHEADS=nheads,
+        HEADDIM=headdim,
+        DSTATE=dstate,
+        NGROUPS=ngroups,
+        CHUNK=layout.chunk_size,
+        HAS_D=D is not None,
+        D_HAS_HDIM=D2,
+        HAS_Z=z is not None,
+        HAS_INIT=init is not None,
+        **cfg,
+    )
     _LAUNCH(grid, args, constexprs)
     return _LAUNCH, grid, args, constexprs

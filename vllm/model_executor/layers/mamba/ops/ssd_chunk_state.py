@@ -21,7 +21,7 @@ product of the scaled x^T (P x T) with B (T x N).
 
 from __future__ import annotations
 
-from vllm.model_executor.layers.mamba.ops.ssd_bmm import _dot_lhs_f32
+from vllm.model_executor.layers.mamba.ops.ssd_bmm import LOG2E, _dot_rhs_f32
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
@@ -70,10 +70,6 @@ def _ssd_chunk_state_kernel(
     dt_out_ptr,
     cs_out_ptr,
     decay_ptr,
-    nheads,
-    headdim,
-    dstate,
-    heads_per_group,
     dt_min,
     dt_max,
     stride_x_t,
@@ -86,14 +82,11 @@ def _ssd_chunk_state_kernel(
     stride_B_t,
     stride_B_g,
     stride_B_n,
-    stride_states_c,
-    stride_states_h,
-    stride_states_p,
-    stride_states_n,
-    stride_cs_c,
-    stride_cs_h,
-    stride_decay_c,
-    stride_decay_h,
+    NHEADS: tl.constexpr,
+    HEADDIM: tl.constexpr,
+    DSTATE: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr,
+    CHUNK: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_LIMIT: tl.constexpr,
@@ -102,84 +95,67 @@ def _ssd_chunk_state_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    i_pid = tl.program_id(0).to(tl.int64)
-    n_nb = tl.cdiv(dstate, BLOCK_N)
-    n_pb = tl.cdiv(headdim, BLOCK_P)
-    i_nb = i_pid % n_nb
-    i_pb = (i_pid // n_nb) % n_pb
-    i_h = (i_pid // n_nb // n_pb) % nheads
-    i_c = i_pid // n_nb // n_pb // nheads
-    i_g = i_h // heads_per_group
-    row0 = tl.load(chunk_starts_ptr + i_c).to(tl.int64)
-    clen = tl.load(chunk_starts_ptr + i_c + 1).to(tl.int64) - row0
-    n_t = tl.cdiv(clen, BLOCK_T)
+    N_NB: tl.constexpr = (DSTATE + BLOCK_N - 1) // BLOCK_N
+    N_PB: tl.constexpr = (HEADDIM + BLOCK_P - 1) // BLOCK_P
+    BLOCK_L: tl.constexpr = triton.next_power_of_2(CHUNK)
+    i_pid = tl.program_id(0)
+    i_nb = i_pid % N_NB
+    i_pb = (i_pid // N_NB) % N_PB
+    i_h = (i_pid // (N_NB * N_PB)) % NHEADS
+    i_c = (i_pid // (N_NB * N_PB * NHEADS)).to(tl.int64)
+    i_g = i_h // HEADS_PER_GROUP
+    start = tl.load(chunk_starts_ptr + i_c)
+    clen = tl.load(chunk_starts_ptr + i_c + 1) - start
+    row0 = start.to(tl.int64)
 
-    b_A = tl.load(A_ptr + i_h * stride_A_h).to(tl.float32)
+    # cs in log2 units (dA * log2(e)): every decay below is one exp2.
+    b_A = tl.load(A_ptr + i_h * stride_A_h).to(tl.float32) * LOG2E
     b_bias = 0.0
     if HAS_DT_BIAS:
         b_bias = tl.load(dt_bias_ptr + i_h * stride_dt_bias_h).to(tl.float32)
-    p_dt = dt_ptr + (row0 + tl.arange(0, BLOCK_T).to(tl.int64)) * stride_dt_t + i_h * stride_dt_h
+    p_dt = dt_ptr + row0 * stride_dt_t + i_h * stride_dt_h
 
-    # The chunk's total decay first: each token's weight is its decay to the chunk's end.
-    b_total = 0.0
-    for i_t in range(0, n_t):
-        o_t = tl.cast(i_t, tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
-        b_dt = _chunk_dt(
-            p_dt + tl.cast(i_t, tl.int64) * BLOCK_T * stride_dt_t,
-            o_t < clen,
-            b_bias,
-            dt_min,
-            dt_max,
-            DT_SOFTPLUS,
-            HAS_DT_LIMIT,
-        )
-        b_total += tl.sum(b_dt * b_A)
+    # The whole chunk's dt first: its total decay (each token's weight is its decay to the
+    # chunk's end), and, from one program per (chunk, head), dt, cs and the decay.
+    o_l = tl.arange(0, BLOCK_L)
+    m_l = o_l < clen
+    b_dt_l = _chunk_dt(p_dt + o_l * stride_dt_t, m_l, b_bias, dt_min, dt_max, DT_SOFTPLUS,
+                       HAS_DT_LIMIT)  # fmt: skip
+    b_total = tl.sum(b_dt_l * b_A)
+    if (i_pb == 0) & (i_nb == 0):
+        p_ws = (i_c * NHEADS + i_h) * CHUNK
+        tl.store(dt_out_ptr + p_ws + o_l, b_dt_l, mask=m_l)
+        tl.store(cs_out_ptr + p_ws + o_l, tl.cumsum(b_dt_l * b_A, axis=0), mask=m_l)
+        tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
 
-    o_p = i_pb * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
-    o_n = i_nb * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    m_p = o_p < headdim
-    m_n = o_n < dstate
-    # One program per (chunk, head) writes dt, cs and the decay for the later launches.
-    first = (i_pb == 0) & (i_nb == 0)
-    p_cs = i_c * stride_cs_c + i_h * stride_cs_h
+    # state (P x N) = x^T (P x T) @ (w * B) (T x N) per block of BLOCK_T tokens: x^T comes
+    # from memory as the dot's first operand; the fp32 weighted B is the split one.
+    o_t = tl.arange(0, BLOCK_T)
+    o_p = i_pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    o_n = i_nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_p = o_p < HEADDIM
+    m_n = o_n < DSTATE
+    # Scalar 64-bit bases, 32-bit offset tensors (nothing 64-bit is carried by the loop).
+    p_x = x_ptr + row0 * stride_x_t + i_h * stride_x_h
+    o_x = o_p[:, None] * stride_x_p + o_t[None, :] * stride_x_t
+    p_B = B_ptr + row0 * stride_B_t + i_g * stride_B_g
+    o_B = o_t[:, None] * stride_B_t + o_n[None, :] * stride_B_n
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     b_prefix = 0.0
-    for i_t in range(0, n_t):
-        o_t = tl.cast(i_t, tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
-        m_t = o_t < clen
-        b_dt = _chunk_dt(
-            p_dt + tl.cast(i_t, tl.int64) * BLOCK_T * stride_dt_t,
-            m_t,
-            b_bias,
-            dt_min,
-            dt_max,
-            DT_SOFTPLUS,
-            HAS_DT_LIMIT,
-        )
+    for t0 in range(0, clen, BLOCK_T):
+        m_t = (t0 + o_t) < clen
+        b_dt = _chunk_dt(p_dt + (t0 + o_t) * stride_dt_t, m_t, b_bias, dt_min, dt_max,
+                         DT_SOFTPLUS, HAS_DT_LIMIT)  # fmt: skip
         b_dA = b_dt * b_A
-        b_cs = b_prefix + tl.cumsum(b_dA, axis=0)
+        b_w = tl.exp2(b_total - b_prefix - tl.cumsum(b_dA, axis=0)) * b_dt
         b_prefix += tl.sum(b_dA)
-        tl.store(dt_out_ptr + p_cs + o_t, b_dt, mask=m_t & first)
-        tl.store(cs_out_ptr + p_cs + o_t, b_cs, mask=m_t & first)
-        b_w = tl.where(m_t, tl.exp(b_total - b_cs) * b_dt, 0.0)
+        b_x = tl.load(p_x + t0 * stride_x_t + o_x, mask=m_p[:, None] & m_t[None, :], other=0.0)
+        b_B = tl.load(p_B + t0 * stride_B_t + o_B, mask=m_t[:, None] & m_n[None, :], other=0.0)
+        acc = _dot_rhs_f32(b_x, b_B.to(tl.float32) * b_w[:, None], acc, SPLIT)
 
-        rows = row0 + o_t
-        p_x = x_ptr + rows[:, None] * stride_x_t + i_h * stride_x_h + o_p[None, :] * stride_x_p
-        b_x = tl.load(p_x, mask=m_t[:, None] & m_p[None, :], other=0.0)
-        p_B = B_ptr + rows[:, None] * stride_B_t + i_g * stride_B_g + o_n[None, :] * stride_B_n
-        b_B = tl.load(p_B, mask=m_t[:, None] & m_n[None, :], other=0.0)
-        b_xs = tl.trans(b_x.to(tl.float32) * b_w[:, None])  # (BLOCK_P, BLOCK_T)
-        acc = _dot_lhs_f32(b_xs, b_B, acc, SPLIT)
-
-    p_states = (
-        states_ptr
-        + i_c * stride_states_c
-        + i_h * stride_states_h
-        + o_p[:, None] * stride_states_p
-        + o_n[None, :] * stride_states_n
-    )
+    p_states = states_ptr + (i_c * NHEADS + i_h) * (HEADDIM * DSTATE)
+    p_states = p_states + o_p[:, None] * DSTATE + o_n[None, :]
     tl.store(p_states, acc, mask=m_p[:, None] & m_n[None, :])
-    tl.store(decay_ptr + i_c * stride_decay_c + i_h * stride_decay_h, tl.exp(b_total), mask=first)
 
 
 _LAUNCH = CachedLauncher(_ssd_chunk_state_kernel)
@@ -209,10 +185,6 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg:
         ws.dt,
         ws.cs,
         ws.decay,
-        nheads,
-        headdim,
-        dstate,
-        nheads // ngroups,
         flags["dt_min"],
         flags["dt_max"],
         *x.stride(),
@@ -220,11 +192,13 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg:
         A.stride(0),
         0 if dt_bias is None else dt_bias.stride(0),
         *B.stride(),
-        *ws.states.stride(),
-        *ws.dt.stride()[:2],
-        *ws.decay.stride(),
     )
     constexprs = dict(
+        NHEADS=nheads,
+        HEADDIM=headdim,
+        DSTATE=dstate,
+        HEADS_PER_GROUP=nheads // ngroups,
+        CHUNK=ws.dt.shape[-1],
         HAS_DT_BIAS=flags["HAS_DT_BIAS"],
         DT_SOFTPLUS=flags["DT_SOFTPLUS"],
         HAS_DT_LIMIT=flags["HAS_DT_LIMIT"],

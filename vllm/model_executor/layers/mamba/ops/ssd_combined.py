@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import torch
 
@@ -59,23 +60,35 @@ from vllm.model_executor.layers.mamba.ops.ssd_launch import (
 )
 from vllm.model_executor.layers.mamba.ops.ssd_layout import SSDChunkLayout, plan_ssd_chunks
 from vllm.tensor_checks import FLOAT_DTYPES, check_scan_shapes, check_tensor
-from vllm.triton_utils import HAS_TRITON, triton
+from vllm.triton_utils import HAS_TRITON, configs, triton
 
 __all__ = [
+    "CONFIG_FOLDER",
     "SSDChunkLayout",
     "mamba_chunk_scan_combined_varlen",
     "plan_ssd_chunks",
+    "ssd_config_key",
     "ssd_configs",
     "use_ssd_kernel",
 ]
 
 _NO_LIMIT = (0.0, math.inf)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_I32_MAX = 2**31 - 1
+CONFIG_FOLDER = Path(__file__).resolve().parent / "configs" / "ssd"
+"""The SSD's launch tables (``vllm.triton_utils.configs``): ``default.json`` and one file
+per tuned device, written by ``benchmarks/kernels/tune_ssd.py``."""
 
 
 # --------------------------------------------------------------------------------------
 # Launch configurations and the workspace
 # --------------------------------------------------------------------------------------
+
+
+def ssd_config_key(nheads, headdim, dstate, ngroups, chunk_size, dtype, out_dtype) -> str:
+    """The table key of a model shape and its dtypes (``tune_ssd.py`` writes these)."""
+    return configs.table_key(nheads=nheads, headdim=headdim, dstate=dstate, ngroups=ngroups,
+                             chunk=chunk_size, dtype=dtype, out_dtype=out_dtype)  # fmt: skip
 
 
 @functools.cache
@@ -88,59 +101,54 @@ def ssd_configs(
     dtype: torch.dtype,
     out_dtype: torch.dtype,
 ) -> dict[str, dict]:
-    """The three launches' constexprs by kernel, from the model's shapes and dtypes only
-    (``dtype`` of x, B, C; ``out_dtype`` of y).
-    Shared: never mutate. Chosen by sm_90 register counts without spills (docs/ssd.md lists
-    them), then by the H200 sweep noted at each entry."""
+    """The three launches' constexprs by kernel (plus ``cb_dtype``, the workspace's CB
+    dtype), from the model's shapes and dtypes only (``dtype`` of x, B, C; ``out_dtype``
+    of y), never from a step's counts: a new step shape compiles nothing. Shared: never
+    mutate.
 
-    def dot_block(n: int, cap: int) -> int:  # tl.dot takes blocks of 16 and more
+    The tables (``CONFIG_FOLDER``) give block sizes, warps and stages: the entry of this
+    exact shape (a tuned device's file), else the dtype's entry, else ``"*"``. Block sizes
+    are caps, cut here to the shape (powers of two, at least 16 for ``tl.dot``). The split
+    dots are precision, not tuning, and follow the dtypes: fp32 activations take tf32x3
+    dots; with 16-bit activations the chunk state's and the carried state's dots are split
+    (fp32-exact states; a chunked prefill equals one prefill), the local dot only for an
+    fp32 y (a 16-bit y's rounding dwarfs its single cast)."""
+    f32 = dtype == torch.float32
+    key = ssd_config_key(nheads, headdim, dstate, ngroups, chunk_size, dtype, out_dtype)
+    entry = configs.lookup_first(CONFIG_FOLDER, [key, configs.table_key(dtype=dtype)])
+
+    def block(n: int, cap: int) -> int:  # tl.dot takes blocks of 16 and more
         return max(16, min(cap, triton.next_power_of_2(n)))
 
-    block_t = dot_block(chunk_size, 64)
-    block_p = dot_block(headdim, 64)
-    # fp32 operands take tf32x3 dots (three products each): narrower blocks and no
-    # pipelining keep them out of local memory (816 bytes of spills at the 16-bit blocks).
-    f32 = dtype == torch.float32
-    # 2048 state elements per state-passing program (16 fp32 per thread at 4 warps).
-    block_sn = min(128, triton.next_power_of_2(dstate))
-    block_sp = min(triton.next_power_of_2(headdim), max(1, 2048 // block_sn))
+    state, passing, scan = (entry[k] for k in ("chunk_state", "state_passing", "chunk_scan"))
+    state.update(
+        SPLIT=not f32,
+        BLOCK_T=block(chunk_size, state["BLOCK_T"]),
+        BLOCK_P=block(headdim, state["BLOCK_P"]),
+        BLOCK_N=block(dstate, state["BLOCK_N"]),
+    )
+    passing.update(
+        BLOCK_SN=min(passing["BLOCK_SN"], triton.next_power_of_2(dstate)),
+        BLOCK_SP=min(triton.next_power_of_2(headdim), max(1, passing["BLOCK_SP"])),
+        BLOCK_T=block(chunk_size, passing["BLOCK_T"]),
+        BLOCK_N=block(dstate, passing["BLOCK_N"]),
+    )
+    block_m = block(chunk_size, scan["BLOCK_M"])
+    scan.update(
+        SPLIT=out_dtype == torch.float32,
+        SPLIT_STATE=not f32,
+        BLOCK_M=block_m,
+        BLOCK_K=min(block_m, block(chunk_size, scan["BLOCK_K"])),
+        BLOCK_P=block(headdim, scan["BLOCK_P"]),
+        BLOCK_N=block(dstate, scan["BLOCK_N"]),
+    )
+    # A 16-bit CB only where the local dot takes one cast anyway (16-bit y).
+    cb_16 = entry.get("cb_16bit", False) and not f32 and out_dtype != torch.float32
     return {
-        # H200 sweep (benchmarks/kernels/tune_ssd.py, docs/benchmarks/ssd_tune_h200.md):
-        # 32-token blocks 1.03x over 64; the split dots stay (without them the final
-        # states' error rises from 3e-6 to 1.6e-3 for a 1.06x gain).
-        "chunk_state": dict(
-            SPLIT=not f32,
-            BLOCK_T=dot_block(chunk_size, 32),
-            BLOCK_P=block_p,
-            BLOCK_N=dot_block(dstate, 64 if f32 else 128),
-            num_warps=4,
-            num_stages=1 if f32 else 2,
-        ),
-        # One stage: the CB job's pipelining would take 98 KiB of shared memory, which
-        # would leave room for 2 programs per SM where the state chains want many.
-        "state_passing": dict(
-            BLOCK_SP=block_sp,
-            BLOCK_SN=block_sn,
-            BLOCK_T=block_t,
-            BLOCK_N=dot_block(dstate, 32 if f32 else 128),
-            num_warps=4,
-            num_stages=1,
-        ),
-        # A 16-bit y's rounding dwarfs a single-cast local dot's error (y rel-L2 2.0e-3
-        # either way): that split only for an fp32 y. The carried-state dot keeps its split:
-        # without it a chunked prefill and one prefill differ where a large carried term
-        # cancels a large local one. One stage. H200 sweeps (ssd_tune_h200.md).
-        "chunk_scan": dict(
-            SPLIT=out_dtype == torch.float32,
-            SPLIT_STATE=not f32,
-            BLOCK_T=block_t,
-            BLOCK_S=dot_block(chunk_size, 32),
-            BLOCK_P=block_p,
-            BLOCK_N=dot_block(dstate, 32 if f32 else 64),
-            ROW_BLOCKS=1,
-            num_warps=4,
-            num_stages=1,
-        ),
+        "chunk_state": state,
+        "state_passing": passing,
+        "chunk_scan": scan,
+        "cb_dtype": dtype if cb_16 else torch.float32,
     }
 
 
@@ -155,18 +163,30 @@ def use_ssd_kernel(x: torch.Tensor) -> bool:
     return x.is_cuda or (x.device.type == "cpu" and _SCAN_LAUNCH.runs_cpu_tensors())
 
 
-def _check_args(
-    x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D, dt_bias, out
-) -> None:
+def _span(t: torch.Tensor, dims) -> int:
+    """The largest element offset within ``t``'s dimensions ``dims``."""
+    return sum((t.shape[d] - 1) * abs(t.stride(d)) for d in dims if t.shape[d] > 0)
+
+
+def _check_args(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+                chunk_state_indices, D, dt_bias, out) -> None:  # fmt: skip
     device = x.device
     check_tensor("x", x, device, 3, FLOAT_DTYPES)
-    for name, t in (("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("dt_bias", dt_bias)):
+    for name, t in (("z", z), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D),
+                    ("dt_bias", dt_bias)):  # fmt: skip
         if t is not None:
             check_tensor(name, t, device, None, FLOAT_DTYPES)
-    check_scan_shapes(x, dt, A, B, C, D, dt_bias)
+    check_scan_shapes(x, dt, A, B, C, None, dt_bias)
     if B.dtype != x.dtype or C.dtype != x.dtype:
         raise ValueError(f"B and C must have x's dtype {x.dtype}, got {B.dtype} and {C.dtype}")
     num_tokens, nheads, headdim = x.shape
+    if D is not None and tuple(D.shape) not in ((nheads,), (nheads, headdim)):
+        raise ValueError(
+            f"D must be (nheads={nheads},) or (nheads, headdim)=({nheads}, {headdim}), got "
+            f"{tuple(D.shape)}"
+        )
+    if z is not None and z.shape != x.shape:
+        raise ValueError(f"z must be shaped like x {tuple(x.shape)}, got {tuple(z.shape)}")
     dstate = B.shape[2]
     check_tensor("ssm_states", ssm_states, device, 4, FLOAT_DTYPES)
     if tuple(ssm_states.shape[1:]) != (nheads, headdim, dstate):
@@ -200,6 +220,29 @@ def _check_args(
             raise ValueError(
                 f"has_initial_state must be (num_seqs={n},), got {tuple(has_initial_state.shape)}"
             )
+    if chunk_state_indices is not None:
+        check_tensor("chunk_state_indices", chunk_state_indices, device, 1, _INDEX_DTYPES)
+        if chunk_state_indices.shape[0] != layout.num_chunks:
+            raise ValueError(
+                f"chunk_state_indices must be (num_chunks={layout.num_chunks},), got "
+                f"{tuple(chunk_state_indices.shape)}"
+            )
+    # The kernels address a chunk's rows and a state's elements with 32-bit offsets from a
+    # 64-bit base (the row, the pool line): any real layout fits by far.
+    L = layout.chunk_size
+    spans = [("x", x, L * abs(x.stride(0)) + _span(x, (1, 2))),
+             ("B", B, L * abs(B.stride(0)) + _span(B, (1, 2))),
+             ("C", C, L * abs(C.stride(0)) + _span(C, (1, 2))),
+             ("ssm_states", ssm_states, _span(ssm_states, (1, 2, 3)))]  # fmt: skip
+    for name, t in (("z", z), ("out", out)):
+        if t is not None:
+            spans.append((name, t, L * abs(t.stride(0)) + _span(t, (1, 2))))
+    for name, _, span in spans:
+        if span > _I32_MAX:
+            raise ValueError(
+                f"{name}'s strides put one chunk's (or one pool line's) elements more than "
+                "2**31 apart; make it contiguous"
+            )
     if not HAS_TRITON:
         raise RuntimeError("the SSD kernels need Triton, which is not installed")
     if not use_ssd_kernel(x):
@@ -210,8 +253,15 @@ def _check_args(
         )
 
 
+def _cfg(x, B, chunk_size, out_dtype) -> dict:
+    _, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[1:]
+    return ssd_configs(nheads, headdim, dstate, ngroups, chunk_size, x.dtype, out_dtype)
+
+
 def _launch(
     x: torch.Tensor,
+    z: torch.Tensor | None,
     dt: torch.Tensor,
     A: torch.Tensor,
     B: torch.Tensor,
@@ -223,6 +273,7 @@ def _launch(
     ssm_states: torch.Tensor,
     state_indices: torch.Tensor,
     has_initial_state: torch.Tensor | None,
+    chunk_state_indices: torch.Tensor | None,
     D: torch.Tensor | None,
     dt_bias: torch.Tensor | None,
     dt_softplus: bool,
@@ -235,35 +286,34 @@ def _launch(
         return
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
-    cfg = ssd_configs(nheads, headdim, dstate, ngroups, chunk_size, x.dtype, out.dtype)
-    ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size).allocate(
+    cfg = _cfg(x, B, chunk_size, out.dtype)
+    ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size, cfg["cb_dtype"]).allocate(
         chunks.num_chunks, x.device
     )
     # Triton takes a bool tensor as i1 pointers; bytes are plainer.
     init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
-    launch_all(x, dt, A, B, C, chunks, ssm_states, state_indices, init, D, dt_bias,
-               dt_softplus, dt_lo, dt_hi, out, cfg, ws)  # fmt: skip
+    launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init, chunk_state_indices,
+               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg, ws)  # fmt: skip
 
 
-def _plan_for(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D,
-              dt_bias, dt_softplus, dt_limit, out) -> SSDPlan | None:  # fmt: skip
+def _plan_for(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+              chunk_state_indices, D, dt_bias, dt_softplus, dt_limit,
+              out) -> SSDPlan | None:  # fmt: skip
     """The plan of these arguments' layout (made, after the full checks, on its first
     call), or None when the call must take the full checks (which then name what is
     wrong): arguments that are not tensors, or counts that do not fit."""
-    args = (x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D, dt_bias)
+    args = (x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+            chunk_state_indices, D, dt_bias)  # fmt: skip
     try:
         key = plan_key(*args, dt_softplus, dt_limit, out)
         plan = PLANS.get(key)
         if plan is None:
             _check_args(*args, out)
-            _, nheads, headdim = x.shape
-            ngroups, dstate = B.shape[1:]
-            out_dtype = x.dtype if out is None else out.dtype
-            cfg = ssd_configs(nheads, headdim, dstate, ngroups, layout.chunk_size, x.dtype,
-                              out_dtype)  # fmt: skip
+            cfg = _cfg(x, B, layout.chunk_size, x.dtype if out is None else out.dtype)
             plan = SSDPlan(x, B, layout.chunk_size, cfg, dt_limit, use_ssd_kernel)
             PLANS.put(key, plan)
-        if plan.fits(x, dt, B, C, layout, state_indices, has_initial_state, out):
+        if plan.fits(x, z, dt, B, C, layout, state_indices, has_initial_state,
+                     chunk_state_indices, out):  # fmt: skip
             return plan
     except KEY_ERRORS:
         pass
@@ -285,27 +335,30 @@ def mamba_chunk_scan_combined_varlen(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = _NO_LIMIT,
     out: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    chunk_state_indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scan every sequence of ``layout`` (see the module docstring); returns ``out``
-    (allocated in x's dtype when None), updates the sequences' lines of ``ssm_states``."""
+    (allocated in x's dtype when None), updates the sequences' lines of ``ssm_states``
+    (and, with ``chunk_state_indices``, the lines of the chunks' end states)."""
     if not torch.compiler.is_compiling():
-        plan = _plan_for(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
-                         D, dt_bias, dt_softplus, dt_limit, out)  # fmt: skip
+        plan = _plan_for(x, z, dt, A, B, C, layout, ssm_states, state_indices,
+                         has_initial_state, chunk_state_indices, D, dt_bias, dt_softplus,
+                         dt_limit, out)  # fmt: skip
         if plan is not None:
             if out is None:
                 out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            plan.run(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D,
-                     dt_bias, dt_softplus, out)  # fmt: skip
+            plan.run(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+                     chunk_state_indices, D, dt_bias, dt_softplus, out)  # fmt: skip
             return out
-    _check_args(
-        x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D, dt_bias, out
-    )
+    _check_args(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+                chunk_state_indices, D, dt_bias, out)  # fmt: skip
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dt_lo, dt_hi = (float(v) for v in dt_limit)
-    args = (x, dt, A, B, C, layout.chunk_starts, layout.chunk_seqs, layout.seq_chunk_starts,
-            layout.chunk_size, ssm_states, state_indices, has_initial_state, D, dt_bias,
-            bool(dt_softplus), dt_lo, dt_hi, out)  # fmt: skip
+    args = (x, z, dt, A, B, C, layout.chunk_starts, layout.chunk_seqs, layout.seq_chunk_starts,
+            layout.chunk_size, ssm_states, state_indices, has_initial_state,
+            chunk_state_indices, D, dt_bias, bool(dt_softplus), dt_lo, dt_hi, out)  # fmt: skip
     if torch.compiler.is_compiling():
         torch.ops.vllm.mamba_chunk_scan_combined_varlen(*args)
     else:
@@ -320,6 +373,7 @@ _ssd_op = torch.library.custom_op(
 
 
 @_ssd_op.register_fake
-def _(x, dt, A, B, C, chunk_starts, chunk_seqs, seq_chunk_starts, chunk_size, ssm_states,
-      state_indices, has_initial_state, D, dt_bias, dt_softplus, dt_lo, dt_hi, out):  # fmt: skip
+def _(x, z, dt, A, B, C, chunk_starts, chunk_seqs, seq_chunk_starts, chunk_size, ssm_states,
+      state_indices, has_initial_state, chunk_state_indices, D, dt_bias, dt_softplus, dt_lo,
+      dt_hi, out):  # fmt: skip
     return None

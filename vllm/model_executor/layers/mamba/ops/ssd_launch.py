@@ -11,11 +11,11 @@ checks only what the key leaves out (``SSDPlan.fits``: counts and the chunk layo
 first calls go through ``launch_all``; once each kernel is compiled, the plan keeps the
 compiled kernels with their fixed integer arguments and, for each pointer argument, which
 of the call's tensors it was (by identity), and launches them directly through the Triton
-launcher's C entry point (``causal_conv1d_host.FastKernel``): the pointers, the grids and
-the one per-step integer, nothing else computed. A data pointer that is not 16-byte aligned
-(the kept kernels are the ones compiled for aligned data pointers; the step's index and
-layout pointers are not specialised on), a ``precompile()`` block, another current device
-or the interpreter take ``launch_all`` instead.
+launcher's C entry point (``vllm.triton_utils.host.DirectLaunches``): the pointers, the
+grids and the one per-step integer, nothing else computed. A data pointer that is not
+16-byte aligned (the kept kernels are the ones compiled for aligned data pointers; the
+step's index and layout pointers are not specialised on), a ``precompile()`` block,
+another current device or the interpreter take ``launch_all`` instead.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import torch
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import FastKernel, PlanCache
 from vllm.model_executor.layers.mamba.ops.ssd_chunk_scan import _LAUNCH as _SCAN_LAUNCHER
 from vllm.model_executor.layers.mamba.ops.ssd_chunk_scan import (
     chunk_scan_programs,
@@ -42,17 +41,19 @@ from vllm.model_executor.layers.mamba.ops.ssd_state_passing import (
     launch_state_passing,
     state_passing_programs,
 )
-from vllm.triton_utils import launch as _launch_mod
+from vllm.triton_utils.host import DirectLaunches, PlanCache
 
 _NO_LIMIT = (0.0, math.inf)
 # Raised while keying arguments that are not tensors: the full checks then name them.
 KEY_ERRORS = (AttributeError, TypeError, IndexError)
+_ALIGN = 128  # bytes: each part of the workspace starts on a 128-byte boundary
 
 
 class SSDWorkspace(NamedTuple):
-    """One call's fp32 intermediates (views of one allocation): ``states`` (chunks, nheads,
-    headdim, dstate) chunk contributions, then start states; ``cb`` (chunks, ngroups, L, L);
-    ``dt``, ``cs`` (chunks, nheads, L); ``decay`` (chunks, nheads)."""
+    """One call's intermediates (views of one allocation): ``states`` (chunks, nheads,
+    headdim, dstate) fp32 chunk contributions, then start states; ``cb`` (chunks, ngroups,
+    L, L) in fp32 or the activations' 16-bit dtype (the launch config's ``cb_dtype``);
+    ``dt``, ``cs`` (chunks, nheads, L) fp32, cs in log2 units; ``decay`` (chunks, nheads)."""
 
     states: torch.Tensor
     cb: torch.Tensor
@@ -63,32 +64,36 @@ class SSDWorkspace(NamedTuple):
 
 class WorkspaceLayout:
     """Where the parts of a call's workspace sit: each part holds a fixed number of elements
-    per chunk, and starts 128-byte aligned in the one fp32 allocation."""
+    per chunk, and starts 128-byte aligned in the one byte allocation."""
 
-    def __init__(self, nheads: int, headdim: int, dstate: int, ngroups: int, chunk_size: int):
+    def __init__(self, nheads: int, headdim: int, dstate: int, ngroups: int, chunk_size: int,
+                 cb_dtype: torch.dtype = torch.float32):  # fmt: skip
         L = chunk_size
-        self.tails = ((nheads, headdim, dstate), (ngroups, L, L), (nheads, L), (nheads, L),
-                      (nheads,))  # fmt: skip
-        self.per_chunk = tuple(math.prod(t) for t in self.tails)
+        f32 = torch.float32
+        self.parts = (((nheads, headdim, dstate), f32), ((ngroups, L, L), cb_dtype),
+                      ((nheads, L), f32), ((nheads, L), f32), ((nheads,), f32))  # fmt: skip
+        self.per_chunk = tuple(math.prod(t) * d.itemsize for t, d in self.parts)  # bytes
 
     def offsets(self, num_chunks: int) -> tuple[list[int], int]:
-        """Each part's first element, and the elements of the allocation (at least one per
-        part, so that no pointer is null)."""
+        """Each part's first byte, and the bytes of the allocation (at least one aligned
+        block per part, so that no pointer is null)."""
         offsets, total = [], 0
         for per_chunk in self.per_chunk:
             offsets.append(total)
-            total += -(-max(num_chunks * per_chunk, 1) // 32) * 32
+            total += -(-max(num_chunks * per_chunk, 1) // _ALIGN) * _ALIGN
         return offsets, total
 
     def views(self, buf: torch.Tensor, num_chunks: int, offsets: list[int]) -> SSDWorkspace:
         parts = []
-        for off, per_chunk, tail in zip(offsets, self.per_chunk, self.tails, strict=True):
-            parts.append(buf[off : off + num_chunks * per_chunk].view(num_chunks, *tail))
+        for off, per_chunk, (tail, dtype) in zip(offsets, self.per_chunk, self.parts,
+                                                 strict=True):  # fmt: skip
+            part = buf[off : off + num_chunks * per_chunk].view(dtype)
+            parts.append(part.view(num_chunks, *tail))
         return SSDWorkspace(*parts)
 
     def allocate(self, num_chunks: int, device) -> SSDWorkspace:
         offsets, total = self.offsets(num_chunks)
-        buf = torch.empty(total, dtype=torch.float32, device=device)
+        buf = torch.empty(total, dtype=torch.uint8, device=device)
         return self.views(buf, num_chunks, offsets)
 
 
@@ -109,8 +114,9 @@ class Chunks(NamedTuple):
         return self.seq_chunk_starts.shape[0] - 1
 
 
-def launch_all(x, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, init, D, dt_bias,
-               dt_softplus, dt_lo, dt_hi, out, cfg: dict, ws: SSDWorkspace) -> list:  # fmt: skip
+def launch_all(x, z, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, init, chunk_lines,
+               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg: dict,
+               ws: SSDWorkspace) -> list:  # fmt: skip
     """The call's launches over ``ws`` (``init``: has_initial_state as bytes, or None);
     returns what each launched, (launcher, grid, args, constexprs)."""
     done = []
@@ -124,12 +130,12 @@ def launch_all(x, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, init, 
         )
         done.append(launch_chunk_state(x, dt, A, dt_bias, B, chunks.chunk_starts, ws, flags,
                                        cfg["chunk_state"]))  # fmt: skip
-    passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init, ws,
-                                   cfg["state_passing"])  # fmt: skip
+    passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init, chunk_lines,
+                                   ws, cfg["state_passing"])  # fmt: skip
     if passing is not None:
         done.append(passing)
     if chunks.num_chunks:
-        done.append(launch_chunk_scan(x, C, D, chunks, state_indices, init, ws, out,
+        done.append(launch_chunk_scan(x, z, C, D, chunks, state_indices, init, ws, out,
                                       cfg["chunk_scan"]))  # fmt: skip
     return done
 
@@ -140,12 +146,14 @@ def _layout_of(t, full_shape: bool):
     return (t.dtype, t.device, tuple(t.shape) if full_shape else tuple(t.shape[1:]), t.stride())
 
 
-def plan_key(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D, dt_bias,
-             dt_softplus, dt_limit, out) -> tuple:  # fmt: skip
-    """Everything the full checks read but the token and sequence counts (``SSDPlan.fits``
-    checks those). Raises one of ``KEY_ERRORS`` for arguments that are not tensors."""
+def plan_key(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+             chunk_state_indices, D, dt_bias, dt_softplus, dt_limit, out) -> tuple:  # fmt: skip
+    """Everything the full checks read but the token, chunk and sequence counts
+    (``SSDPlan.fits`` checks those). Raises one of ``KEY_ERRORS`` for arguments that are
+    not tensors."""
     return (
         _layout_of(x, False),
+        _layout_of(z, False),
         _layout_of(dt, False),
         _layout_of(B, False),
         _layout_of(C, False),
@@ -156,6 +164,7 @@ def plan_key(x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_stat
         _layout_of(ssm_states, True),
         _layout_of(state_indices, False),
         _layout_of(has_initial_state, False),
+        _layout_of(chunk_state_indices, False),
         layout.chunk_size,
         bool(dt_softplus),
         tuple(dt_limit),
@@ -174,33 +183,37 @@ class SSDPlan:
         ngroups, dstate = B.shape[1:]
         self.cfg, self.chunk_size = cfg, chunk_size
         self.dt_lo, self.dt_hi = (float(v) for v in dt_limit)
-        self.ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size)
+        self.ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size, cfg["cb_dtype"])
         self.device, self.on_cuda = x.device, x.is_cuda
         self.device_index = x.device.index if x.is_cuda else None
         self.is_kernel_device = is_kernel_device  # use_ssd_kernel, re-read off CUDA
-        self.per_chunk_scan = chunk_scan_programs(1, nheads, headdim, cfg["chunk_scan"])
+        self.per_chunk_scan = chunk_scan_programs(1, nheads, headdim, chunk_size,
+                                                  cfg["chunk_scan"])  # fmt: skip
         self.per_chunk_state = chunk_state_programs(1, nheads, headdim, dstate,
                                                     cfg["chunk_state"])  # fmt: skip
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
             1, 1, nheads, headdim, dstate, ngroups, chunk_size, cfg["state_passing"]
         )
-        self.kernels: dict[str, tuple] = {}  # kernel name -> its direct launch
-        self.direct: tuple | None = None  # (chunk state, state passing, chunk scan)
-        self.no_direct = False  # a pointer argument was none of the call's tensors
-        self.aligned: set[str] = set()  # pointers the direct kernels need 16-byte aligned
+        order = [_STATE_LAUNCHER.name, _PASSING_LAUNCHER.name, _SCAN_LAUNCHER.name]
+        self.direct = DirectLaunches(order)
 
-    def fits(self, x, dt, B, C, layout, state_indices, has_initial_state, out) -> bool:
+    def fits(self, x, z, dt, B, C, layout, state_indices, has_initial_state,
+             chunk_state_indices, out) -> bool:  # fmt: skip
         """The call's counts agree and its chunk layout is on the plan's device; otherwise
         the full checks run (and name what is wrong)."""
         n = x.shape[0]
         if dt.shape[0] != n or B.shape[0] != n or C.shape[0] != n:
             return False
-        if (out is not None and out.shape[0] != n) or not isinstance(layout, SSDChunkLayout):
+        if (z is not None and z.shape[0] != n) or (out is not None and out.shape[0] != n):
+            return False
+        if not isinstance(layout, SSDChunkLayout):
             return False
         s = layout.num_seqs
         if layout.end_row > n or state_indices.shape[0] != s:
             return False
         if has_initial_state is not None and has_initial_state.shape[0] != s:
+            return False
+        if chunk_state_indices is not None and chunk_state_indices.shape[0] != layout.num_chunks:
             return False
         dev = self.device
         if (layout.chunk_starts.device != dev or layout.chunk_seqs.device != dev
@@ -208,19 +221,15 @@ class SSDPlan:
             return False
         return self.on_cuda or self.is_kernel_device(x)
 
-    def run(self, x, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state, D,
-            dt_bias, dt_softplus, out) -> None:  # fmt: skip
+    def run(self, x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
+            chunk_state_indices, D, dt_bias, dt_softplus, out) -> None:  # fmt: skip
         num_chunks, num_seqs = layout.num_chunks, layout.num_seqs
         if num_seqs == 0:
             return
         offsets, total = self.ws.offsets(num_chunks)
-        buf = torch.empty(total, dtype=torch.float32, device=self.device)
+        buf = torch.empty(total, dtype=torch.uint8, device=self.device)
         init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
-        if (
-            self.direct is not None
-            and _launch_mod._SESSION is None
-            and torch._C._cuda_getDevice() == self.device_index
-        ):
+        if self.direct.ready:
             base = buf.data_ptr()
             ptrs = dict(
                 x=x.data_ptr(), dt=dt.data_ptr(), A=A.data_ptr(), B=B.data_ptr(),
@@ -230,84 +239,36 @@ class SSDPlan:
                 chunk_seqs=layout.chunk_seqs.data_ptr(),
                 seq_chunk_starts=layout.seq_chunk_starts.data_ptr(),
             )  # fmt: skip
-            if D is not None:
-                ptrs["D"] = D.data_ptr()
-            if dt_bias is not None:
-                ptrs["dt_bias"] = dt_bias.data_ptr()
-            if init is not None:
-                ptrs["init"] = init.data_ptr()
+            for name, t in (("z", z), ("D", D), ("dt_bias", dt_bias), ("init", init),
+                            ("chunk_lines", chunk_state_indices)):  # fmt: skip
+                if t is not None:
+                    ptrs[name] = t.data_ptr()
             for name, off in zip(_WS_NAMES, offsets, strict=True):
-                ptrs[name] = base + 4 * off
-            acc = 0
-            for name in self.aligned:
-                acc |= ptrs[name]
-            if not acc & 15:
-                self._launch_direct(ptrs, num_chunks, num_seqs)
+                ptrs[name] = base + off
+            if self._launch_direct(ptrs, num_chunks, num_seqs):
                 return
         ws = self.ws.views(buf, num_chunks, offsets)
         chunks = Chunks(self.chunk_size, layout.chunk_starts, layout.chunk_seqs,
                         layout.seq_chunk_starts)  # fmt: skip
-        done = launch_all(x, dt, A, B, C, chunks, ssm_states, state_indices, init, D, dt_bias,
-                          dt_softplus, self.dt_lo, self.dt_hi, out, self.cfg, ws)  # fmt: skip
-        if self.direct is None and not self.no_direct and self.on_cuda:
-            sources = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, out=out,
+        done = launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init,
+                          chunk_state_indices, D, dt_bias, dt_softplus, self.dt_lo, self.dt_hi,
+                          out, self.cfg, ws)  # fmt: skip
+        if not self.direct.ready and not self.direct.failed and self.on_cuda:
+            sources = dict(x=x, z=z, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, out=out,
                            ssm_states=ssm_states, state_indices=state_indices, init=init,
+                           chunk_lines=chunk_state_indices,
                            chunk_starts=layout.chunk_starts, chunk_seqs=layout.chunk_seqs,
                            seq_chunk_starts=layout.seq_chunk_starts,
                            **dict(zip(_WS_NAMES, ws, strict=True)))  # fmt: skip
-            self._capture(done, sources, num_seqs)
+            # State passing's first integer, its number of state-passing programs, is the
+            # step's; every other integer is fixed by the plan's key.
+            self.direct.capture(done, sources, {_PASSING_LAUNCHER.name: 1})
 
-    def _capture(self, done: list[tuple], sources: dict, num_seqs: int) -> None:
-        """Keep each launch's compiled kernel for direct launches: its pointer arguments by
-        the name of the call's tensor each one was, and its integer arguments (all fixed by
-        the plan's key but state passing's first, its number of state-passing programs)."""
-        names_by_id = {}
-        for name, t in sources.items():
-            if t is not None:
-                names_by_id.setdefault(id(t), name)
-        for launcher, _, args, constexprs in done:
-            if launcher.name in self.kernels:
-                continue
-            k = 0
-            while k < len(args) and isinstance(args[k], torch.Tensor):
-                k += 1
-            names = tuple(names_by_id.get(id(a)) for a in args[:k])
-            ints = args[k:]
-            per_step = 1 if launcher is _PASSING_LAUNCHER else 0
-            if None in names or (per_step and ints[0] != num_seqs * self.per_seq_pass):
-                self.no_direct = True
-                return
-            # The direct launch uses the kernel compiled for 16-byte aligned pointers where
-            # Triton keys on alignment (not the step's index and layout pointers, whose
-            # offsets in the step's metadata vary).
-            keyed = [i for i in range(k) if launcher.keys_alignment(i)]
-            if not launcher.direct or _launch_mod._SESSION is not None:
-                return
-            if any(args[i].data_ptr() % 16 for i in keyed):
-                return  # an unaligned pointer: capture at a later call
-            entry = launcher.cache.get(launcher.key(args, constexprs))
-            if entry is None:
-                return
-            fast = FastKernel(entry[0], entry[1], self.device_index)
-            self.kernels[launcher.name] = (fast.fn, fast.head, names, ints[per_step:], fast.tail)
-            self.aligned |= {names[i] for i in keyed}
-        order = [_STATE_LAUNCHER.name, _PASSING_LAUNCHER.name, _SCAN_LAUNCHER.name]
-        if all(name in self.kernels for name in order):
-            self.direct = tuple(self.kernels[name] for name in order)
-
-    def _launch_direct(self, ptrs: dict, num_chunks: int, num_seqs: int) -> None:
-        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
-        (f1, h1, n1, i1, t1), (f2, h2, n2, i2, t2), (f3, h3, n3, i3, t3) = self.direct
-        if num_chunks:
-            f1(num_chunks * self.per_chunk_state, 1, 1, stream, *h1, *[ptrs[n] for n in n1],
-               *i1, *t1)  # fmt: skip
+    def _launch_direct(self, ptrs: dict, num_chunks: int, num_seqs: int) -> bool:
         num_pass = num_seqs * self.per_seq_pass
-        grid = num_pass + num_chunks * self.per_chunk_cb
-        if grid:
-            f2(grid, 1, 1, stream, *h2, *[ptrs[n] for n in n2], num_pass, *i2, *t2)
-        if num_chunks:
-            f3(num_chunks * self.per_chunk_scan, 1, 1, stream, *h3, *[ptrs[n] for n in n3],
-               *i3, *t3)  # fmt: skip
+        grids = (num_chunks * self.per_chunk_state, num_pass + num_chunks * self.per_chunk_cb,
+                 num_chunks * self.per_chunk_scan)  # fmt: skip
+        return self.direct.launch(self.device_index, ptrs, grids, ((), (num_pass,), ()))
 
 
 PLANS = PlanCache()

@@ -37,32 +37,29 @@ def _pass_states(
     state_indices_ptr,
     has_init_ptr,
     seq_chunk_starts_ptr,
-    nheads,
-    headdim,
-    dstate,
+    chunk_lines_ptr,
     pad_slot_id,
-    stride_states_c,
-    stride_states_h,
-    stride_states_p,
-    stride_states_n,
-    stride_decay_c,
-    stride_decay_h,
     stride_ssm_line,
     stride_ssm_h,
     stride_ssm_p,
     stride_ssm_n,
     stride_idx,
     stride_init,
+    stride_chunk_lines,
+    NHEADS: tl.constexpr,
+    HEADDIM: tl.constexpr,
+    DSTATE: tl.constexpr,
     HAS_INIT: tl.constexpr,
+    HAS_CHUNK_LINES: tl.constexpr,
     BLOCK_SP: tl.constexpr,
     BLOCK_SN: tl.constexpr,
 ):
-    n_tn = tl.cdiv(dstate, BLOCK_SN)
-    n_tp = tl.cdiv(headdim, BLOCK_SP)
-    i_tn = i_job % n_tn
-    i_tp = (i_job // n_tn) % n_tp
-    i_h = (i_job // n_tn // n_tp) % nheads
-    i_s = i_job // n_tn // n_tp // nheads
+    N_TN: tl.constexpr = (DSTATE + BLOCK_SN - 1) // BLOCK_SN
+    N_TP: tl.constexpr = (HEADDIM + BLOCK_SP - 1) // BLOCK_SP
+    i_tn = i_job % N_TN
+    i_tp = (i_job // N_TN) % N_TP
+    i_h = (i_job // (N_TN * N_TP)) % NHEADS
+    i_s = i_job // (N_TN * N_TP * NHEADS)
 
     line = tl.load(state_indices_ptr + i_s * stride_idx).to(tl.int64)
     live = line != pad_slot_id
@@ -73,39 +70,39 @@ def _pass_states(
     c0 = tl.load(seq_chunk_starts_ptr + i_s).to(tl.int64)
     c1 = tl.load(seq_chunk_starts_ptr + i_s + 1).to(tl.int64)
 
-    o_p = i_tp * BLOCK_SP + tl.arange(0, BLOCK_SP).to(tl.int64)
-    o_n = i_tn * BLOCK_SN + tl.arange(0, BLOCK_SN).to(tl.int64)
-    m = (o_p < headdim)[:, None] & (o_n < dstate)[None, :]
-    p_line = (
-        ssm_ptr
-        + line * stride_ssm_line
-        + i_h * stride_ssm_h
-        + o_p[:, None] * stride_ssm_p
-        + o_n[None, :] * stride_ssm_n
-    )
-    b_s = tl.load(p_line, mask=m & use_init, other=0.0).to(tl.float32)
-    p_st = (
-        states_ptr
-        + i_h * stride_states_h
-        + o_p[:, None] * stride_states_p
-        + o_n[None, :] * stride_states_n
-    )
-    p_decay = decay_ptr + i_h * stride_decay_h
+    o_p = i_tp * BLOCK_SP + tl.arange(0, BLOCK_SP)
+    o_n = i_tn * BLOCK_SN + tl.arange(0, BLOCK_SN)
+    m = (o_p < HEADDIM)[:, None] & (o_n < DSTATE)[None, :]
+    o_pool = i_h * stride_ssm_h + o_p[:, None] * stride_ssm_p + o_n[None, :] * stride_ssm_n
+    b_s = tl.load(ssm_ptr + line * stride_ssm_line + o_pool, mask=m & use_init, other=0.0)
+    b_s = b_s.to(tl.float32)
+    p_st = states_ptr + i_h * (HEADDIM * DSTATE) + o_p[:, None] * DSTATE + o_n[None, :]
+    p_decay = decay_ptr + i_h
     # Each chunk's contribution is loaded one step ahead, so the chain waits on one load
     # per step, not on a load after a store.
     has = c0 < c1
-    b_next = tl.load(p_st + c0 * stride_states_c, mask=m & has, other=0.0)
-    b_next_decay = tl.load(p_decay + c0 * stride_decay_c, mask=has, other=0.0)
+    b_next = tl.load(p_st + c0 * (NHEADS * HEADDIM * DSTATE), mask=m & has, other=0.0)
+    b_next_decay = tl.load(p_decay + c0 * NHEADS, mask=has, other=0.0)
     for c in range(c0, c1):
         i_c = tl.cast(c, tl.int64)
         b_cur = b_next
         b_decay = b_next_decay
         has = i_c + 1 < c1
-        b_next = tl.load(p_st + (i_c + 1) * stride_states_c, mask=m & has, other=0.0)
-        b_next_decay = tl.load(p_decay + (i_c + 1) * stride_decay_c, mask=has, other=0.0)
-        tl.store(p_st + i_c * stride_states_c, b_s, mask=m & ((i_c > c0) | use_init))
+        p_cur = p_st + i_c * (NHEADS * HEADDIM * DSTATE)
+        b_next = tl.load(p_cur + NHEADS * HEADDIM * DSTATE, mask=m & has, other=0.0)
+        b_next_decay = tl.load(p_decay + (i_c + 1) * NHEADS, mask=has, other=0.0)
+        tl.store(p_cur, b_s, mask=m & ((i_c > c0) | use_init))
         b_s = b_s * b_decay + b_cur
-    tl.store(p_line, b_s.to(ssm_ptr.dtype.element_ty), mask=m & live)
+        if HAS_CHUNK_LINES:
+            # The state at the chunk's end into its given line (prefix caching).
+            chunk_line = tl.load(chunk_lines_ptr + i_c * stride_chunk_lines).to(tl.int64)
+            tl.store(
+                ssm_ptr + chunk_line * stride_ssm_line + o_pool,
+                b_s.to(ssm_ptr.dtype.element_ty),
+                mask=m & live & (chunk_line != pad_slot_id),
+            )
+    tl.store(ssm_ptr + line * stride_ssm_line + o_pool, b_s.to(ssm_ptr.dtype.element_ty),
+             mask=m & live)  # fmt: skip
 
 
 @triton.jit(
@@ -113,6 +110,7 @@ def _pass_states(
         "state_indices_ptr",
         "has_init_ptr",
         "seq_chunk_starts_ptr",
+        "chunk_lines_ptr",
         "chunk_starts_ptr",
         "num_pass_programs",
     ]
@@ -124,46 +122,39 @@ def _ssd_state_passing_kernel(
     state_indices_ptr,
     has_init_ptr,
     seq_chunk_starts_ptr,
+    chunk_lines_ptr,
     C_ptr,
     B_ptr,
     chunk_starts_ptr,
     cb_ptr,
     num_pass_programs,
-    nheads,
-    headdim,
-    dstate,
-    ngroups,
-    chunk_size,
     pad_slot_id,
-    stride_states_c,
-    stride_states_h,
-    stride_states_p,
-    stride_states_n,
-    stride_decay_c,
-    stride_decay_h,
     stride_ssm_line,
     stride_ssm_h,
     stride_ssm_p,
     stride_ssm_n,
     stride_idx,
     stride_init,
+    stride_chunk_lines,
     stride_C_t,
     stride_C_g,
     stride_C_n,
     stride_B_t,
     stride_B_g,
     stride_B_n,
-    stride_cb_c,
-    stride_cb_g,
-    stride_cb_l,
-    stride_cb_s,
+    NHEADS: tl.constexpr,
+    HEADDIM: tl.constexpr,
+    DSTATE: tl.constexpr,
+    NGROUPS: tl.constexpr,
+    CHUNK: tl.constexpr,
     HAS_INIT: tl.constexpr,
+    HAS_CHUNK_LINES: tl.constexpr,
     BLOCK_SP: tl.constexpr,
     BLOCK_SN: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    i_pid = tl.program_id(0).to(tl.int64)
+    i_pid = tl.program_id(0)
     if i_pid < num_pass_programs:
         _pass_states(
             i_pid,
@@ -173,23 +164,20 @@ def _ssd_state_passing_kernel(
             state_indices_ptr,
             has_init_ptr,
             seq_chunk_starts_ptr,
-            nheads,
-            headdim,
-            dstate,
+            chunk_lines_ptr,
             pad_slot_id,
-            stride_states_c,
-            stride_states_h,
-            stride_states_p,
-            stride_states_n,
-            stride_decay_c,
-            stride_decay_h,
             stride_ssm_line,
             stride_ssm_h,
             stride_ssm_p,
             stride_ssm_n,
             stride_idx,
             stride_init,
+            stride_chunk_lines,
+            NHEADS,
+            HEADDIM,
+            DSTATE,
             HAS_INIT,
+            HAS_CHUNK_LINES,
             BLOCK_SP,
             BLOCK_SN,
         )
@@ -200,19 +188,15 @@ def _ssd_state_passing_kernel(
             B_ptr,
             chunk_starts_ptr,
             cb_ptr,
-            ngroups,
-            dstate,
-            chunk_size,
             stride_C_t,
             stride_C_g,
             stride_C_n,
             stride_B_t,
             stride_B_g,
             stride_B_n,
-            stride_cb_c,
-            stride_cb_g,
-            stride_cb_l,
-            stride_cb_s,
+            NGROUPS,
+            DSTATE,
+            CHUNK,
             BLOCK_T,
             BLOCK_N,
         )
@@ -232,11 +216,12 @@ def state_passing_programs(
 
 
 def launch_state_passing(
-    B, C, layout, ssm_states, state_indices, has_initial_state, ws, cfg: dict
+    B, C, layout, ssm_states, state_indices, has_initial_state, chunk_lines, ws, cfg: dict
 ) -> tuple | None:
     """Launch 2 over ``ws`` (the call's ``SSDWorkspace``): start states in place, final
-    states into the pool, CB into ``ws.cb``. Returns what it launched: (launcher, grid,
-    args, constexprs), or None when there was nothing to launch."""
+    states (and, with ``chunk_lines``, each chunk's end state) into the pool, CB into
+    ``ws.cb``. Returns what it launched: (launcher, grid, args, constexprs), or None when
+    there was nothing to launch."""
     nheads, headdim, dstate = ssm_states.shape[1:]
     ngroups = B.shape[1]
     num_pass, num_cb = state_passing_programs(
@@ -253,26 +238,29 @@ def launch_state_passing(
         state_indices,
         state_indices if init is None else init,
         layout.seq_chunk_starts,
+        state_indices if chunk_lines is None else chunk_lines,
         C,
         B,
         layout.chunk_starts,
         ws.cb,
         num_pass,
-        nheads,
-        headdim,
-        dstate,
-        ngroups,
-        layout.chunk_size,
         PAD_SLOT_ID,
-        *ws.states.stride(),
-        *ws.decay.stride(),
         *ssm_states.stride(),
         state_indices.stride(0),
         0 if init is None else init.stride(0),
+        0 if chunk_lines is None else chunk_lines.stride(0),
         *C.stride(),
         *B.stride(),
-        *ws.cb.stride(),
     )
-    grid, constexprs = (num_pass + num_cb,), dict(HAS_INIT=init is not None, **cfg)
-    _LAUNCH(grid, args, constexprs)
-    return _LAUNCH, grid, args, constexprs
+    constexprs = dict(
+        NHEADS=nheads,
+        HEADDIM=headdim,
+        DSTATE=dstate,
+        NGROUPS=ngroups,
+        CHUNK=layout.chunk_size,
+        HAS_INIT=init is not None,
+        HAS_CHUNK_LINES=chunk_lines is not None,
+        **cfg,
+    )
+    _LAUNCH((num_pass + num_cb,), args, constexprs)
+    return _LAUNCH, (num_pass + num_cb,), args, constexprs
