@@ -151,7 +151,12 @@ replay_bench() {
 # The SSD op benchmark (ours Triton and PyTorch, mamba_ssm): ~2 minutes.
 ssd_bench() {
     wheels || echo "(mamba_ssm providers will say why they did not run)"
-    python3 benchmarks/kernels/benchmark_ssd.py --out "$out/ssd" 2>&1 | tee "$out/ssd.log"
+    # Upstream 0.33's SSD from a carried .upstream/ (docs/gpu_box.md); absent: skipped, saying so.
+    local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d .upstream ] && path="$path:$PWD/.upstream"
+    # shellcheck disable=SC2086
+    PYTHONPATH=$path python3 benchmarks/kernels/benchmark_ssd.py ${SSD_BENCH_ARGS:-} \
+        --out "$out/ssd" 2>&1 | tee "$out/ssd.log"
 }
 # Ours (max_num_batched_tokens 2048 and 8192, fp32 state; 8192 with bf16 state) and HF
 # generate with mamba_ssm's Triton kernels: 128 prompts x 512 tokens, 256 output tokens,
