@@ -35,7 +35,7 @@ from collections.abc import AsyncGenerator
 from multiprocessing.connection import wait as wait_for
 
 from vllm import envs
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 from vllm.engine.core_proc import EngineCoreClient, EngineCoreDied
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import ProcessedPrompt
