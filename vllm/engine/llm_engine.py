@@ -25,7 +25,7 @@ from vllm.engine.core import EngineCore, EngineCoreRequest
 from vllm.engine.core_client import InprocClient
 from vllm.engine.output_processor import OutputProcessor
 from vllm.engine.processor import InputProcessor, ProcessedPrompt
-from vllm.engine.stats import IterationStats, StepTotals
+from vllm.engine.stats import IterationStats, StepTotals, startup_line
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -167,27 +167,3 @@ class LLMEngine:
     def _error_output(request_id: str, message: str) -> RequestOutput:
         completion = CompletionOutput(0, "", [], finish_reason="error")
         return RequestOutput(request_id, None, [], [completion], finished=True, error=message)
-
-
-def startup_line(s: dict) -> str:
-    """The start-up log line: the total and its parts."""
-    return (
-        f"engine start-up {s['total_s']:.1f} s: weights {s['weights_s']:.1f} s, state pool "
-        f"{s['state_pool_s']:.1f} s ({s['state_pool_gib']:.2f} GiB"
-        + (
-            f", of which the replay rings (replayssm_buffer_len "
-            f"{s['replayssm_buffer_len']}) {s['replay_ring_gib']:.2f} GiB"
-            if s.get("replayssm_buffer_len")
-            else ""
-        )
-        + "), kernel compile "
-        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants, {s['num_kernels_compiled']} new) "
-        f"in a warm-up of "
-        f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
-        f"({s['num_graphs']} graphs)"
-        + (
-            f", KV cache {s['num_kv_blocks']} blocks ({s['kv_cache_gib']:.2f} GiB)"
-            if s.get("num_kv_blocks")
-            else ""
-        )
-    )
