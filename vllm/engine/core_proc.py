@@ -11,9 +11,10 @@ pipe, steps while it has work, and sends each step's ``EngineCoreOutput`` deltas
 never blocks on a full pipe), and ``get_output`` (on the caller's thread) returns the next
 ``EngineCoreOutputs`` with its outputs named by the caller's request ids again.
 ``wait_for_output`` waits on the pipe and on a socket that ``poke`` writes to, whichever
-comes first. The child names each request with an id unique for the client's life
-(``"{id}#{n}"``): an output still in the pipe of a request aborted meanwhile matches
-nothing and is dropped, even if a new request took the same id.
+comes first; ``shutdown`` asks the child to stop, reads the pipe to its goodbye and joins
+it. The child names each request with an id unique for the client's life (``"{id}#{n}"``):
+an output still in the pipe of a request aborted meanwhile matches nothing and is dropped,
+even if a new request took the same id.
 
 The protocol (pickled tuples): child -> parent ``("ready", info)`` once started (or
 ``("failed", message)``; ``("failed", error)`` for a user's error, ValueError or OSError,
@@ -212,27 +213,34 @@ class MPClient(core_client.EngineCoreClient):
     def has_unfinished_requests(self) -> bool:
         return bool(self._internal)
 
-    def shutdown(self) -> None:
-        """Ask the child to stop (its "bye" or EOF then reaches ``recv``). Idempotent."""
-        if not self.closed:
-            self.closed = True
-            self._outbox.put(("shutdown",))
-
-    def join(self, timeout: float = 30.0) -> None:
-        """Wait for the child to exit (killing it after ``timeout``), then close the pipe."""
-        self.shutdown()
-        self.proc.join(timeout)
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the child and wait for it: ask, read the pipe up to its "bye" (a child
+        blocked sending a step's outputs would never see the request otherwise; what it
+        sends meanwhile is dropped), then join it, killing it after ``timeout`` s.
+        Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._outbox.put(("shutdown",))
+        self._outbox.put(None)  # ends the sender thread
+        deadline = time.monotonic() + timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0 and self.conn.poll(left):
+                if self.conn.recv()[0] == "bye":
+                    break
+        except (EOFError, OSError):
+            pass  # it is gone already
+        self.proc.join(max(0.0, deadline - time.monotonic()))
         if self.proc.is_alive():
             logger.warning("the engine core process did not stop in %.0f s; killing it", timeout)
             self._kill()
-        self._outbox.put(None)  # ends the sender thread
         self.conn.close()
         self._poke_r.close()
         self._poke_w.close()
 
     def _at_exit(self) -> None:
         if self.proc.exitcode is None:
-            self.shutdown()
+            self._outbox.put(("shutdown",))
             self.proc.join(30)
             if self.proc.is_alive():
                 self._kill()
@@ -299,9 +307,3 @@ class MPClient(core_client.EngineCoreClient):
             self._poke_w.send(b"\0")
         except OSError:
             pass  # a full buffer holds a poke already; a closed one has nobody to wake
-
-    # The names async_llm.py uses until its loop moves onto the client interface.
-    recv = get_output
-
-
-EngineCoreClient = MPClient
