@@ -8,6 +8,7 @@ thread (``engine_process=False``) and, where it applies, in its own process
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -17,6 +18,8 @@ from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
+from vllm.engine.core import EngineCoreRequest
+from vllm.engine.core_client import InprocClient
 from vllm.engine.stats import StatLoggerBase
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.sampling_params import RequestOutputKind
@@ -213,3 +216,28 @@ def test_the_loop_stats_cover_the_loop_threads_time():
     # time, short of it by the thread's start and the last outputs' way to the streams.
     total = sum(s.total_s for s in steps) + wait + other
     assert 0.9 * wall - 0.05 <= total <= wall
+
+
+def test_the_in_process_client_steps_when_it_has_work_and_waits_for_a_poke_when_idle():
+    """The loop's wait on the in-process client: idle, it blocks until a poke and returns
+    None; with work it steps at once, a poke or not (the loop took its queue just before,
+    so what a poke announces joins the next step)."""
+    client = InprocClient(EngineArgs(CONFIG, **OPTS).create_engine_config())
+    try:
+        client.poke()
+        assert client.wait_for_output() is None
+        client.add_request(EngineCoreRequest("w", [1, 2], delta(2)))
+        client.poke()
+        result = client.wait_for_output()
+        assert result is not None and result.step is not None
+        while client.has_unfinished_requests():
+            assert client.wait_for_output() is not None
+        threading.Timer(0.3, client.poke).start()
+        t0 = time.perf_counter()
+        assert client.wait_for_output() is None
+        assert time.perf_counter() - t0 >= 0.25
+        # That wait is the loop's: it reaches the next step's record.
+        client.add_request(EngineCoreRequest("x", [3], delta(1)))
+        assert client.wait_for_output().loop_wait_s >= 0.25
+    finally:
+        client.shutdown()

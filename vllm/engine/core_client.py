@@ -14,9 +14,9 @@ the core said goodbye), ``has_unfinished_requests``, ``num_running`` / ``num_wai
 
 A loop that also takes requests from other threads (``AsyncLLM``'s) calls
 ``wait_for_output()`` instead, and those threads call ``poke()`` after queueing
-something for it: the wait then returns None at once, so the loop hands the new requests
-and aborts over and asks again. The poke is each client's own (a condition in process, a
-socket beside the core's pipe otherwise), so the loop is the same over both.
+something for it: a wait for outputs then returns None at once, so the loop hands the new
+requests and aborts over and asks again. The poke is each client's own (a condition in
+process, a socket beside the core's pipe otherwise), so the loop is the same over both.
 
 ``in_process`` says which: a step's output processing then runs after the step (its time
 counts in the step's total) rather than beside the core's next step.
@@ -70,14 +70,16 @@ class EngineCoreClient(ABC):
 
     @abstractmethod
     def wait_for_output(self) -> EngineCoreOutputs | None:
-        """The next outputs, or None as soon as ``poke()`` is called (a poke since the last
-        return counts). The core process's outputs end the wait as they come; in process,
-        a core with work runs one step at once, and an idle one waits for the poke."""
+        """The next outputs, or None when ``poke()`` ends the wait for them (a poke since
+        the last return counts). In process a core with work runs one step at once (what
+        was queued meanwhile joins the next one) and an idle one waits for a poke; the
+        core process's outputs end the wait as they come, and a poke comes first."""
 
     @abstractmethod
     def poke(self) -> None:
-        """From any thread: the caller queued requests or aborts (or wants to stop), so
-        ``wait_for_output`` returns None now rather than after the core's next step."""
+        """From any thread: the caller queued requests or aborts (or wants to stop), so a
+        ``wait_for_output`` waiting for outputs returns None now rather than after the
+        core's next step."""
 
     @abstractmethod
     def shutdown(self) -> None: ...
@@ -140,12 +142,13 @@ class InprocClient(EngineCoreClient):
             self._since = t0
         with self._poke:
             # Only the caller's thread changes the core, so while it is idle nothing but a
-            # poke can give it work.
+            # poke can give it work. A poke is spent either way: the caller takes its queue
+            # before every call.
             while not self._poked and not core.has_unfinished_requests():
                 self._poke.wait()
-            poked, self._poked = self._poked, False
+            self._poked = False
         self._waited += time.perf_counter() - t0
-        return None if poked else self.get_output()
+        return self.get_output() if core.has_unfinished_requests() else None
 
     def poke(self) -> None:
         with self._poke:
