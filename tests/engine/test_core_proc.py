@@ -2,7 +2,7 @@
 its step stats reach the stat loggers; a stop string found on the front end's side ends the
 request in the core; an id reused right after its abort gets only its own tokens; a core
 process that dies fails every stream and the engine refuses new requests; one that cannot
-start says why; shutdown leaves no process behind."""
+start says why; shutdown, streams open or not, leaves no process behind."""
 
 from __future__ import annotations
 
@@ -10,25 +10,17 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 import pytest
 
-from tests.engine.test_async_llm import CONFIG, OPTS, collect, delta, run
+from tests.engine.test_async_llm import CONFIG, OPTS, Records, collect, delta, run
 from tests.tiny_model import make_tiny_model_dir
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm import AsyncLLM, EngineDeadError
-from vllm.engine.stats import StatLoggerBase
 
 pytestmark = pytest.mark.timeout(600)
-
-
-class Records(StatLoggerBase):
-    def __init__(self):
-        self.records = []
-
-    def record(self, stats):
-        self.records.append(stats)
 
 
 def start(stat_loggers=None) -> AsyncLLM:
@@ -47,12 +39,12 @@ def test_steps_and_their_stats_come_from_the_core_process(offline):
 
     async def main():
         engine = start([records])
-        assert engine.engine.core.proc.pid != os.getpid()
+        assert engine.core.proc.pid != os.getpid()
         got = await asyncio.gather(
             *(collect(engine, f"s{i}", p, delta(7)) for i, p in enumerate(ps))
         )
         await engine.shutdown()
-        return got, engine.engine.core.proc.exitcode
+        return got, engine.core.proc.exitcode
 
     got, exitcode = run(main())
     assert got == want and exitcode == 0
@@ -115,7 +107,7 @@ def test_a_dead_core_process_fails_every_stream():
         tasks = [asyncio.create_task(collect(engine, f"d{i}", [1, i], delta(60))) for i in range(3)]
         while engine.num_requests_running < 3:
             await asyncio.sleep(0.01)
-        os.kill(engine.engine.core.proc.pid, signal.SIGKILL)
+        os.kill(engine.core.proc.pid, signal.SIGKILL)
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(r, EngineDeadError) for r in results), results
         assert "engine core process exited" in str(results[0])
@@ -125,6 +117,27 @@ def test_a_dead_core_process_fails_every_stream():
         await engine.shutdown()
 
     run(main())
+
+
+def test_shutdown_with_open_streams_stops_the_core_process():
+    """The streams hear of the shutdown, and the core process, stepping when asked to stop,
+    exits by itself (status 0: not killed) well within the shutdown's 30 s."""
+
+    async def main():
+        engine = start()
+        tasks = [asyncio.create_task(collect(engine, f"o{i}", [1, i], delta(60))) for i in range(3)]
+        while engine.num_requests_running < 3:
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        await engine.shutdown()
+        took = time.monotonic() - t0
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return results, took, engine.core.proc.exitcode
+
+    results, took, exitcode = run(main())
+    assert all(isinstance(r, EngineDeadError) for r in results), results
+    assert "shutting down" in str(results[0])
+    assert exitcode == 0 and took < 20
 
 
 def test_a_core_process_that_cannot_start_says_why(tmp_path):
@@ -155,7 +168,7 @@ def test_tensor_parallel_workers_start_from_the_core_process(tmp_path):
             *(collect(engine, f"t{i}", p, delta(6)) for i, p in enumerate(ps))
         )
         await engine.shutdown()
-        return got, engine.engine.core.proc.exitcode
+        return got, engine.core.proc.exitcode
 
     got, exitcode = run(main())
     assert got == want and exitcode == 0

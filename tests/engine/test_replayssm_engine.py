@@ -13,7 +13,7 @@ import torch
 from tests.engine.test_async_scheduling import CONFIG, run, workload
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
-from vllm.engine.llm_engine import startup_line
+from vllm.engine.stats import startup_line
 from vllm.model_executor.layers.mamba import mamba_mixer2
 from vllm.triton_utils.launch import launch_misses
 

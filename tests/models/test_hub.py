@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from tests.hub_cache import add_snapshot, repo_folder
 from tests.tiny_model import make_tiny_model_dir
 from vllm import LLM, SamplingParams
-from vllm.engine.config import EngineConfig
+from vllm.config import EngineConfig
 from vllm.transformers_utils.hub import is_hub_id
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -1,11 +1,22 @@
 """AsyncLLM: the asyncio face of the engine, for the server.
 
-One background thread drives the engine: it takes the requests and aborts queued since
-its last step, runs a step, and hands each request's outputs to that request's asyncio
-queue (``loop.call_soon_threadsafe``). The event loop never waits for the GPU, so the
-server accepts connections and streams while steps run. Each record to the stat loggers
-carries the step's timing (``IterationStats.step``) and the loop's time since the previous
-record outside the step: waiting for work, and the rest (``loop_wait_s``, ``loop_other_s``).
+``LLMEngine``'s sibling: it owns the same parts (an ``InputProcessor``, an
+``OutputProcessor``, an engine-core client) and drives them from one background thread, so
+the event loop never waits for the GPU and the server accepts connections and streams
+while steps run. ``engine_process`` (default: ``VLLM_ENABLE_V1_MULTIPROCESSING``, on) picks
+the client: ``MPClient`` (``core_proc.py``: the core's steps run in a process of their own,
+back to back, and never wait for the GIL that the event loop holds while it streams) or
+``InprocClient`` (the core steps on the loop's thread).
+
+The loop is the same over both. Each pass it takes the requests and aborts that the event
+loop queued since the last pass, hands them to the output processor and the client, and
+asks the client for the next outputs (``wait_for_output``: a step in process, the core
+process's next result otherwise). Queueing pokes the client, which ends that wait at once
+(it returns None) so the loop takes the new work first. Each result goes through the
+output processor and then out: the stat loggers get the ``IterationStats`` (the step's
+timing in ``step``, and ``loop_wait_s`` / ``loop_other_s``: the time of the loop that steps
+the core outside its steps, waiting for work and the rest), then each request's outputs
+go to its asyncio queue (``loop.call_soon_threadsafe``).
 
 ``add_request`` checks the request in the caller's thread before anything is queued (a
 ValueError names the problem) and returns a ``RequestStream``; ``generate`` wraps it in an
@@ -13,33 +24,26 @@ async generator whose closing (a client gone: the task cancelled, or the generat
 closed) aborts the request, which frees its slot in the next step.
 
 A request that fails while running raises ``RequestFailedError`` from its stream; the
-others go on. Should the loop itself die (a bug, a device fault), every stream raises
-``EngineDeadError``, ``errored`` turns True and new requests are refused.
-
-``engine_process`` (default: ``VLLM_ENABLE_V1_MULTIPROCESSING``, on) moves the engine core
-(scheduler, runner, sampler) into a process of its own (``core_proc.py``): the background
-thread then only forwards requests and aborts to it and turns its step results into
-outputs (detokenizing, stop strings) while the core runs the next step, so the core's
-steps never wait for the GIL that the event loop holds while it streams. The stat records
-then carry the core process's step and loop times. A core process that dies is an engine
-death as above.
+others go on. Should the loop itself die (a bug, a device fault, a core process that
+died), every stream raises ``EngineDeadError``, ``errored`` turns True and new requests are
+refused.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import AsyncGenerator
-from multiprocessing.connection import wait as wait_for
 
 from vllm import envs
-from vllm.engine.config import EngineConfig
-from vllm.engine.core_proc import EngineCoreClient, EngineCoreDied
-from vllm.engine.llm_engine import LLMEngine
-from vllm.engine.processor import ProcessedPrompt
-from vllm.engine.stats import IterationStats, StatLoggerBase
+from vllm.config import EngineConfig
+from vllm.engine.core_client import EngineCoreClient, InprocClient
+from vllm.engine.core_proc import MPClient
+from vllm.engine.output_processor import OutputProcessor
+from vllm.engine.processor import InputProcessor, ProcessedPrompt
+from vllm.engine.stats import IterationStats, StatLoggerBase, startup_line
+from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
@@ -88,24 +92,23 @@ class AsyncLLM:
         stat_loggers: list[StatLoggerBase] | None = None,
         engine_process: bool | None = None,
     ):
+        t0 = time.perf_counter()
         self.config = config
         if engine_process is None:
             engine_process = envs.VLLM_ENABLE_V1_MULTIPROCESSING
         self.engine_process = engine_process
-        if engine_process:
-            self.engine = LLMEngine(config, core_class=EngineCoreClient)
-            # The loop thread waits on the core's pipe and on this socket, which a queued
-            # request or abort pokes.
-            self._poke_r, self._poke_w = socket.socketpair()
-            self._poke_r.setblocking(False)
-        else:
-            self.engine = LLMEngine(config)
-        self.tokenizer = self.engine.tokenizer
+        client_class = MPClient if engine_process else InprocClient
+        self.core: EngineCoreClient = client_class(config)
+        vocab = self.core.vocab_size
+        self.tokenizer = get_tokenizer(config.tokenizer_dir, vocab)
+        self.processor = InputProcessor(config, self.tokenizer, vocab)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.startup = {**self.core.startup, "total_s": time.perf_counter() - t0}
+        logger.info(startup_line(self.startup))
         self.stat_loggers = list(stat_loggers or [])
         self._streams: dict[str, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
         self._inbox: list[tuple[str, str, ProcessedPrompt | None, SamplingParams | None, float]]
         self._inbox = []
         self._thread: threading.Thread | None = None
@@ -133,7 +136,7 @@ class AsyncLLM:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        processed = self.engine.process(prompt, params)
+        processed = self.processor.process(prompt, params)
         self._ensure_loop()
         stream = RequestStream(request_id)
         self._streams[request_id] = stream
@@ -141,12 +144,13 @@ class AsyncLLM:
         return stream
 
     def _queue(self, item) -> None:
-        with self._wake:
-            poke = self.engine_process and not self._inbox
+        with self._lock:
+            # One poke per batch the loop takes: the ones after it would only wake it to
+            # find its inbox empty.
+            poke = not self._inbox
             self._inbox.append(item)
-            self._wake.notify()
         if poke:
-            self._poke_w.send(b"\0")
+            self.core.poke()
 
     async def generate(
         self, prompt, sampling_params: SamplingParams, request_id: str
@@ -171,74 +175,73 @@ class AsyncLLM:
         self._queue(("abort", request_id, None, None, 0.0))
 
     async def shutdown(self) -> None:
-        """Abort what runs, stop the loop thread and wait for it, then the core (its
-        tensor-parallel workers). A second call does nothing."""
+        """Abort what runs, stop the loop thread and wait for it, and the core with it (its
+        process, its tensor-parallel workers). A second call does nothing."""
         if self._shut_down:
             return
         self._shut_down = True
         for rid in list(self._streams):
             stream = self._streams.pop(rid)
             stream.put(EngineDeadError("the engine is shutting down"))
-        with self._wake:
+        with self._lock:
             self._stopping = True
-            self._wake.notify()
-        if self.engine_process:
-            self._poke_w.send(b"\0")
-        loop = asyncio.get_running_loop()
-        if self._thread is not None:
-            await loop.run_in_executor(None, self._thread.join)  # it joins the core process
-        elif self.engine_process:
-            await loop.run_in_executor(None, self.engine.core.join)
-        if self.engine_process:
-            self._poke_r.close()
-            self._poke_w.close()
-        else:
-            self.engine.core.shutdown()  # the tensor-parallel workers, if any
+        self.core.poke()
+        # The loop shuts the client down as it ends; without a loop, nothing else will.
+        wait = self._thread.join if self._thread is not None else self.core.shutdown
+        await asyncio.get_running_loop().run_in_executor(None, wait)
 
     def _ensure_loop(self) -> None:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
-            run = self._run_proc if self.engine_process else self._run
-            self._thread = threading.Thread(target=run, name="engine-loop", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
             self._thread.start()
 
     # -- the engine loop (its own thread) -------------------------------------------
 
     def _run(self) -> None:
-        engine = self.engine
-        clock = time.perf_counter
+        core = self.core
         try:
-            last_record = clock()
             while True:
-                t_wait = clock()
-                with self._wake:
-                    while not self._inbox and not self._stopping:
-                        if engine.has_unfinished_requests():
-                            break
-                        self._wake.wait()
+                with self._lock:
                     if self._stopping:
                         break
                     inbox, self._inbox = self._inbox, []
-                stats = IterationStats(loop_wait_s=clock() - t_wait)
-                for op, rid, processed, params, arrival in inbox:
-                    if op == "add":
-                        engine.add_processed(rid, processed, params, arrival)
-                    else:
-                        engine.abort_request(rid, stats)
-                outputs = []
-                if engine.has_unfinished_requests():
-                    outputs = engine.step(stats)
-                # The loop's time since its last record, less the wait and the step.
-                now, step = clock(), stats.step
-                stats.loop_other_s = max(
-                    0.0, now - last_record - stats.loop_wait_s - (step.total_s if step else 0.0)
+                stats = IterationStats()
+                self._take(inbox, stats)
+                if stats.finished:
+                    # Aborts count now: the core may have nothing left to step.
+                    self._publish(stats, [])
+                    stats = IterationStats()
+                result = core.wait_for_output()
+                if result is None:
+                    continue  # poked: take what was queued, then ask again
+                stats.loop_wait_s = result.loop_wait_s
+                stats.loop_other_s = result.loop_other_s
+                outputs, to_abort, _ = self.output_processor.process_step(
+                    result, stats, core.in_process
                 )
-                last_record = now
+                if to_abort:
+                    core.abort_requests(to_abort)
                 self._publish(stats, outputs)
         except BaseException as err:  # noqa: BLE001 - every stream must hear of it
             self._died(err)
         finally:
             self._abort_all()
+            try:
+                core.shutdown()
+            except Exception:  # noqa: BLE001 - already on the way out
+                logger.exception("shutting the engine core down failed")
+
+    def _take(self, inbox: list, stats: IterationStats) -> None:
+        """Hand the queued requests and aborts to the output processor and the core."""
+        for op, rid, processed, params, arrival in inbox:
+            if op == "add":
+                for req in self.output_processor.add_request(
+                    rid, processed.prompt, processed.prompt_token_ids, params, arrival
+                ):
+                    self.core.add_request(req)
+            else:
+                self.core.abort_requests(self.output_processor.abort(rid, stats))
 
     def _died(self, err: BaseException) -> None:
         logger.exception("the engine loop died")
@@ -246,88 +249,35 @@ class AsyncLLM:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._fail_all, err)
 
-    def _run_proc(self) -> None:
-        """The loop with the core in its own process: forward what the event loop queued,
-        and turn each step result into outputs."""
-        engine = self.engine
-        client: EngineCoreClient = engine.core
-        try:
-            while True:
-                ready = wait_for([client.conn, self._poke_r])
-                if self._poke_r in ready:
-                    self._take_inbox(engine, client)
-                if client.conn not in ready:
-                    continue
-                try:
-                    result = client.recv()
-                except EngineCoreDied:
-                    if client.closed:
-                        break  # it was told to stop
-                    raise
-                if result is None:
-                    break  # it said bye
-                stats = IterationStats(
-                    loop_wait_s=result.loop_wait_s, loop_other_s=result.loop_other_s
-                )
-                outputs = engine.process_step(result.outputs, result.step, stats)
-                self._publish(stats, outputs)
-        except BaseException as err:  # noqa: BLE001 - every stream must hear of it
-            self._died(err)
-        finally:
-            client.join()
-
-    def _take_inbox(self, engine: LLMEngine, client: EngineCoreClient) -> None:
-        try:
-            while self._poke_r.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
-        with self._wake:
-            inbox, self._inbox = self._inbox, []
-            stopping = self._stopping
-        stats = IterationStats()
-        for op, rid, processed, params, arrival in inbox:
-            if op == "add":
-                engine.add_processed(rid, processed, params, arrival)
-            else:
-                engine.abort_request(rid, stats)
-        if stats.finished:
-            self._publish(stats, [])
-        if stopping:
-            client.shutdown()
-
     def _publish(self, stats: IterationStats, outputs: list[RequestOutput]) -> None:
         """Record the stats, then hand the outputs to the event loop (counted before they
         go out: a client that has its last token and then reads /metrics sees its request
         in them)."""
-        core = self.engine.core
+        core = self.core
         self.num_requests_running = stats.num_running = core.num_running
         self.num_requests_waiting = stats.num_waiting = core.num_waiting
         for stat_logger in self.stat_loggers:
             stat_logger.record(stats)
-        errors = self.engine.errors
         if outputs:
-            self._loop.call_soon_threadsafe(self._deliver, outputs, dict(errors))
-        errors.clear()
+            self._loop.call_soon_threadsafe(self._deliver, outputs)
 
     def _abort_all(self) -> None:
         """Leave no slot taken when the loop ends."""
         try:
-            engine = self.engine
-            for rid in list(engine.output_processor.requests):
-                engine.abort_request(rid)
+            for rid in list(self.output_processor.requests):
+                self.core.abort_requests(self.output_processor.abort(rid))
         except Exception:  # noqa: BLE001 - already on the way out
             logger.exception("aborting the requests left at shutdown failed")
 
     # -- back on the event loop -------------------------------------------------------
 
-    def _deliver(self, outputs: list[RequestOutput], errors: dict[str, str]) -> None:
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted meanwhile
-            if out.request_id in errors:
-                stream.put(RequestFailedError(errors[out.request_id]))
+            if out.error is not None:
+                stream.put(RequestFailedError(out.error))
             else:
                 stream.put(out)
             if out.finished:

@@ -9,10 +9,12 @@ pipe, steps while it has work, and sends each step's ``EngineCoreOutput`` deltas
 ``MPClient`` (the parent's side) is an engine-core client (``core_client.py``):
 ``add_request`` and ``abort_requests`` queue messages that a sender thread writes (a caller
 never blocks on a full pipe), and ``get_output`` (on the caller's thread) returns the next
-``EngineCoreOutputs`` with its outputs named by the caller's request ids again. The child
-names each request with an id unique for the client's life (``"{id}#{n}"``): an output
-still in the pipe of a request aborted meanwhile matches nothing and is dropped, even if a
-new request took the same id.
+``EngineCoreOutputs`` with its outputs named by the caller's request ids again.
+``wait_for_output`` waits on the pipe and on a socket that ``poke`` writes to, whichever
+comes first; ``shutdown`` asks the child to stop, reads the pipe to its goodbye and joins
+it. The child names each request with an id unique for the client's life (``"{id}#{n}"``):
+an output still in the pipe of a request aborted meanwhile matches nothing and is dropped,
+even if a new request took the same id.
 
 The protocol (pickled tuples): child -> parent ``("ready", info)`` once started (or
 ``("failed", message)``; ``("failed", error)`` for a user's error, ValueError or OSError,
@@ -30,9 +32,11 @@ import multiprocessing as mp
 import operator
 import queue
 import signal
+import socket
 import threading
 import time
 from dataclasses import fields, replace
+from multiprocessing.connection import wait
 
 from vllm.config import EngineConfig
 from vllm.engine import core_client
@@ -172,6 +176,11 @@ class MPClient(core_client.EngineCoreClient):
         self.vocab_size: int = info["vocab_size"]
         self.startup: dict = info["startup"]
         logger.info("the engine core runs in process %d", self.proc.pid)
+        # ``poke`` writes a byte here and ``wait_for_output`` waits on it beside the pipe.
+        # Neither end blocks: a full buffer already holds a poke not yet read.
+        self._poke_r, self._poke_w = socket.socketpair()
+        self._poke_r.setblocking(False)
+        self._poke_w.setblocking(False)
         self._sender = threading.Thread(target=self._send_loop, name="core-send", daemon=True)
         self._sender.start()
         # A caller that exits without shutting down (a script's end) stops the child here,
@@ -204,25 +213,34 @@ class MPClient(core_client.EngineCoreClient):
     def has_unfinished_requests(self) -> bool:
         return bool(self._internal)
 
-    def shutdown(self) -> None:
-        """Ask the child to stop (its "bye" or EOF then reaches ``recv``). Idempotent."""
-        if not self.closed:
-            self.closed = True
-            self._outbox.put(("shutdown",))
-
-    def join(self, timeout: float = 30.0) -> None:
-        """Wait for the child to exit (killing it after ``timeout``), then close the pipe."""
-        self.shutdown()
-        self.proc.join(timeout)
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the child and wait for it: ask, read the pipe up to its "bye" (a child
+        blocked sending a step's outputs would never see the request otherwise; what it
+        sends meanwhile is dropped), then join it, killing it after ``timeout`` s.
+        Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._outbox.put(("shutdown",))
+        self._outbox.put(None)  # ends the sender thread
+        deadline = time.monotonic() + timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0 and self.conn.poll(left):
+                if self.conn.recv()[0] == "bye":
+                    break
+        except (EOFError, OSError):
+            pass  # it is gone already
+        self.proc.join(max(0.0, deadline - time.monotonic()))
         if self.proc.is_alive():
             logger.warning("the engine core process did not stop in %.0f s; killing it", timeout)
             self._kill()
-        self._outbox.put(None)  # ends the sender thread
         self.conn.close()
+        self._poke_r.close()
+        self._poke_w.close()
 
     def _at_exit(self) -> None:
         if self.proc.exitcode is None:
-            self.shutdown()
+            self._outbox.put(("shutdown",))
             self.proc.join(30)
             if self.proc.is_alive():
                 self._kill()
@@ -270,8 +288,22 @@ class MPClient(core_client.EngineCoreClient):
         self.num_running, self.num_waiting = result.num_running, result.num_waiting
         return result
 
-    # The names async_llm.py uses until its loop moves onto the client interface.
-    recv = get_output
+    def wait_for_output(self) -> EngineCoreOutputs | None:
+        ready = wait([self.conn, self._poke_r])
+        if self._poke_r in ready:
+            try:
+                while self._poke_r.recv(4096):
+                    pass
+            except BlockingIOError:
+                pass  # all read
+            return None  # what was queued goes to the child before its outputs are read
+        result = self.get_output()
+        if result is None:  # only a shutdown makes it say goodbye, and that reads its own
+            raise EngineCoreDied("the engine core process stopped unasked")
+        return result
 
-
-EngineCoreClient = MPClient
+    def poke(self) -> None:
+        try:
+            self._poke_w.send(b"\0")
+        except OSError:
+            pass  # a full buffer holds a poke already; a closed one has nobody to wake

@@ -9,11 +9,12 @@ detokenizing) comes back finished with reason "error" and its message in ``error
 other requests and the engine go on. ``step_totals`` sums every step's ``StepStats`` (host
 timing and token counts: ``stats.py``) from the engine's start.
 
-``core_class`` builds ``self.core``, the engine-core client (``core_client.py``):
+``client_class`` builds ``self.core``, the engine-core client (``core_client.py``):
 ``InprocClient`` (the default: the core in this process, a step run per ``step`` call) or
-``MPClient`` (``core_proc.py``: the core in a process of its own; the server's loop hands
-its outputs to ``process_step``). ``engine_core`` is the in-process ``EngineCore``, and
-``runner`` rank 0's model runner through its executor: for tools and tests.
+``MPClient`` (``core_proc.py``: the core in a process of its own). ``AsyncLLM`` is the
+sibling over the same parts for the server. ``engine_core`` is the in-process
+``EngineCore``, and ``runner`` rank 0's model runner through its executor: for tools and
+tests.
 """
 
 from __future__ import annotations
@@ -21,24 +22,24 @@ from __future__ import annotations
 import time
 
 from vllm.config import EngineConfig
-from vllm.engine.core import EngineCore, EngineCoreRequest
-from vllm.engine.core_client import InprocClient
+from vllm.engine.core import EngineCore
+from vllm.engine.core_client import EngineCoreClient, InprocClient
 from vllm.engine.output_processor import OutputProcessor
 from vllm.engine.processor import InputProcessor, ProcessedPrompt
-from vllm.engine.stats import IterationStats, StepTotals
+from vllm.engine.stats import IterationStats, StepTotals, startup_line
 from vllm.engine.tokenizer import get_tokenizer
 from vllm.logger import init_logger
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, core_class=InprocClient):
+    def __init__(self, config: EngineConfig, client_class: type[EngineCoreClient] = InprocClient):
         t0 = time.perf_counter()
         self.config = config
-        self.core = core_class(config)
+        self.core = client_class(config)
         vocab = self.core.vocab_size
         self.tokenizer = get_tokenizer(config.tokenizer_dir, vocab)
         self.processor = InputProcessor(config, self.tokenizer, vocab)
@@ -104,14 +105,10 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        children = self.output_processor.add_request(
+        for req in self.output_processor.add_request(
             request_id, processed.prompt, processed.prompt_token_ids, params, arrival_time
-        )
-        eos = self.tokenizer.eos_token_id
-        for core_id, child_params in children:
-            self.core.add_request(
-                EngineCoreRequest(core_id, processed.prompt_token_ids, child_params, eos)
-            )
+        ):
+            self.core.add_request(req)
 
     def abort_request(
         self, request_ids: str | list[str], stats: IterationStats | None = None
@@ -129,65 +126,18 @@ class LLMEngine:
     def step(self, stats: IterationStats | None = None) -> list[RequestOutput]:
         """One core step; the outputs of the requests with something new (and of those
         that failed: finished, reason "error", the message in ``self.errors``)."""
-        t0 = time.perf_counter()
         result = self.core.get_output()
         if result is None:
             return []
-        # In process the output processing follows the step: its time is the step's too.
-        t0 = t0 if self.core.in_process else None
-        return self.process_step(result.outputs, result.step, stats, t0)
-
-    def process_step(
-        self, core_outputs, step, stats: IterationStats | None = None, t0: float | None = None
-    ) -> list[RequestOutput]:
-        """A core step's outputs -> ``RequestOutput``s. Its ``StepStats`` (None: the core ran
-        no step) get the output time, and ``total_s`` the call's from ``t0`` (None: the
-        core's own step time stays; the output processing ran beside its next step)."""
-        t1 = time.perf_counter()
-        outputs, to_abort, errors = self.output_processor.process_outputs(core_outputs, stats)
+        outputs, to_abort, errors = self.output_processor.process_step(
+            result, stats, self.core.in_process
+        )
         if to_abort:
             self.core.abort_requests(to_abort)
-        for rid, message in errors.items():
-            logger.warning("request %s failed: %s", rid, message)
-            self.errors[rid] = message
-            outputs.append(self._error_output(rid, message))
-        t2 = time.perf_counter()
-        if step is not None:
-            step.output_s = t2 - t1
-            if t0 is not None:
-                step.total_s = t2 - t0
-            self.step_totals.add(step)
+        self.errors.update(errors)
+        if result.step is not None:
+            self.step_totals.add(result.step)
         if stats is not None:
             stats.num_running = self.core.num_running
             stats.num_waiting = self.core.num_waiting
-            stats.step = step
         return outputs
-
-    @staticmethod
-    def _error_output(request_id: str, message: str) -> RequestOutput:
-        completion = CompletionOutput(0, "", [], finish_reason="error")
-        return RequestOutput(request_id, None, [], [completion], finished=True, error=message)
-
-
-def startup_line(s: dict) -> str:
-    """The start-up log line: the total and its parts."""
-    return (
-        f"engine start-up {s['total_s']:.1f} s: weights {s['weights_s']:.1f} s, state pool "
-        f"{s['state_pool_s']:.1f} s ({s['state_pool_gib']:.2f} GiB"
-        + (
-            f", of which the replay rings (replayssm_buffer_len "
-            f"{s['replayssm_buffer_len']}) {s['replay_ring_gib']:.2f} GiB"
-            if s.get("replayssm_buffer_len")
-            else ""
-        )
-        + "), kernel compile "
-        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants, {s['num_kernels_compiled']} new) "
-        f"in a warm-up of "
-        f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
-        f"({s['num_graphs']} graphs)"
-        + (
-            f", KV cache {s['num_kv_blocks']} blocks ({s['kv_cache_gib']:.2f} GiB)"
-            if s.get("num_kv_blocks")
-            else ""
-        )
-    )

@@ -8,6 +8,10 @@ with ``detokenize=False`` gets token ids and logprobs only (no text, no token te
 ``skip_special_tokens`` / ``spaces_between_special_tokens`` go to the tokenizer's decode. It also
 keeps each request's times for the metrics (``IterationStats``).
 
+``process_step`` is what ``LLMEngine`` and ``AsyncLLM`` both do with a client's
+``EngineCoreOutputs``: the outputs above, one finished output with reason "error" for each
+request that failed, and the step's ``output_s``.
+
 While a request may still hit a stop string, the last ``len(longest stop) - 1``
 characters are held back from streamed outputs, so a client never sees text that the stop
 string will cut.
@@ -18,11 +22,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from vllm.engine.core import EngineCoreOutput
+from vllm.engine.core import EngineCoreOutput, EngineCoreRequest
+from vllm.engine.core_client import EngineCoreOutputs
 from vllm.engine.stats import FinishedRequestStats, IterationStats
 from vllm.engine.tokenizer import IncrementalDetokenizer
+from vllm.logger import init_logger
 from vllm.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+logger = init_logger(__name__)
 
 
 def child_id(index: int, request_id: str) -> str:
@@ -156,8 +164,8 @@ class OutputProcessor:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
-    ) -> list[tuple[str, SamplingParams]]:
-        """Track a request; the (core request id, params) of each of its samples."""
+    ) -> list[EngineCoreRequest]:
+        """Track a request; the core requests of its samples, for the client."""
         if params.n == 1:
             children = [(request_id, params)]
         else:
@@ -177,7 +185,8 @@ class OutputProcessor:
         self.requests[request_id] = req
         for sample in samples:
             self._by_core_id[sample.core_id] = (req, sample)
-        return children
+        eos = self.tokenizer.eos_token_id
+        return [EngineCoreRequest(cid, prompt_token_ids, p, eos) for cid, p in children]
 
     def abort(self, request_id: str, stats: IterationStats | None = None) -> list[str]:
         """Forget a request (counted as finished by "abort" in ``stats``); the core ids to
@@ -190,6 +199,29 @@ class OutputProcessor:
         for s in req.samples:
             self._by_core_id.pop(s.core_id, None)
         return [s.core_id for s in req.samples if s.index not in req.done]
+
+    def process_step(
+        self, result: EngineCoreOutputs, stats: IterationStats | None, in_process: bool
+    ) -> tuple[list[RequestOutput], list[str], dict[str, str]]:
+        """(request outputs, core ids to abort, {request id: error}) of one client result; a
+        request that failed is one finished output, reason "error", its message in
+        ``error``. The step (None: the core ran none) gets ``output_s``; a core in this
+        process (``in_process``) ran the step on this thread just before, so its
+        ``total_s`` covers this too. ``stats.step`` is the step."""
+        t0 = time.perf_counter()
+        outputs, to_abort, errors = self.process_outputs(result.outputs, stats)
+        for rid, message in errors.items():
+            logger.warning("request %s failed: %s", rid, message)
+            completion = CompletionOutput(0, "", [], finish_reason="error")
+            outputs.append(RequestOutput(rid, None, [], [completion], finished=True, error=message))
+        step = result.step
+        if step is not None:
+            step.output_s = time.perf_counter() - t0
+            if in_process:
+                step.total_s += step.output_s
+        if stats is not None:
+            stats.step = step
+        return outputs, to_abort, errors
 
     def process_outputs(
         self, outputs: list[EngineCoreOutput], stats: IterationStats | None = None

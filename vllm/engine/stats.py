@@ -1,4 +1,5 @@
-"""What the engine reports after each step, for stat loggers (Prometheus: ``metrics.py``)."""
+"""What the engine reports after each step, for stat loggers (Prometheus: ``metrics.py``),
+and the start-up log line that ``LLMEngine`` and ``AsyncLLM`` write."""
 
 from __future__ import annotations
 
@@ -126,3 +127,27 @@ class StatLoggerBase:
 
     def record(self, stats: IterationStats) -> None:
         raise NotImplementedError
+
+
+def startup_line(s: dict) -> str:
+    """The start-up log line: the total and its parts."""
+    return (
+        f"engine start-up {s['total_s']:.1f} s: weights {s['weights_s']:.1f} s, state pool "
+        f"{s['state_pool_s']:.1f} s ({s['state_pool_gib']:.2f} GiB"
+        + (
+            f", of which the replay rings (replayssm_buffer_len "
+            f"{s['replayssm_buffer_len']}) {s['replay_ring_gib']:.2f} GiB"
+            if s.get("replayssm_buffer_len")
+            else ""
+        )
+        + "), kernel compile "
+        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants, {s['num_kernels_compiled']} new) "
+        f"in a warm-up of "
+        f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
+        f"({s['num_graphs']} graphs)"
+        + (
+            f", KV cache {s['num_kv_blocks']} blocks ({s['kv_cache_gib']:.2f} GiB)"
+            if s.get("num_kv_blocks")
+            else ""
+        )
+    )
