@@ -113,20 +113,7 @@ class BambaDecoderLayer(nn.Module):
         self.layer_type = config.layer_types[layer_idx]
         eps = config.rms_norm_eps
         if self.layer_type == "mamba":
-            self.mamba = MambaMixer2(
-                hidden_size=config.hidden_size,
-                num_heads=config.mamba_n_heads,
-                head_dim=config.mamba_d_head,
-                state_size=config.mamba_d_state,
-                n_groups=config.mamba_n_groups,
-                conv_kernel=config.mamba_d_conv,
-                use_bias=config.mamba_proj_bias,
-                use_conv_bias=config.mamba_conv_bias,
-                rms_norm_eps=eps,
-                time_step_limit=config.time_step_limit,
-                dtype=dtype,
-                layer_idx=layer_idx,
-            )
+            self.mamba = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
         else:
             self.self_attn = BambaAttention(config, dtype, prefix=f"{prefix}.self_attn")
         self.feed_forward = BambaMLP(config, dtype, prefix=f"{prefix}.feed_forward")

@@ -56,20 +56,7 @@ class Mamba2DecoderLayer(nn.Module):
         super().__init__()
         self.residual_in_fp32 = config.residual_in_fp32
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
-        self.mixer = MambaMixer2(
-            hidden_size=config.hidden_size,
-            num_heads=config.num_heads,
-            head_dim=config.head_dim,
-            state_size=config.state_size,
-            n_groups=config.n_groups,
-            conv_kernel=config.conv_kernel,
-            use_bias=config.use_bias,
-            use_conv_bias=config.use_conv_bias,
-            rms_norm_eps=config.layer_norm_epsilon,
-            time_step_limit=config.time_step_limit,
-            dtype=dtype,
-            layer_idx=layer_idx,
-        )
+        self.mixer = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
 
     def forward(self, hidden_states, residual, conv_state, ssm_state, metadata):
         """(mixer output, residual stream): the residual add of a layer is fused into the

@@ -98,20 +98,7 @@ class NemotronHBlock(nn.Module):
         self.layer_type = config.layer_types[layer_idx]
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
         if self.layer_type == "mamba":
-            self.mixer = MambaMixer2(
-                hidden_size=config.hidden_size,
-                num_heads=config.mamba_num_heads,
-                head_dim=config.mamba_head_dim,
-                state_size=config.ssm_state_size,
-                n_groups=config.n_groups,
-                conv_kernel=config.conv_kernel,
-                use_bias=config.use_bias,
-                use_conv_bias=config.use_conv_bias,
-                rms_norm_eps=config.layer_norm_epsilon,
-                time_step_limit=config.time_step_limit,
-                dtype=dtype,
-                layer_idx=layer_idx,
-            )
+            self.mixer = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
         elif self.layer_type == "attention":
             self.mixer = NemotronHAttention(config, dtype, prefix=f"{prefix}.mixer")
         else:

@@ -141,20 +141,7 @@ class Zamba2MambaLayer(nn.Module):
     def __init__(self, config: Zamba2ModelConfig, layer_idx: int, dtype):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
-        self.mamba = MambaMixer2(
-            hidden_size=config.hidden_size,
-            num_heads=config.n_mamba_heads,
-            head_dim=config.mamba_headdim,
-            state_size=config.mamba_d_state,
-            n_groups=config.mamba_ngroups,
-            conv_kernel=config.mamba_d_conv,
-            use_bias=config.add_bias_linear,
-            use_conv_bias=True,
-            rms_norm_eps=1e-5,
-            time_step_limit=config.time_step_limit,
-            dtype=dtype,
-            layer_idx=layer_idx,
-        )
+        self.mamba = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
 
     def forward(self, hidden, layer_state, metadata, transformer_out=None):
         x = hidden if transformer_out is None else hidden + transformer_out
