@@ -210,7 +210,7 @@ def decode_floor(model, pool, batch: int) -> dict:
     emb = model.backbone.embeddings.weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     weights -= emb.numel() * emb.element_size() - batch * emb.shape[1] * emb.element_size()
-    if model.lm_head is None:
+    if model.lm_head.weight is emb:
         weights += emb.numel() * emb.element_size()  # tied: the logits read it whole
     layers = pool.ssm_state.shape[0]
     ssm = 2 * layers * batch * pool.ssm_state[0, 0].numel() * pool.ssm_state.element_size()

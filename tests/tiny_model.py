@@ -118,21 +118,19 @@ def _write_weights(path: Path, shape: dict, seed: int) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from vllm.model_executor.model_loader.weight_utils import initialize_dummy_weights
+    from vllm.model_executor.model_loader.weight_utils import dummy_weights
     from vllm.model_executor.models.mamba2 import Mamba2ForCausalLM
     from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
     config = Mamba2ModelConfig(**shape)
     net = Mamba2ForCausalLM(config, dtype=torch.float32)
-    # The engine's dummy initialiser gives trained-like scales (negative A, small dt), so
-    # the tiny model's logits are finite and vary with the prompt.
-    initialize_dummy_weights(net, seed)
+    # The engine's dummy checkpoint has trained-like scales (negative A, small dt), so the
+    # tiny model's logits are finite and vary with the prompt.
     tensors = {}
-    for name, param in net.named_parameters():
-        t = param.detach().clone().contiguous()
+    for name, t in dummy_weights(net, seed):
         if name.endswith("conv1d.weight"):
             t = t.unsqueeze(1)  # HF's nn.Conv1d layout (dim, 1, width), as checkpoints hold it
-        tensors[name] = t
+        tensors[name] = t.contiguous()
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 

@@ -12,7 +12,6 @@ import multiprocessing
 
 import pytest
 import torch
-from torch import nn
 
 from tests.distributed.utils import run_ranks
 from tests.models.hybrid_utils import (
@@ -28,6 +27,7 @@ from vllm.cache_spec import AttentionSpec
 from vllm.distributed import get_tp_group
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import QKVParallelLinear
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
@@ -85,17 +85,19 @@ def test_generate_two_ranks_equals_one_rank(tmp_path, arch):
     check_generate_two_ranks_equals_one_rank(path)
 
 
-def test_one_rank_layers_are_unchanged(tmp_path):
-    """At world size 1: the plain nn layers and the checkpoint's names and shapes."""
+def test_one_rank_holds_the_checkpoints_layers_whole(tmp_path):
+    """At world size 1: the parallel layers, each holding its whole tensors; q/k/v and
+    gate/up fused (their checkpoint parts stacked), every other name the checkpoint's."""
     model = get_model(save_checkpoint(make_bamba(), tmp_path / "bamba"))
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].feed_forward
-    for layer in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj):
-        assert type(layer) is nn.Linear
-    assert type(model.model.embed_tokens) is nn.Embedding and type(model.lm_head) is nn.Linear
+    assert (attn.qkv_proj.num_heads, attn.qkv_proj.num_kv_heads) == (4, 2)
+    assert attn.qkv_proj.weight.shape == ((4 + 2 + 2) * 8, 32)
+    assert mlp.gate_up_proj.weight.shape == (2 * 48, 32)
+    assert type(model.lm_head) is ParallelLMHead and model.lm_head.weight.shape == (320, 32)
     model = get_model(save_checkpoint(make_nemotron_h(), tmp_path / "nemotron_h"))
     names = {n for n, _ in model.named_parameters()}
-    assert {"model.layers.1.mixer.q_proj.weight", "model.layers.2.mixer.up_proj.weight"} <= names
-    assert type(model.model.embeddings) is nn.Embedding and type(model.lm_head) is nn.Linear
+    assert {"model.layers.1.mixer.qkv_proj.weight", "model.layers.2.mixer.up_proj.weight"} <= names
+    assert not any("q_proj" in n or "k_proj" in n for n in names)
 
 
 def test_configs_that_do_not_shard_are_refused_before_any_process():

@@ -15,6 +15,8 @@ from vllm.model_executor.layers.linear import (
     QKVParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
+    RowShards,
+    shard_units,
 )
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
@@ -159,10 +161,33 @@ def _check_vocab() -> None:
     torch.testing.assert_close(tied.compute_logits(hidden), F.linear(hidden, table), **TOL)
 
 
+def _check_units() -> None:
+    """Outputs cut in units: 4 heads of 2 rows split, 1 group of 3 rows replicated (the
+    Mamba2 in_proj's x | B rule), from the fused tensor and from each output's own."""
+    tp = get_tp_group()
+    dev, rank = tp.device, tp.rank
+    x = _rand(3, 8, seed=40, device=dev)
+    wx, wb = _rand(8, 8, seed=41, device=dev), _rand(3, 8, seed=42, device=dev)
+    with torch.device(dev):
+        fused = MergedColumnParallelLinear(8, [8, 3], bias=False, units=[4, 1])
+        parts = MergedColumnParallelLinear(8, [8, 3], bias=False, units=[4, 1])
+    assert fused.weight.shape == (4 + 3, 8) and fused.shards.replicated
+    _load(fused, weight=torch.cat([wx, wb]))
+    for i, w in enumerate((wx, wb)):
+        parts.weight.weight_loader(parts.weight, w, i)
+    assert torch.equal(fused.weight, parts.weight)
+    xs, b = fused(x).split([4, 3], dim=-1)
+    torch.testing.assert_close(xs, F.linear(x, wx)[:, rank * 4 : (rank + 1) * 4], **TOL)
+    torch.testing.assert_close(b, F.linear(x, wb), **TOL)  # the shared unit, whole
+    with pytest.raises(ValueError, match="gather_output would repeat"):
+        MergedColumnParallelLinear(8, [8, 3], gather_output=True, units=[4, 1])
+
+
 def _all_checks() -> None:
     _check_linears()
     _check_qkv()
     _check_vocab()
+    _check_units()
 
 
 @pytest.mark.timeout(120)
@@ -216,12 +241,33 @@ def test_loader_rejects_a_tensor_of_the_wrong_shape(make, match):
 
 def test_fused_shard_ids_are_checked():
     merged = MergedColumnParallelLinear(8, [2, 4], bias=False)
-    with pytest.raises(ValueError, match=r"shard_id must be one of 0..1"):
+    with pytest.raises(ValueError, match=r"shard_id must be one of 0, 1 or None, got 2"):
         merged.weight.weight_loader(merged.weight, torch.zeros(2, 8), 2)
     with pytest.raises(ValueError, match=r"expected the full \(4, 8\)"):
         merged.weight.weight_loader(merged.weight, torch.zeros(2, 8), 1)
     qkv = QKVParallelLinear(8, 2, 2, 1, bias=False)
-    with pytest.raises(ValueError, match="shard_id must be 'q', 'k', 'v' or None"):
+    with pytest.raises(ValueError, match="shard_id must be one of 'q', 'k', 'v' or None"):
         qkv.weight.weight_loader(qkv.weight, torch.zeros(4, 8), "o")
     with pytest.raises(ValueError, match="has no shards"):
         ColumnParallelLinear(8, 6).weight.weight_loader(None, torch.zeros(6, 8), 0)
+
+
+@pytest.mark.parametrize(
+    "units, tp, held",
+    [
+        (8, 4, [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]),
+        (2, 4, [range(0, 1), range(0, 1), range(1, 2), range(1, 2)]),  # replicated
+        (1, 2, [range(0, 1), range(0, 1)]),
+        (4, 4, [range(r, r + 1) for r in range(4)]),
+    ],
+    ids=["split", "two_per_unit", "one_unit", "one_each"],
+)
+def test_shard_units(units, tp, held):
+    assert [shard_units(units, tp, r) for r in range(tp)] == held
+
+
+def test_shard_units_refuses_what_neither_divides():
+    with pytest.raises(ValueError, match="groups=3 neither divides nor is divisible by tp_size=2"):
+        shard_units(3, 2, 0, "groups")
+    with pytest.raises(ValueError, match=r"output_sizes\[0\]=6 is not divisible by 4"):
+        RowShards([6], tp_rank=0, tp_size=4)

@@ -13,7 +13,6 @@ import torch
 from tests.distributed.utils import run_ranks
 from tests.tiny_model import make_tiny_model_dir
 from vllm.distributed import get_tp_group
-from vllm.model_executor.layers.mamba.mamba_tp import ShardedRMSNormGated
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
@@ -67,8 +66,10 @@ def _ranks_equal_one_rank(model_dir, n_groups, expected_ckpt, expected_dummy) ->
         (get_model(_dummy_config(n_groups), load_format="dummy"), expected_dummy),
     ]:
         mixer = model.backbone.layers[0].mixer
-        assert mixer.shard is not None and mixer.num_heads == 4
-        assert isinstance(mixer.norm, ShardedRMSNormGated) == (n_groups == 1)
+        assert (
+            mixer.num_heads == 4 and mixer.intermediate_size == model.config.intermediate_size // 2
+        )
+        assert (mixer.norm.shared_group is not None) == (n_groups == 1)
         assert mixer.spec.ssm_shape[0] == 4  # this rank's heads only in its state pool
         got = _run_steps(model)
         if tp.rank != 0:
@@ -83,18 +84,27 @@ def test_two_rank_model_equals_one_rank_gloo(tmp_path, n_groups):
     model_dir = str(make_tiny_model_dir(tmp_path / "tiny", n_groups=n_groups, vocab_size=300))
     expected_ckpt = _run_steps(get_model(model_dir))
     dummy = get_model(_dummy_config(n_groups), load_format="dummy")
-    assert dummy.backbone.embeddings.weight.shape == (100, 32)  # no padding at TP=1
+    assert dummy.backbone.embeddings.weight.shape == (128, 32)  # padded to 64 rows, as vLLM
     expected_dummy = _run_steps(dummy)
     run_ranks(_ranks_equal_one_rank, model_dir, n_groups, expected_ckpt, expected_dummy)
 
 
-def test_one_rank_layers_are_unchanged():
-    """At world size 1 the mixer and model hold plain nn layers, unsharded and unpadded."""
+def _no_collective(*args, **kwargs):
+    raise AssertionError("a collective at world size 1")
+
+
+def test_one_rank_holds_every_weight_whole(monkeypatch):
+    """At world size 1 the parallel layers hold the whole tensors under the checkpoint's
+    names and shapes (the vocabulary padded as vLLM pads it), and a step makes no
+    torch.distributed call."""
+    model = get_model(_dummy_config(1), load_format="dummy")
+    for op in ("all_reduce", "all_gather", "gather", "broadcast"):
+        monkeypatch.setattr(torch.distributed, op, _no_collective)
+    assert all(logits.isfinite().all() for logits in _run_steps(model))
     model = get_model(_dummy_config(2), load_format="dummy")
     mixer = model.backbone.layers[0].mixer
-    assert mixer.shard is None
-    assert type(mixer.in_proj) is torch.nn.Linear and type(mixer.out_proj) is torch.nn.Linear
-    assert type(model.backbone.embeddings) is torch.nn.Embedding and model.lm_head is None
+    assert (mixer.num_heads, mixer.n_groups, mixer.norm.shared_group) == (8, 2, None)
+    assert model.lm_head.weight is model.backbone.embeddings.weight  # tied
     shapes = {n: tuple(p.shape) for n, p in mixer.named_parameters()}
     assert shapes == {
         "in_proj.weight": (2 * 64 + 2 * 2 * 8 + 8, 32),

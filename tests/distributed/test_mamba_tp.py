@@ -1,10 +1,13 @@
-"""The Mamba2 head/group sharding (``mamba_tp``): its index math against an independent
-derivation, and a tiny mixer (in_proj, conv, SSM scan, gated norm, out_proj, composed from
-the PyTorch reference ops) on two gloo ranks equal to one rank, output and states, over a
-prefill step and a decode step, for n_groups 1 (replicated, the norm reduces across
+"""The Mamba2 mixer cut by heads and groups (``mamba_tp``): its row layout against an
+independent derivation, and the real ``MambaMixer2`` on two gloo ranks, its parameters
+loaded from full tensors and run through a tiny mixer composed of the PyTorch reference
+ops (in_proj, conv, SSM scan, gated norm, out_proj), equal to one rank, output and states,
+over a prefill step and a decode step, for n_groups 1 (replicated, the norm reduces across
 ranks), 2 and 4."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -13,15 +16,14 @@ import torch.nn.functional as F
 from tests.distributed.utils import GPU2_SKIP_REASON, run_ranks
 from vllm.distributed import get_tp_group
 from vllm.model_executor.layers.layernorm import rms_norm_gated_ref
-from vllm.model_executor.layers.linear import RowParallelLinear
+from vllm.model_executor.layers.linear import RowShards
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_tp import (
-    Mamba2InProj,
-    Mamba2Shard,
-    load_row_blocks,
-    mamba2_shard,
-    mamba2_weight_loaders,
-    sharded_gated_rmsnorm,
+    Mixer2RMSNormGated,
+    mamba2_layout,
+    mamba2_tp_problems,
 )
+from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
     causal_conv1d_ref,
     causal_conv1d_update_ref,
@@ -38,20 +40,54 @@ HIDDEN, HEADS, HEAD_DIM, STATE, WIDTH, CHUNK = 16, 4, 4, 8, 4, 4
 SEQ_LENS = (5, 3)
 
 
-# -- the index math --------------------------------------------------------------------
+def shape_of(heads=HEADS, head_dim=HEAD_DIM, state=STATE, n_groups=1) -> Mamba2Shape:
+    return Mamba2Shape(
+        hidden_size=HIDDEN,
+        num_heads=heads,
+        head_dim=head_dim,
+        n_groups=n_groups,
+        state_size=state,
+        conv_kernel=WIDTH,
+        chunk_size=CHUNK,
+        use_bias=True,
+        use_conv_bias=True,
+        norm_eps=EPS,
+        time_step_limit=(0.0, math.inf),
+    )
 
 
-def _expected_in_proj_rows(s: Mamba2Shard) -> torch.Tensor:
-    """The checkpoint rows rank ``s`` needs, derived from the unsharded layer's split."""
-    inter, gn = s.num_heads * s.head_dim, s.n_groups * s.state_size
-    rows = torch.arange(2 * inter + 2 * gn + s.num_heads)
-    z, x, B, C, dt = rows.split([inter, inter, gn, gn, s.num_heads])
-    heads = torch.tensor(list(s.heads))
-    hpg = s.num_heads // s.n_groups
-    groups = torch.unique(heads // hpg)  # the groups these heads read
-    chan = lambda t: t.view(s.num_heads, s.head_dim)[heads].flatten()  # noqa: E731
-    grp = lambda t: t.view(s.n_groups, s.state_size)[groups].flatten()  # noqa: E731
-    return torch.cat([chan(z), chan(x), grp(B), grp(C), dt[heads]])
+# -- the row layout --------------------------------------------------------------------
+
+
+def _rank_heads(heads: int, tp: int, rank: int) -> torch.Tensor:
+    n = heads // tp
+    return torch.arange(rank * n, (rank + 1) * n)
+
+
+def _expected_rows(heads, head_dim, state, groups, tp, rank, with_z_dt=True) -> torch.Tensor:
+    """The checkpoint rows of in_proj (or, without z and dt, of conv1d) rank ``rank``
+    needs, derived from the whole layer's split: its heads' channels, the groups those
+    heads read."""
+    inter, gn = heads * head_dim, groups * state
+    z, x, B, C, dt = torch.arange(2 * inter + 2 * gn + heads).split([inter, inter, gn, gn, heads])
+    if not with_z_dt:
+        x, B, C = torch.arange(inter + 2 * gn).split([inter, gn, gn])
+    mine = _rank_heads(heads, tp, rank)
+    read = torch.unique(mine // (heads // groups))
+    chan = lambda t: t.view(heads, head_dim)[mine].flatten()  # noqa: E731
+    grp = lambda t: t.view(groups, state)[read].flatten()  # noqa: E731
+    if not with_z_dt:
+        return torch.cat([chan(x), grp(B), grp(C)])
+    return torch.cat([chan(z), chan(x), grp(B), grp(C), dt[mine]])
+
+
+def _loaded_rows(sizes_units, tp, rank) -> torch.Tensor:
+    """Which full rows a rank's tensor holds, by loading row numbers through RowShards."""
+    shards = RowShards(*sizes_units, tp_rank=rank, tp_size=tp)
+    full = torch.arange(shards.full_size, dtype=torch.float32)[:, None].expand(-1, 5)
+    local = torch.full((shards.local_size, 5), -1.0)
+    shards.load(local, full, None, "rows")
+    return local[:, 0].long()
 
 
 @pytest.mark.parametrize(
@@ -59,21 +95,26 @@ def _expected_in_proj_rows(s: Mamba2Shard) -> torch.Tensor:
     [(8, 1, 2), (8, 2, 2), (8, 4, 2), (8, 2, 4), (8, 1, 4), (8, 8, 4), (16, 2, 8)],
     ids=lambda v: str(v),
 )
-def test_shard_rows_match_the_unsharded_split(heads, groups, tp):
+def test_rows_match_the_whole_layers_split(heads, groups, tp):
+    shape = shape_of(heads=heads, head_dim=2, state=3, n_groups=groups)
+    layout = mamba2_layout(shape, tp_size=tp)
     read_by = torch.zeros(2 * heads * 2 + 2 * groups * 3 + heads, dtype=torch.long)
     for rank in range(tp):
-        s = Mamba2Shard(heads, 2, 3, groups, WIDTH, tp, rank)
-        full = torch.arange(read_by.numel(), dtype=torch.float32)[:, None].expand(-1, 5)
-        local = torch.empty(s.local_in_proj_size, 5)
-        load_row_blocks(local, full, s.in_proj_blocks(), read_by.numel())
-        want = _expected_in_proj_rows(s)
-        assert torch.equal(local[:, 0].long(), want)
+        got = _loaded_rows(layout["in_proj"], tp, rank)
+        want = _expected_rows(heads, 2, 3, groups, tp, rank)
+        assert torch.equal(got, want)
+        conv = _loaded_rows(layout["conv1d"], tp, rank)
+        assert torch.equal(conv, _expected_rows(heads, 2, 3, groups, tp, rank, False))
+        assert torch.equal(_loaded_rows(layout["heads"], tp, rank), _rank_heads(heads, tp, rank))
         read_by[want] += 1
-        spec = s.state_spec()
-        assert spec.ssm_shape == (heads // tp, 2, 3)
-        assert spec.conv_shape == (heads // tp * 2 + 2 * len(s.groups) * 3, WIDTH - 1)
-        assert len(s.groups) == (groups // tp if groups >= tp else 1)
-        assert s.norm_spans_ranks == (groups < tp)
+        local_groups = groups // tp if groups >= tp else 1
+        assert conv.numel() == heads // tp * 2 + 2 * local_groups * 3  # the conv state's dim
+        norm = Mixer2RMSNormGated(
+            RowShards(*layout["channels"], tp_rank=rank, tp_size=tp), groups, EPS
+        )
+        assert (norm.shared_group is not None) == (groups < tp)
+        if groups < tp:  # the one group this rank's heads read
+            assert norm.shared_group == rank // (tp // groups)
     # every row is read; with groups split, by one rank; replicated B and C by tp / G
     assert bool((read_by >= 1).all())
     bc = slice(4 * heads, 4 * heads + 6 * groups)
@@ -90,9 +131,10 @@ def test_shard_rows_match_the_unsharded_split(heads, groups, tp):
     ],
     ids=["groups_3_tp_2", "heads_6_tp_4", "both"],
 )
-def test_shards_that_cannot_align_are_refused(heads, groups, tp, match):
+def test_layers_that_cannot_align_are_refused(heads, groups, tp, match):
+    assert match.split("; ")[0] in "; ".join(mamba2_tp_problems(heads, groups, tp))
     with pytest.raises(ValueError, match=match):
-        Mamba2Shard(heads, 2, 3, groups, WIDTH, tp, 0)
+        mamba2_layout(shape_of(heads=heads, head_dim=2, state=3, n_groups=groups), tp_size=tp)
 
 
 # -- the tiny mixer --------------------------------------------------------------------
@@ -186,72 +228,57 @@ def run_unsharded(n_groups: int, device):
     return outs, conv_state, ssm_state
 
 
+def load_mixer(mixer: MambaMixer2, full: dict[str, torch.Tensor]) -> None:
+    """Every parameter from its full (HF-layout) tensor, through its own weight_loader."""
+    for name, tensor in full.items():
+        param = mixer.get_parameter(name)
+        param.weight_loader(param, tensor)
+
+
 @torch.no_grad()
 def _sharded_equals_unsharded() -> None:
     tp = get_tp_group()
-    dev = tp.device
+    dev, rank = tp.device, tp.rank
     for n_groups in (1, 2, 4):
         want, conv_full, ssm_full = run_unsharded(n_groups, dev)
         full = full_params(n_groups, dev)
-        shard = mamba2_shard(
-            num_heads=HEADS,
-            head_dim=HEAD_DIM,
-            state_size=STATE,
-            n_groups=n_groups,
-            conv_kernel=WIDTH,
-        )
-        loaders = mamba2_weight_loaders(shard)
         with torch.device(dev):
-            in_proj = Mamba2InProj(shard, HIDDEN, bias=True)
-            out_proj = RowParallelLinear(HEADS * HEAD_DIM, HIDDEN, bias=True)
-        for name in ("in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias"):
-            layer, leaf = name.split(".")
-            param = getattr(in_proj if layer == "in_proj" else out_proj, leaf)
-            param.weight_loader(param, full[name])
-            # the mixer's own loader table agrees with the layers' loaders
-            twin = torch.empty_like(param)
-            loaders[name](twin, full[name])
-            assert torch.equal(twin, param), name
-        p = {}
-        local_rows = {
-            "conv1d.weight": shard.local_conv_dim,
-            "conv1d.bias": shard.local_conv_dim,
-            "norm.weight": shard.local_intermediate_size,
+            mixer = MambaMixer2(shape_of(n_groups=n_groups))
+        load_mixer(mixer, full)
+        assert mixer.num_heads == HEADS // 2
+        assert mixer.n_groups == max(1, n_groups // 2)
+        assert (mixer.norm.shared_group is not None) == (n_groups == 1)
+        p = {
+            name: mixer.get_parameter(name)
+            for name in ("conv1d.weight", "conv1d.bias", "A_log", "D", "dt_bias")
         }
-        for name in ("conv1d.weight", "conv1d.bias", "A_log", "D", "dt_bias", "norm.weight"):
-            n = local_rows.get(name, shard.local_num_heads)
-            shape = (n, WIDTH) if name == "conv1d.weight" else (n,)
-            p[name] = torch.empty(shape, device=dev)
-            loaders[name](p[name], full[name])
         p["conv1d.weight"] = p["conv1d.weight"].unsqueeze(1)
-
-        spec = shard.state_spec()
-        conv_state = torch.zeros(len(SEQ_LENS) + 1, *spec.conv_shape, device=dev)
-        ssm_state = torch.zeros(len(SEQ_LENS) + 1, *spec.ssm_shape, device=dev)
+        conv_state = torch.zeros(len(SEQ_LENS) + 1, *mixer.spec.conv_shape, device=dev)
+        ssm_state = torch.zeros(len(SEQ_LENS) + 1, *mixer.spec.ssm_shape, device=dev)
         got = mixer_steps(
             p,
-            in_proj,
-            lambda y, z: sharded_gated_rmsnorm(y, z, p["norm.weight"], EPS, shard),  # noqa: B023
-            out_proj,
-            shard.local_num_heads,
-            shard.local_n_groups,
+            mixer.in_proj,
+            mixer.norm,
+            mixer.out_proj,
+            mixer.num_heads,
+            mixer.n_groups,
             conv_state,
             ssm_state,
             _inputs(dev),
         )
         for step, (g, w) in enumerate(zip(got, want, strict=True)):
             torch.testing.assert_close(g, w, **TOL, msg=lambda m: f"G={n_groups} step {step}: {m}")  # noqa: B023
-        # this rank's state lines are the unsharded state's rows and heads
-        for block in shard.conv_blocks():
-            torch.testing.assert_close(conv_state[:, block.dst], conv_full[:, block.src], **TOL)
-        torch.testing.assert_close(ssm_state, ssm_full[:, shard.head_slice], **TOL)
+        # this rank's state lines are the whole layer's state at its rows and heads
+        rows = _expected_rows(HEADS, HEAD_DIM, STATE, n_groups, 2, rank, with_z_dt=False)
+        torch.testing.assert_close(conv_state, conv_full[:, rows.to(dev)], **TOL)
+        heads = _rank_heads(HEADS, 2, rank).to(dev)
+        torch.testing.assert_close(ssm_state, ssm_full[:, heads], **TOL)
         # the norm alone: replicated groups reduce across ranks, split groups do not
         y = torch.randn(3, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(7)).to(dev)
         zg = torch.randn(3, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(8)).to(dev)
         whole = rms_norm_gated_ref(y, zg, full["norm.weight"], EPS, HEADS * HEAD_DIM // n_groups)
-        c = shard.channel_slice
-        part = sharded_gated_rmsnorm(y[:, c], zg[:, c], p["norm.weight"], EPS, shard)
-        torch.testing.assert_close(part, whole[:, c], **TOL)
+        c = slice(rank * mixer.intermediate_size, (rank + 1) * mixer.intermediate_size)
+        torch.testing.assert_close(mixer.norm(y[:, c], zg[:, c]), whole[:, c], **TOL)
 
 
 @pytest.mark.timeout(120)
@@ -271,26 +298,12 @@ def test_the_composed_reference_is_the_real_mixer():
     """The one-rank composition above computes what MambaMixer2 computes (its kernels under
     the interpreter on CPU), so the layout mamba_tp shards is the layer's."""
     from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
-    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.model_executor.layers.mamba.mamba_utils import MambaStatePool
 
     n_groups = 2
     want, conv_want, ssm_want = run_unsharded(n_groups, "cpu")
-    mixer = MambaMixer2(
-        hidden_size=HIDDEN,
-        num_heads=HEADS,
-        head_dim=HEAD_DIM,
-        state_size=STATE,
-        n_groups=n_groups,
-        conv_kernel=WIDTH,
-        use_bias=True,
-        use_conv_bias=True,
-        rms_norm_eps=EPS,
-        time_step_limit=(0.0, float("inf")),
-    )
-    for name, tensor in full_params(n_groups, "cpu").items():
-        param = mixer.get_parameter(name)
-        param.copy_(tensor.squeeze(1) if name == "conv1d.weight" else tensor)
+    mixer = MambaMixer2(shape_of(n_groups=n_groups))
+    load_mixer(mixer, full_params(n_groups, "cpu"))
     pool = MambaStatePool(mixer.spec, 1, len(SEQ_LENS), mixer.backend, torch.float32)
     builder = Mamba2MetadataBuilder(CHUNK, "cpu")
     slots = torch.arange(len(SEQ_LENS), dtype=torch.int32)

@@ -24,7 +24,10 @@ from vllm.distributed import (
 )
 from vllm.executor import MultiprocExecutor, WorkerFailedError, check_tp_divisibility
 from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
+from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
 TIMEOUT_S = 30.0  # every collective; a failure must surface far sooner
 FAST = 15.0  # seconds within which a failure must be reported
@@ -180,7 +183,10 @@ def test_a_config_that_does_not_shard_fails_before_any_process_starts():
 
 
 BAMBA_LIKE = dict(
+    vocab_size=64,
+    hidden_size=256,
     mamba_n_heads=128,
+    mamba_d_head=4,
     mamba_n_groups=1,
     num_attention_heads=32,
     num_key_value_heads=8,
@@ -188,17 +194,39 @@ BAMBA_LIKE = dict(
 )
 
 
+def _mamba2(**kw):
+    return Mamba2ModelConfig(**{"hidden_size": kw["num_heads"] * 8, "head_dim": 16, **kw})
+
+
+def _zamba2(**kw):
+    return Zamba2ModelConfig(**{"hidden_size": 96, "n_mamba_heads": 6, **kw})
+
+
 @pytest.mark.parametrize(
     "config, tp, match",
     [
-        (dict(num_heads=128, n_groups=8), 16, None),
-        (dict(num_heads=128, n_groups=1), 8, None),  # one group replicated on 8 ranks
-        (dict(num_heads=24, n_groups=3), 2, "n_groups=3 neither divides tp_size=2"),
-        (BAMBA_LIKE, 4, None),
-        (dict(n_mamba_heads=6, num_attention_heads=32), 4, "n_mamba_heads=6 is not divisible"),
-        (dict(num_attention_heads=32, num_key_value_heads=3), 4, "num_key_value_heads=3 is fewer"),
-        (dict(num_attention_heads=32, num_key_value_heads=12), 8, "num_key_value_heads=12 is not"),
-        (dict(num_attention_heads=32, intermediate_size=100), 8, "intermediate_size=100"),
+        (lambda: _mamba2(num_heads=128, n_groups=8), 16, None),
+        (lambda: _mamba2(num_heads=128, n_groups=1), 8, None),  # one group on 8 ranks
+        (lambda: _mamba2(num_heads=24, n_groups=3), 2, "n_groups=3 neither divides tp_size=2"),
+        (lambda: BambaModelConfig(**BAMBA_LIKE), 4, None),
+        (lambda: _zamba2(num_attention_heads=32), 4, "n_mamba_heads=6 is not divisible"),
+        (
+            lambda: _zamba2(num_attention_heads=48, num_key_value_heads=3, n_mamba_heads=8),
+            4,
+            "num_key_value_heads=3 is fewer",
+        ),
+        (
+            lambda: BambaModelConfig(**BAMBA_LIKE),
+            3,
+            "BambaModelConfig\\): mamba_n_heads=128 .*num_attention_heads=32 .*"
+            "num_key_value_heads=8 .*intermediate_size=14336",
+        ),
+        (
+            lambda: NemotronHModelConfig(num_key_value_heads=12, num_attention_heads=48),
+            8,
+            "num_key_value_heads=12 is not",
+        ),
+        (lambda: _zamba2(intermediate_size=100, n_mamba_heads=8), 8, "intermediate_size=100"),
     ],
     ids=[
         "mamba2_tp16",
@@ -207,16 +235,26 @@ BAMBA_LIKE = dict(
         "bamba_like",
         "zamba2_heads",
         "kv_3",
+        "bamba_every_field",
         "kv_12",
         "mlp",
     ],
 )
 def test_check_tp_divisibility_names_the_field(config, tp, match):
+    config = config()
     if match is None:
         check_tp_divisibility(config, tp)
+        config.check_tp(tp)
     else:
         with pytest.raises(ValueError, match=match):
             check_tp_divisibility(config, tp)
+
+
+def test_check_tp_refuses_a_bad_size_and_a_foreign_config():
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1"):
+        check_tp_divisibility(Mamba2ModelConfig(), 0)
+    with pytest.raises(TypeError, match="not a registered model config: dict"):
+        check_tp_divisibility({"num_heads": 8}, 2)
 
 
 def _nccl_scenarios(results) -> None:

@@ -1,6 +1,8 @@
-"""Sharded loading from a real safetensors checkpoint: on two ranks each rank reads only
-its slice of every sharded tensor (counted in bytes), and the lazy slices load the same
-parameters as the full tensors; errors name the checkpoint tensor."""
+"""Loading from a real safetensors checkpoint through the one loader
+(``load_model_weights``: name map, stacked-parameter mapping, per-parameter loaders): on two
+ranks each rank reads only its slice of every sharded tensor (counted in bytes), and the
+lazy slices load the same parameters as the full tensors; errors name the checkpoint
+tensor."""
 
 from __future__ import annotations
 
@@ -15,24 +17,34 @@ from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    RowShards,
 )
-from vllm.model_executor.layers.mamba.mamba_tp import (
-    Mamba2InProj,
-    mamba2_shard,
-    mamba2_weight_loaders,
-)
+from vllm.model_executor.layers.mamba.mamba_tp import mamba2_layout, row_parameter
+from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.model_loader.tp_weight_utils import (
+from vllm.model_executor.model_loader.weight_utils import (
     CheckpointSlice,
     iterate_checkpoint_slices,
-    load_tp_weights,
+    load_model_weights,
 )
 
 HIDDEN, VOCAB = 8, 50
-MAMBA = dict(num_heads=4, head_dim=2, state_size=3, n_groups=1, conv_kernel=4)
+MAMBA = Mamba2Shape(
+    hidden_size=HIDDEN,
+    num_heads=4,
+    head_dim=2,
+    n_groups=1,
+    state_size=3,
+    conv_kernel=4,
+    chunk_size=4,
+    use_bias=False,
+    use_conv_bias=False,
+    norm_eps=1e-5,
+    time_step_limit=(0.0, float("inf")),
+)
 
 
 class TinyTP(nn.Module):
@@ -45,21 +57,27 @@ class TinyTP(nn.Module):
         self.gate_up = MergedColumnParallelLinear(HIDDEN, [12, 12], bias=False)
         self.down = RowParallelLinear(12, HIDDEN)
         self.norm = nn.Parameter(torch.empty(HIDDEN))  # no loader: replicated
-        shard = mamba2_shard(**MAMBA)
-        self.in_proj = Mamba2InProj(shard, HIDDEN, bias=False)
-        self.conv_weight = nn.Parameter(torch.empty(shard.local_conv_dim, MAMBA["conv_kernel"]))
-        self.conv_weight.weight_loader = mamba2_weight_loaders(shard)["conv1d.weight"]
+        layout = mamba2_layout(MAMBA)
+        sizes, units = layout["in_proj"]
+        self.in_proj = MergedColumnParallelLinear(HIDDEN, sizes, bias=False, units=units)
+        conv = RowShards(*layout["conv1d"])
+        self.conv_weight = row_parameter(conv, torch.empty(conv.local_size, 4), "conv1d")
         self.lm_head = ParallelLMHead(VOCAB, HIDDEN, padding_size=4)
 
+    stacked_params_mapping = (
+        ("qkv", "q_proj", "q"),
+        ("qkv", "k_proj", "k"),
+        ("qkv", "v_proj", "v"),
+        ("gate_up", "gate_proj", 0),
+        ("gate_up", "up_proj", 1),
+    )
+
     @staticmethod
-    def to_param(name: str):
-        stacked = {"q_proj": ("qkv", "q"), "k_proj": ("qkv", "k"), "v_proj": ("qkv", "v")}
-        stacked.update(gate_proj=("gate_up", 0), up_proj=("gate_up", 1))
-        module, leaf = name.rsplit(".", 1)
-        if module in stacked:
-            target, shard_id = stacked[module]
-            return f"{target}.{leaf}", shard_id
+    def to_param(name: str) -> str:
         return {"conv1d.weight": "conv_weight", "norm.weight": "norm"}.get(name, name)
+
+    def load(self, weights) -> None:
+        load_model_weights(self, weights, self.to_param, self.stacked_params_mapping)
 
 
 def checkpoint() -> dict[str, torch.Tensor]:
@@ -118,9 +136,9 @@ def _load_on_each_rank(model_dir: str) -> None:
             slices.append(s)
             yield name, s
 
-    load_tp_weights(lazy, recorded(), TinyTP.to_param)
+    lazy.load(recorded())
     tensors = load_file(f"{model_dir}/model.safetensors")
-    load_tp_weights(full, tensors.items(), TinyTP.to_param)
+    full.load(tensors.items())
 
     for (name, p_lazy), (_, p_full) in zip(
         lazy.named_parameters(), full.named_parameters(), strict=True
@@ -158,7 +176,7 @@ def test_one_rank_reads_everything_once(tmp_path):
             counted.append(s)
             yield name, s
 
-    load_tp_weights(model, recorded(), TinyTP.to_param)
+    model.load(recorded())
     for s in counted:
         assert s.bytes_read == tensors[s.name].numel() * 4, s.name
     assert torch.equal(model.down.weight, tensors["down.weight"])
@@ -169,11 +187,20 @@ def test_one_rank_reads_everything_once(tmp_path):
 def test_load_errors_name_the_checkpoint_tensor():
     tensors = checkpoint()
     bad = dict(tensors, **{"down.weight": torch.zeros(HIDDEN, 11)})
-    with pytest.raises(ValueError, match=r"'down.weight' -> 'down.weight'.*\(8, 11\).*\(8, 12\)"):
-        load_tp_weights(TinyTP(), bad.items(), TinyTP.to_param)
+    with pytest.raises(
+        ValueError, match=r"'down.weight' has shape \(8, 11\) .* 'down.weight' expect \(8, 12\)"
+    ):
+        TinyTP().load(bad.items())
+    bad_part = dict(tensors, **{"k_proj.weight": torch.zeros(5, HIDDEN)})
+    with pytest.raises(ValueError, match=r"'k_proj.weight' has shape \(5, 8\) .*'qkv.weight'"):
+        TinyTP().load(bad_part.items())
     extra = dict(tensors, **{"mystery.weight": torch.zeros(2)})
     with pytest.raises(ValueError, match=r"does not know: \['mystery.weight'\]"):
-        load_tp_weights(TinyTP(), extra.items(), TinyTP.to_param)
+        TinyTP().load(extra.items())
     partial = {k: v for k, v in tensors.items() if k != "norm.weight"}
     with pytest.raises(ValueError, match=r"lacks weights the model needs: \['norm'\]"):
-        load_tp_weights(TinyTP(), partial.items(), TinyTP.to_param)
+        TinyTP().load(partial.items())
+    # a fused layer missing one part: the part is named
+    no_v = {k: v for k, v in tensors.items() if not k.startswith("v_proj")}
+    with pytest.raises(ValueError, match=r"needs: \[\"qkv.bias\['v'\]\", \"qkv.weight\['v'\]\"\]"):
+        TinyTP().load(no_v.items())

@@ -24,7 +24,6 @@ import multiprocessing
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 from tests.distributed.utils import run_ranks
 from tests.models.hybrid_utils import (
@@ -42,9 +41,10 @@ from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
+    ReplicatedLinear,
 )
 from vllm.model_executor.model_loader import get_model
-from vllm.model_executor.model_loader.tp_weight_utils import iterate_checkpoint_slices
+from vllm.model_executor.model_loader.weight_utils import iterate_checkpoint_slices
 from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
 VARIANTS = {
@@ -82,7 +82,7 @@ def _ranks_equal_one_rank(path, expected, load_format="auto"):
         if cfg.use_shared_attention_adapter:
             adapters += [layer.q_adapter, layer.k_adapter, layer.v_adapter]
         for down, up in adapters:  # down replicated, up sharded with what it adds to
-            assert type(down) is nn.Linear and isinstance(up, ColumnParallelLinear)
+            assert type(down) is ReplicatedLinear and isinstance(up, ColumnParallelLinear)
         up = layer.gate_up_adapter[1]
         assert isinstance(up, MergedColumnParallelLinear)
         assert up.weight.shape[0] == 2 * cfg.intermediate_size // tp.world_size

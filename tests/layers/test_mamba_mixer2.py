@@ -13,32 +13,34 @@ from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuild
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import (
     ConvBackend,
+    Mamba2Shape,
     MambaStatePool,
     mamba2_state_spec,
 )
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 
-MIXER = dict(
+MIXER = Mamba2Shape(
     hidden_size=32,
     num_heads=4,
     head_dim=16,
-    state_size=8,
     n_groups=2,
+    state_size=8,
     conv_kernel=4,
+    chunk_size=4,
     use_bias=False,
     use_conv_bias=True,
-    rms_norm_eps=1e-5,
+    norm_eps=1e-5,
     time_step_limit=(0.0, float("inf")),
 )
 
 
 def test_state_spec_is_shared_by_layer_and_pool():
-    mixer = MambaMixer2(**MIXER)
+    mixer = MambaMixer2(MIXER)
     spec = mamba2_state_spec(num_heads=4, head_dim=16, state_size=8, n_groups=2, conv_kernel=4)
     assert mixer.spec == spec
     assert spec.conv_shape == (64 + 2 * 2 * 8, 3) and spec.ssm_shape == (4, 16, 8)
     # in_proj's conv slice is exactly the conv state's feature dim
-    assert mixer.in_proj.out_features == 64 + spec.conv_dim + 4
+    assert mixer.in_proj.weight.shape == (64 + spec.conv_dim + 4, 32)
     pool = MambaStatePool(
         spec, num_layers=3, num_slots=5, backend=ConvBackend.TRITON, conv_dtype=torch.float16
     )
@@ -52,7 +54,7 @@ def test_state_spec_is_shared_by_layer_and_pool():
 def test_cuda_layout_is_width_contiguous(monkeypatch):
     install_custom_ops(monkeypatch, fake_cuda_ops([]))
     monkeypatch.setenv("VLLM_USE_TRITON_CONV1D", "0")
-    mixer = MambaMixer2(**MIXER)
+    mixer = MambaMixer2(MIXER)
     assert mixer.backend is ConvBackend.CUDA
     pool = MambaStatePool(mixer.spec, 1, 2, ConvBackend.CUDA, torch.float32)
     assert pool.layer(0)[0].is_contiguous()
@@ -62,16 +64,16 @@ def test_cuda_backend_without_ops_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("VLLM_USE_TRITON_CONV1D", "0")
     install_custom_ops(monkeypatch, None)
     with pytest.raises(RuntimeError, match="VLLM_USE_TRITON_CONV1D=0.*cannot be imported"):
-        MambaMixer2(**MIXER)
+        MambaMixer2(MIXER)
     not_built = types.ModuleType("vllm._custom_ops")
     not_built.cuda_ops_available = lambda: False
     install_custom_ops(monkeypatch, not_built)
     with pytest.raises(RuntimeError, match="not built"):
-        MambaMixer2(**MIXER)
+        MambaMixer2(MIXER)
 
 
 def test_mixer_rejects_a_pool_of_the_other_layout(monkeypatch):
-    mixer = MambaMixer2(**MIXER)
+    mixer = MambaMixer2(MIXER)
     builder = Mamba2MetadataBuilder(chunk_size=4, device="cpu")
     md = builder.build(
         torch.tensor([0, 3], dtype=torch.int32),
@@ -93,7 +95,7 @@ def test_mixer_rejects_a_pool_of_the_other_layout(monkeypatch):
 def test_bad_backend_variable_is_an_error(monkeypatch):
     monkeypatch.setenv("VLLM_USE_TRITON_CONV1D", "maybe")
     with pytest.raises(ValueError, match="VLLM_USE_TRITON_CONV1D"):
-        MambaMixer2(**MIXER)
+        MambaMixer2(MIXER)
 
 
 def test_gated_norm_normalises_each_group_separately():
@@ -133,7 +135,7 @@ def _mixed_step_through_both_scans(device):
     """One mixed step (decodes, a padded decode row, prefills with and without initial
     states, a chunked-prefill continuation, a trailing pad) through the mixer twice: with
     the Triton SSD's layout and with the PyTorch scan's. Returns both (y, pool) pairs."""
-    mixer = MambaMixer2(**MIXER).to(device)
+    mixer = MambaMixer2(MIXER).to(device)
     gen = gen_for("mixer-ssd")
     with torch.no_grad():
         for p in mixer.parameters():

@@ -234,19 +234,53 @@ def hf_norms_per_group(norm_cls) -> bool:
 
 
 @torch.no_grad()
+def hf_params_as_ours(model, hf) -> dict[str, torch.Tensor]:
+    """HF's parameters as our one-rank ``model`` holds them: named through the model's
+    name map, the parts of a fused layer (q/k/v, gate/up) stacked in the order its
+    ``stacked_params_mapping`` lists them, conv weights without HF's middle dim of 1, the
+    vocabulary padded with zero rows to our table's."""
+    ours = dict(model.named_parameters())
+    out: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[int, torch.Tensor]] = {}
+    for name, p in hf.named_parameters():
+        mapped = model.hf_to_param_name(name)
+        if mapped is None:
+            continue
+        p = p.detach().squeeze(1) if mapped.endswith("conv1d.weight") else p.detach()
+        head, _, leaf = mapped.rpartition(".")
+        owner, _, module = head.rpartition(".")
+        for i, (fused, part, _) in enumerate(model.stacked_params_mapping):
+            if part == module:
+                parts.setdefault(f"{owner}.{fused}.{leaf}", {})[i] = p
+                break
+        else:
+            out[mapped] = p
+    out.update({n: torch.cat([d[i] for i in sorted(d)]) for n, d in parts.items()})
+    for name, t in out.items():
+        rows = ours[name].shape[0] if name in ours else t.shape[0]
+        if rows > t.shape[0] and t.shape[1:] == ours[name].shape[1:]:  # padded vocabulary
+            out[name] = torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+    return out
+
+
+def assert_loaded_as_hf(model, hf) -> None:
+    """Every parameter of ``model`` holds exactly HF's weights (``hf_params_as_ours``)."""
+    ours = dict(model.named_parameters())
+    theirs = hf_params_as_ours(model, hf)
+    assert set(ours) == set(theirs), set(ours) ^ set(theirs)
+    for name, expected in theirs.items():
+        assert torch.equal(ours[name], expected), name
+
+
 def check_loads_every_hf_weight(path, hf, model_cls):
     """``get_model`` of the checkpoint is a ``model_cls`` whose parameters are exactly HF's
-    (names and values; our conv weights drop HF's middle dim of 1). Returns the model."""
+    (``assert_loaded_as_hf``: q/k/v and gate/up fused, conv weights without HF's middle
+    dim of 1). Returns the model."""
     from vllm.model_executor.model_loader import get_model
 
     model = get_model(path)
     assert isinstance(model, model_cls)
-    ours = dict(model.named_parameters())
-    theirs = dict(hf.named_parameters())
-    assert set(ours) == set(theirs)
-    for name, p in theirs.items():
-        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
-        assert torch.equal(ours[name], expected), name
+    assert_loaded_as_hf(model, hf)
     return model
 
 

@@ -365,5 +365,4 @@ def reference_logits(model, tokens: list[int]) -> torch.Tensor:
         normed = normed * _c(mx.norm.weight)
         h = h + F.linear(normed, _c(mx.out_proj.weight), _c(mx.out_proj.bias))
     h = _rms(h, model.backbone.norm_f.weight, eps)
-    head = model.backbone.embeddings.weight if model.lm_head is None else model.lm_head.weight
-    return F.linear(h, _c(head))
+    return F.linear(h, _c(model.lm_head.weight[: cfg.vocab_size]))

@@ -85,7 +85,7 @@ def test_loads_every_hf_weight_by_name(hf_and_dir):
 def test_tied_embeddings(tmp_path):
     hf = make_hf(seed=3, tie_word_embeddings=True)
     model = get_model(save_checkpoint(hf, tmp_path / "tied"))
-    assert model.lm_head is None
+    assert model.lm_head.weight is model.model.embed_tokens.weight
     h = torch.randn(3, 32)
     torch.testing.assert_close(model.compute_logits(h), h @ model.model.embed_tokens.weight.t())
     check_mixed_steps_match_hf(model, hf)

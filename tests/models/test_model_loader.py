@@ -9,8 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.models.hybrid_utils import assert_loaded_as_hf, save_checkpoint
 from tests.models.mamba2_utils import TINY, Driver, Row, hf_config, make_hf_model
 from vllm.model_executor.model_loader import get_model
+from vllm.model_executor.model_loader.weight_utils import dummy_weights
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 
@@ -39,10 +41,8 @@ def copy_dir(src, dst, config_edit=None, weights_edit=None):
 def test_loads_every_hf_weight(hf_dir):
     hf, path = hf_dir
     model = get_model(path)
-    ours = dict(model.named_parameters())
-    for name, p in hf.named_parameters():
-        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
-        assert torch.equal(ours[name], expected), name
+    assert_loaded_as_hf(model, hf)  # the vocabulary padded from 96 rows to 128
+    assert model.backbone.embeddings.weight.shape == (128, TINY["hidden_size"])
     assert model.config.time_step_limit == (0.0, math.inf)  # written as {"__float__": ...}
     assert model.dtype == torch.float32 and not model.training
 
@@ -103,9 +103,9 @@ def test_legacy_embedding_name_and_tied_head(tmp_path, hf_dir):
         rename_and_drop_head,
     )
     model = get_model(src)
-    assert model.lm_head is None
+    assert model.lm_head.weight is model.backbone.embeddings.weight
     hidden = torch.randn(2, TINY["hidden_size"])
-    expected = hidden @ model.backbone.embeddings.weight.t()
+    expected = hidden @ model.backbone.embeddings.weight[: TINY["vocab_size"]].t()
     torch.testing.assert_close(model.compute_logits(hidden), expected)
 
 
@@ -198,11 +198,7 @@ def _shard(path, dst):
 
 def test_sharded_checkpoint_reads_the_shards_its_index_names(tmp_path, hf_dir):
     hf, path = hf_dir
-    model = get_model(_shard(path, tmp_path / "sharded"))
-    ours = dict(model.named_parameters())
-    for name, p in hf.named_parameters():
-        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
-        assert torch.equal(ours[name], expected), name
+    assert_loaded_as_hf(get_model(_shard(path, tmp_path / "sharded")), hf)
 
 
 def test_a_shard_the_index_names_is_missing(tmp_path, hf_dir):
@@ -225,3 +221,28 @@ def test_truncated_safetensors_names_the_file(tmp_path, hf_dir, keep):
     message = str(err.value)
     assert message.startswith(f"{weights} is not a readable safetensors file"), message
     assert "truncated or corrupt; download or save it again" in message
+
+
+def test_the_dummy_checkpoint_is_a_real_checkpoints_layout(tmp_path):
+    """Dummy weights are a random checkpoint of the model's own layout, loaded through
+    ``load_weights``: the tensors a real checkpoint holds (q/k/v and gate/up apart, each
+    drawn under its own name at full shape), so saved and loaded back they give the same
+    model."""
+    from tests.models.test_bamba import make_hf
+
+    path = save_checkpoint(make_hf(attention_bias=True), tmp_path / "bamba")
+    real = {k: tuple(v.shape) for k, v in load_file(str(path / "model.safetensors")).items()}
+    model = get_model(path, load_format="dummy", seed=3)
+    drawn = dict(dummy_weights(model, seed=3))
+    assert {k: tuple(v.shape) for k, v in drawn.items()} == {
+        k: (s[0], s[2]) if k.endswith("conv1d.weight") else s for k, s in real.items()
+    }
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "config.json").write_text((path / "config.json").read_text())
+    save_file(
+        {k: v.unsqueeze(1) if k.endswith("conv1d.weight") else v for k, v in drawn.items()},
+        str(tmp_path / "again" / "model.safetensors"),
+    )
+    again = dict(get_model(tmp_path / "again").named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(again[name], param), name

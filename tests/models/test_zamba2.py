@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.models.hybrid_utils import (
     VOCAB,
+    assert_loaded_as_hf,
     check_bf16_tracks_hf,
     check_generate_matches_hf,
     check_graphs_match_eager,
@@ -91,15 +92,10 @@ def test_shared_weights_load_once_and_adapters_per_use(hf_and_dir):
     hf, path = hf_and_dir
     model = get_model(path)
     assert isinstance(model, Zamba2ForCausalLM)
-    cfg, ours = model.config, dict(model.named_parameters())
+    cfg = model.config
     hybrid = cfg.hybrid_layer_ids
     assert hybrid == (1, 3, 4)
-    for name, p in hf.named_parameters():
-        mapped = model.hf_to_param_name(name)
-        if mapped is None:
-            continue  # the tied head
-        expected = p.squeeze(1) if name.endswith("conv1d.weight") else p
-        assert torch.equal(ours[mapped], expected), (name, mapped)
+    assert_loaded_as_hf(model, hf)  # every use's copy of a block maps onto the one block
     blocks = [model.model.layers[i].block_id for i in hybrid]
     assert blocks == [j % cfg.num_mem_blocks for j in range(len(hybrid))]
     # one KV cache per use of a block: every hybrid layer owns its attention

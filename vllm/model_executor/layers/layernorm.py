@@ -38,6 +38,13 @@ def _kernel_rows(*ts) -> bool:
     return all(t.dim() == 2 and t.stride(1) == 1 for t in ts) and use_norm_kernel(ts[0])
 
 
+def rms_norm_gated(x, gate, weight, eps, group_size):
+    """The gated, grouped RMSNorm: the Triton kernel on CUDA rows, else the reference."""
+    if _kernel_rows(x, gate):
+        return rms_norm_triton(x, weight, eps, gate=gate, group_size=group_size)
+    return rms_norm_gated_ref(x, gate, weight, eps, group_size)
+
+
 class RMSNorm(nn.Module):
     """y = w * x / sqrt(mean(x^2) + eps) over the last dimension.
 
@@ -80,6 +87,4 @@ class RMSNormGated(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        if _kernel_rows(x, gate):
-            return rms_norm_triton(x, self.weight, self.eps, gate=gate, group_size=self.group_size)
-        return rms_norm_gated_ref(x, gate, self.weight, self.eps, self.group_size)
+        return rms_norm_gated(x, gate, self.weight, self.eps, self.group_size)

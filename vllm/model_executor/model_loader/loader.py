@@ -7,10 +7,9 @@ from pathlib import Path
 import torch
 
 from vllm.distributed.parallel_state import get_tp_group
-from vllm.model_executor.model_loader.tp_weight_utils import iterate_checkpoint_slices
 from vllm.model_executor.model_loader.weight_utils import (
     initialize_dummy_weights,
-    iterate_safetensors,
+    iterate_checkpoint_slices,
 )
 from vllm.model_executor.models.registry import is_model_config, load_model_config, model_class
 
@@ -70,9 +69,9 @@ def get_model(
     plus ``*.safetensors`` unless ``load_format="dummy"``), or a registered config such as
     ``Mamba2ModelConfig`` (dummy weights only). ``seed`` seeds the dummy weights. The conv
     backend is the one ``VLLM_USE_TRITON_CONV1D`` selects now. In a tensor-parallel
-    group of more than one rank (``vllm.distributed``) the model is this rank's shard:
-    checkpoint tensors are read as lazy slices (each rank reads its rows only), dummy
-    weights drawn at full shape and sliced (the same weights at every size).
+    group (``vllm.distributed``) the model is this rank's part: checkpoint tensors are
+    read as lazy slices (each rank reads its rows only; at world size 1 all of them), dummy
+    weights drawn at full shape and loaded the same way (the same weights at every size).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
@@ -88,17 +87,13 @@ def get_model(
     config = load_model_config(model)
     torch_dtype = resolve_dtype(dtype, config)
     cls = model_class(config)
-    tp_size = get_tp_group().world_size
-    if tp_size > 1:
-        check_tensor_parallel_support(cls, tp_size)
+    check_tensor_parallel_support(cls, get_tp_group().world_size)
     with torch.device(device):
         net = cls(config, dtype=torch_dtype)
     if load_format == "dummy":
         initialize_dummy_weights(net, seed)
-    elif tp_size > 1:  # each rank reads its slices of the files only
-        net.load_weights(iterate_checkpoint_slices(model_dir))
     else:
-        net.load_weights(iterate_safetensors(model_dir))
+        net.load_weights(iterate_checkpoint_slices(model_dir))
     # An inference engine: no forward may record an autograd graph (a 7B step that
     # did would keep every layer's activations alive).
     net.requires_grad_(False)

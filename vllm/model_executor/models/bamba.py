@@ -23,9 +23,10 @@ the gated norm, below)::
 - The residual stream is in the model dtype (transformers adds in it too); the adds are
   fused into the next norm.
 
-Parameter names are transformers' (``model.layers.{i}.mamba.in_proj.weight``,
-``model.layers.{i}.self_attn.q_proj.weight``, ``model.layers.{i}.feed_forward.gate_proj``,
-...), so a checkpoint loads by name; the conv weight is stored as (dim, width).
+Parameter names are transformers' (``model.layers.{i}.mamba.in_proj.weight``, ...), but
+for two fused layers: ``self_attn.qkv_proj`` holds the checkpoint's q/k/v projections and
+``feed_forward.gate_up_proj`` its gate and up (``stacked_params_mapping``); the conv
+weight is stored as (dim, width).
 """
 
 from __future__ import annotations
@@ -42,55 +43,39 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.hybrid_base import (
     AttentionProjections,
     MambaHybridForCausalLM,
-    make_embedding,
     residual_norm,
-    set_dummy_parts,
-    tp_world_size,
     with_layer_states,
 )
 
 
 class BambaMLP(nn.Module):
-    """SwiGLU MLP; under tensor parallelism gate|up is one ``MergedColumnParallelLinear``
-    (this rank's intermediate block of each) and down a ``RowParallelLinear``."""
+    """SwiGLU MLP: gate|up one ``MergedColumnParallelLinear`` (this rank's intermediate
+    block of each), down a ``RowParallelLinear``."""
 
-    def __init__(self, config: BambaModelConfig, dtype: torch.dtype, prefix: str):
+    def __init__(self, config: BambaModelConfig, dtype: torch.dtype):
         super().__init__()
-        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.sharded = tp_world_size() > 1
-        if self.sharded:
-            self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
-            set_dummy_parts(self.gate_up_proj, prefix, [("gate_proj", 0, i), ("up_proj", 1, i)])
-            self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
-        else:
-            self.gate_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
-            self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
-            self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        h, i, bias = config.hidden_size, config.mlp_size(), config.mlp_bias
+        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
         self.act_fn = get_act_fn(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sharded:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            return self.down_proj(self.act_fn(gate) * up)
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class BambaAttention(AttentionProjections):
     def __init__(self, config: BambaModelConfig, dtype: torch.dtype, prefix: str):
         super().__init__()
-        d = config.head_dim
+        shape = config.attention_shape()
+        d = shape.head_dim
         heads, kv_heads = self._init_projections(
-            config.hidden_size,
-            d,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.attention_bias,
-            dtype,
-            prefix,
+            shape, config.hidden_size, config.attention_bias, dtype
         )
         self.rotary_emb = RotaryEmbedding(
             d,
@@ -113,23 +98,10 @@ class BambaDecoderLayer(nn.Module):
         self.layer_type = config.layer_types[layer_idx]
         eps = config.rms_norm_eps
         if self.layer_type == "mamba":
-            self.mamba = MambaMixer2(
-                hidden_size=config.hidden_size,
-                num_heads=config.mamba_n_heads,
-                head_dim=config.mamba_d_head,
-                state_size=config.mamba_d_state,
-                n_groups=config.mamba_n_groups,
-                conv_kernel=config.mamba_d_conv,
-                use_bias=config.mamba_proj_bias,
-                use_conv_bias=config.mamba_conv_bias,
-                rms_norm_eps=eps,
-                time_step_limit=config.time_step_limit,
-                dtype=dtype,
-                layer_idx=layer_idx,
-            )
+            self.mamba = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
         else:
             self.self_attn = BambaAttention(config, dtype, prefix=f"{prefix}.self_attn")
-        self.feed_forward = BambaMLP(config, dtype, prefix=f"{prefix}.feed_forward")
+        self.feed_forward = BambaMLP(config, dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
 
@@ -146,7 +118,7 @@ class BambaDecoderLayer(nn.Module):
 class BambaModel(nn.Module):
     def __init__(self, config: BambaModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.embed_tokens = make_embedding(config, dtype)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
             BambaDecoderLayer(config, i, dtype, prefix=f"model.layers.{i}")
             for i in range(config.num_hidden_layers)
@@ -161,10 +133,10 @@ class BambaModel(nn.Module):
 
 
 class BambaForCausalLM(MambaHybridForCausalLM):
-    tp_fused_projections = (
-        *MambaHybridForCausalLM.tp_fused_projections,
-        ("gate_proj", "gate_up_proj", 0),
-        ("up_proj", "gate_up_proj", 1),
+    stacked_params_mapping = (
+        *MambaHybridForCausalLM.stacked_params_mapping,
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
     )
 
     def __init__(self, config: BambaModelConfig, dtype: torch.dtype = torch.float32):

@@ -14,7 +14,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.models.config_utils import (
+    AttentionShape,
+    ModelShapes,
     as_limit,
     check_attention_heads,
     check_bools,
@@ -28,9 +31,10 @@ from vllm.model_executor.models.config_utils import (
 
 
 @dataclass(frozen=True)
-class BambaModelConfig:
+class BambaModelConfig(ModelShapes):
     architecture: ClassVar[str] = "BambaForCausalLM"
     model_type: ClassVar[str] = "bamba"
+    mamba_tp_fields: ClassVar[tuple[str, str]] = ("mamba_n_heads", "mamba_n_groups")
 
     vocab_size: int = 128000
     hidden_size: int = 4096
@@ -95,6 +99,27 @@ class BambaModelConfig:
     @property
     def chunk_size(self) -> int:
         return self.mamba_chunk_size
+
+    def mamba_shape(self) -> Mamba2Shape:
+        return Mamba2Shape(
+            hidden_size=self.hidden_size,
+            num_heads=self.mamba_n_heads,
+            head_dim=self.mamba_d_head,
+            n_groups=self.mamba_n_groups,
+            state_size=self.mamba_d_state,
+            conv_kernel=self.mamba_d_conv,
+            chunk_size=self.mamba_chunk_size,
+            use_bias=self.mamba_proj_bias,
+            use_conv_bias=self.mamba_conv_bias,
+            norm_eps=self.rms_norm_eps,
+            time_step_limit=self.time_step_limit,
+        )
+
+    def attention_shape(self) -> AttentionShape:
+        return AttentionShape(self.num_attention_heads, self.num_key_value_heads, self.head_dim)
+
+    def mlp_size(self) -> int:
+        return self.intermediate_size
 
     def validate(self) -> None:
         check_positive_ints(

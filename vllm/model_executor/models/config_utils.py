@@ -1,4 +1,5 @@
-"""Reading HF ``config.json`` files into our frozen model configs: the shared checks.
+"""Reading HF ``config.json`` files into our frozen model configs: the shared checks, and
+the shape views every config gives.
 
 Every model config of the registry (``registry.py``) is a frozen dataclass whose field
 names are those of the transformers config it mirrors, with transformers' defaults, so a
@@ -6,15 +7,80 @@ names are those of the transformers config it mirrors, with transformers' defaul
 fields so) maps field by field; keys that do not change inference are accepted and ignored.
 ``fields_from_dict`` does that mapping (aliases for renamed keys, the JSON forms of inf);
 ``check_*`` give the errors a user sees, each naming the field.
+
+Each config also derives from ``ModelShapes``: ``mamba_shape()`` (a ``Mamba2Shape``),
+``attention_shape()`` and ``mlp_size()`` put its sizes under one set of names, which the
+models build their layers from, and ``check_tp(tp_size)`` checks them against the
+tensor-parallel rules of those layers, naming the config's own fields.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from vllm.model_executor.layers.linear import qkv_tp_problems
+from vllm.model_executor.layers.mamba.mamba_tp import mamba2_tp_problems
+from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """An attention layer's heads under one set of names: what its ``QKVParallelLinear``
+    and ``Attention`` are built from (whole-model counts; each rank takes its part)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class ModelShapes:
+    """The shape views a model config gives beside its fields, and the tensor-parallel
+    check that reads them."""
+
+    # The config's names of the Mamba head and group counts, for check_tp's messages.
+    mamba_tp_fields: ClassVar[tuple[str, str]] = ("num_heads", "n_groups")
+
+    def mamba_shape(self) -> Mamba2Shape:
+        raise NotImplementedError
+
+    def attention_shape(self) -> AttentionShape | None:
+        """The attention layers' heads (None: the model has no attention)."""
+        return None
+
+    def mlp_size(self) -> int | None:
+        """``intermediate_size`` of the MLPs, cut column- then row-parallel (None: none)."""
+        return None
+
+    def tp_problems(self, tp_size: int) -> list[str]:
+        """Every reason the model cannot shard over ``tp_size`` ranks, naming the field;
+        empty when it can."""
+        mamba = self.mamba_shape()
+        problems = mamba2_tp_problems(
+            mamba.num_heads, mamba.n_groups, tp_size, self.mamba_tp_fields
+        )
+        attention = self.attention_shape()
+        if attention is not None:
+            problems += qkv_tp_problems(attention.num_heads, attention.num_kv_heads, tp_size)
+        mlp = self.mlp_size()
+        if mlp is not None and mlp % tp_size:
+            problems.append(f"intermediate_size={mlp} is not divisible by tp_size={tp_size}")
+        return problems
+
+    def check_tp(self, tp_size: int) -> None:
+        """ValueError listing every field that does not shard over ``tp_size`` ranks; the
+        engine calls it before any worker process starts."""
+        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp_size!r}")
+        problems = self.tp_problems(tp_size)
+        if problems:
+            raise ValueError(
+                f"tensor_parallel_size={tp_size} does not fit this model "
+                f"({type(self).__name__}): " + "; ".join(problems)
+            )
 
 
 def read_config_json(model_dir: str | os.PathLike) -> dict[str, Any]:

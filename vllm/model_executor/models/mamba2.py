@@ -17,7 +17,9 @@ registry (``registry.py``).
 
 The residual stream is fp32 when ``residual_in_fp32`` (as in HF transformers). Parameter
 names are HF transformers' (``backbone.layers.{i}.mixer.in_proj.weight``, ...), with the
-conv weight stored as (dim, width); ``load_weights`` maps a checkpoint onto them.
+conv weight stored as (dim, width); ``load_weights`` maps a checkpoint onto them. The layers
+are the parallel ones (``VocabParallelEmbedding``, ``MambaMixer2``, ``ParallelLMHead``), so
+the same model runs on one rank or as one rank's part of a tensor-parallel group.
 """
 
 from __future__ import annotations
@@ -40,15 +42,13 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     Mamba2StateSpec,
     MambaStatePool,
 )
-from vllm.model_executor.model_loader.tp_weight_utils import load_tp_weights
-from vllm.model_executor.models.hybrid_base import make_embedding, make_lm_head, tp_world_size
-from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-from vllm.model_executor.models.utils import (
-    cache_specs,
-    check_step_inputs,
-    lm_logits,
-    load_named_weights,
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
 )
+from vllm.model_executor.model_loader.weight_utils import load_model_weights
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.model_executor.models.utils import cache_specs, check_step_inputs
 
 
 class Mamba2DecoderLayer(nn.Module):
@@ -56,20 +56,7 @@ class Mamba2DecoderLayer(nn.Module):
         super().__init__()
         self.residual_in_fp32 = config.residual_in_fp32
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
-        self.mixer = MambaMixer2(
-            hidden_size=config.hidden_size,
-            num_heads=config.num_heads,
-            head_dim=config.head_dim,
-            state_size=config.state_size,
-            n_groups=config.n_groups,
-            conv_kernel=config.conv_kernel,
-            use_bias=config.use_bias,
-            use_conv_bias=config.use_conv_bias,
-            rms_norm_eps=config.layer_norm_epsilon,
-            time_step_limit=config.time_step_limit,
-            dtype=dtype,
-            layer_idx=layer_idx,
-        )
+        self.mixer = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
 
     def forward(self, hidden_states, residual, conv_state, ssm_state, metadata):
         """(mixer output, residual stream): the residual add of a layer is fused into the
@@ -85,7 +72,7 @@ class Mamba2DecoderLayer(nn.Module):
 class Mamba2Model(nn.Module):
     def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.embeddings = make_embedding(config, dtype)
+        self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
             Mamba2DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)
         )
@@ -117,9 +104,9 @@ class Mamba2ForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         self.backbone = Mamba2Model(config, dtype)
-        self.tp_size = tp_world_size()
-        tie_to = self.backbone.embeddings if config.tie_word_embeddings else None
-        self.lm_head = make_lm_head(config, dtype, tie_to)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_weights(self.backbone.embeddings)
         self.conv_backend = self.backbone.layers[0].mixer.backend
 
     def forward(
@@ -160,19 +147,16 @@ class Mamba2ForCausalLM(nn.Module):
         self.conv_backend = backend
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        """fp32 logits (rows, vocab) of final hidden states; under tensor parallelism the
-        ranks' vocabulary shards are gathered on rank 0 (None on the others)."""
-        if self.tp_size > 1:
-            return self.lm_head.compute_logits(hidden_states, to_all_ranks=False)
-        weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
-        return lm_logits(hidden_states, weight)
+        """fp32 logits (rows, vocab) of final hidden states, the ranks' vocabulary parts
+        gathered on rank 0 (None on the others of a tensor-parallel group)."""
+        return self.lm_head.compute_logits(hidden_states, to_all_ranks=False)
 
     def get_cache_specs(self, block_size: int, mamba_ssm_dtype: torch.dtype) -> dict:
         """One ``MambaStateSpec`` per layer (no attention: ``block_size`` finds nothing)."""
         return cache_specs(self, block_size, mamba_ssm_dtype)
 
     def state_spec(self) -> Mamba2StateSpec:
-        """One layer's per-slot state (this rank's heads under tensor parallelism)."""
+        """One layer's per-slot state (this rank's heads)."""
         return self.backbone.layers[0].mixer.spec
 
     def allocate_state_pool(
@@ -197,6 +181,9 @@ class Mamba2ForCausalLM(nn.Module):
             device = self.backbone.embeddings.weight.device
         return Mamba2MetadataBuilder(self.config.chunk_size, device)
 
+    # Mamba2 checkpoints fuse nothing that we split, nor split what we fuse.
+    stacked_params_mapping: tuple[tuple[str, str, str | int], ...] = ()
+
     def hf_to_param_name(self, name: str) -> str | None:
         """Our parameter name for a checkpoint name; None for a tensor to skip."""
         if name == "backbone.embedding.weight":  # original state-spaces checkpoints
@@ -206,13 +193,8 @@ class Mamba2ForCausalLM(nn.Module):
         return name
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy (name, tensor) pairs of an HF checkpoint into the parameters.
-
-        Raises ValueError for a shape mismatch, an unknown name, or a missing parameter.
-        Under tensor parallelism each tensor (a full tensor or a lazy ``CheckpointSlice``)
-        goes through its parameter's ``weight_loader``, which reads this rank's rows only.
-        """
-        if self.tp_size > 1:
-            load_tp_weights(self, weights, self.hf_to_param_name)
-        else:
-            load_named_weights(self, weights, self.hf_to_param_name)
+        """Load (name, tensor) pairs of an HF checkpoint, each tensor (a full tensor or a
+        lazy ``CheckpointSlice``) through its parameter's ``weight_loader``, which reads
+        this rank's rows only. Raises ValueError for a shape mismatch, an unknown name, or
+        a missing parameter."""
+        load_model_weights(self, weights, self.hf_to_param_name, self.stacked_params_mapping)

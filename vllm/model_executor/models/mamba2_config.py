@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.models.config_utils import (
-    as_float,
+    ModelShapes,
+    as_limit,
     check_bools,
     check_positive_ints,
     check_required,
+    fields_from_dict,
     read_config_json,
 )
 
@@ -27,7 +30,7 @@ _MODEL_TYPE = "mamba2"
 
 
 @dataclass(frozen=True)
-class Mamba2ModelConfig:
+class Mamba2ModelConfig(ModelShapes):
     architecture: ClassVar[str] = _ARCHITECTURE
     model_type: ClassVar[str] = _MODEL_TYPE
 
@@ -54,11 +57,28 @@ class Mamba2ModelConfig:
     max_position_embeddings: int | None = None
 
     def __post_init__(self):
+        limit = as_limit("time_step_limit", self.time_step_limit)
+        object.__setattr__(self, "time_step_limit", limit)  # frozen: a normalised form
         self.validate()
 
     @property
     def intermediate_size(self) -> int:
         return self.expand * self.hidden_size
+
+    def mamba_shape(self) -> Mamba2Shape:
+        return Mamba2Shape(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            n_groups=self.n_groups,
+            state_size=self.state_size,
+            conv_kernel=self.conv_kernel,
+            chunk_size=self.chunk_size,
+            use_bias=self.use_bias,
+            use_conv_bias=self.use_conv_bias,
+            norm_eps=self.layer_norm_epsilon,
+            time_step_limit=self.time_step_limit,
+        )
 
     def validate(self) -> None:
         check_positive_ints(
@@ -95,9 +115,6 @@ class Mamba2ModelConfig:
                 f"config field hidden_act={self.hidden_act!r} is not supported: Mamba2's conv "
                 "activation is silu"
             )
-        lo, hi = self.time_step_limit
-        if not 0.0 <= lo <= hi:
-            raise ValueError(f"config field time_step_limit={self.time_step_limit} is invalid")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Mamba2ModelConfig:
@@ -110,24 +127,7 @@ class Mamba2ModelConfig:
                 f"this loader serves model_type {_MODEL_TYPE!r} ({_ARCHITECTURE})"
             )
         check_required(raw, ("hidden_size", "num_hidden_layers", "vocab_size"))
-        kwargs: dict[str, Any] = {}
-        for f in fields(cls):
-            key = f.name
-            if key == "dtype" and key not in raw:
-                key = "torch_dtype"
-            if key not in raw or raw[key] is None:
-                continue
-            value = raw[key]
-            if f.name == "time_step_limit":
-                if not isinstance(value, list | tuple) or len(value) != 2:
-                    raise ValueError(
-                        f"config field time_step_limit must be [min, max], got {value}"
-                    )
-                value = tuple(as_float("time_step_limit", v) for v in value)
-            elif f.name == "layer_norm_epsilon":
-                value = as_float(f.name, value)
-            kwargs[f.name] = value
-        return cls(**kwargs)
+        return cls(**fields_from_dict(cls, raw, floats=("layer_norm_epsilon",)))
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike) -> Mamba2ModelConfig:

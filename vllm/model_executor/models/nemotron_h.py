@@ -22,7 +22,8 @@ dense models served here)::
 - The residual stream is in the model dtype (``residual_in_fp32`` is unused, as in
   transformers); the adds are fused into the next norm.
 
-Parameter names are transformers' (``model.layers.{i}.mixer.in_proj.weight``, ...); the
+Parameter names are transformers' (``model.layers.{i}.mixer.in_proj.weight``, ...), but
+for the attention's ``qkv_proj``, which holds the checkpoint's q/k/v projections; the
 original NVIDIA checkpoints' ``backbone.`` prefix is read as ``model.``, and their
 multi-token-prediction weights (``mtp.*``) are skipped, as transformers skips them.
 """
@@ -40,31 +41,25 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.hybrid_base import (
     AttentionProjections,
     MambaHybridForCausalLM,
-    make_embedding,
-    make_lm_head,
     residual_norm,
-    tp_world_size,
     with_layer_states,
 )
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 
 
 class NemotronHMLP(nn.Module):
-    """up, relu2, down; under tensor parallelism up is a ``ColumnParallelLinear`` (this
-    rank's intermediate block) and down a ``RowParallelLinear`` (one all-reduce)."""
+    """up, relu2, down: up a ``ColumnParallelLinear`` (this rank's intermediate block),
+    down a ``RowParallelLinear`` (one all-reduce)."""
 
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype):
         super().__init__()
-        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        if tp_world_size() > 1:
-            self.up_proj = ColumnParallelLinear(h, i, bias=bias, dtype=dtype)
-            self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
-        else:
-            self.up_proj = nn.Linear(h, i, bias=bias, dtype=dtype)
-            self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        h, i, bias = config.hidden_size, config.mlp_size(), config.mlp_bias
+        self.up_proj = ColumnParallelLinear(h, i, bias=bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
         self.act_fn = get_act_fn(config.mlp_hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,16 +69,9 @@ class NemotronHMLP(nn.Module):
 class NemotronHAttention(AttentionProjections):
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype, prefix: str):
         super().__init__()
-        d = config.head_dim
-        heads, kv_heads = self._init_projections(
-            config.hidden_size,
-            d,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            False,
-            dtype,
-            prefix,
-        )
+        shape = config.attention_shape()
+        d = shape.head_dim
+        heads, kv_heads = self._init_projections(shape, config.hidden_size, False, dtype)
         self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,20 +86,7 @@ class NemotronHBlock(nn.Module):
         self.layer_type = config.layer_types[layer_idx]
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
         if self.layer_type == "mamba":
-            self.mixer = MambaMixer2(
-                hidden_size=config.hidden_size,
-                num_heads=config.mamba_num_heads,
-                head_dim=config.mamba_head_dim,
-                state_size=config.ssm_state_size,
-                n_groups=config.n_groups,
-                conv_kernel=config.conv_kernel,
-                use_bias=config.use_bias,
-                use_conv_bias=config.use_conv_bias,
-                rms_norm_eps=config.layer_norm_epsilon,
-                time_step_limit=config.time_step_limit,
-                dtype=dtype,
-                layer_idx=layer_idx,
-            )
+            self.mixer = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
         elif self.layer_type == "attention":
             self.mixer = NemotronHAttention(config, dtype, prefix=f"{prefix}.mixer")
         else:
@@ -127,7 +102,7 @@ class NemotronHBlock(nn.Module):
 class NemotronHModel(nn.Module):
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.embeddings = make_embedding(config, dtype)
+        self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
             NemotronHBlock(config, i, dtype, prefix=f"model.layers.{i}")
             for i in range(config.num_hidden_layers)
@@ -145,7 +120,7 @@ class NemotronHForCausalLM(MambaHybridForCausalLM):
     def __init__(self, config: NemotronHModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__(config, dtype)
         self.model = NemotronHModel(config, dtype)
-        self.lm_head = make_lm_head(config, dtype, tie_to=None)  # never tied
+        self.lm_head = self._lm_head()  # never tied
 
     def _run(self, input_ids, positions, state, metadata):
         return self.model(input_ids, state, metadata)

@@ -16,7 +16,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.models.config_utils import (
+    AttentionShape,
+    ModelShapes,
     block_types,
     check_attention_heads,
     check_bools,
@@ -64,9 +67,10 @@ def layer_types_from(raw: dict[str, Any]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class NemotronHModelConfig:
+class NemotronHModelConfig(ModelShapes):
     architecture: ClassVar[str] = "NemotronHForCausalLM"
     model_type: ClassVar[str] = "nemotron_h"
+    mamba_tp_fields: ClassVar[tuple[str, str]] = ("mamba_num_heads", "n_groups")
 
     layer_types: tuple[str, ...] = ("mamba", "attention", "mlp")
     vocab_size: int = 131072
@@ -102,6 +106,27 @@ class NemotronHModelConfig:
     def time_step_limit(self) -> tuple[float, float]:
         # transformers' NemotronH mixer: a floor of time_step_min, no upper limit.
         return (self.time_step_min, float("inf"))
+
+    def mamba_shape(self) -> Mamba2Shape:
+        return Mamba2Shape(
+            hidden_size=self.hidden_size,
+            num_heads=self.mamba_num_heads,
+            head_dim=self.mamba_head_dim,
+            n_groups=self.n_groups,
+            state_size=self.ssm_state_size,
+            conv_kernel=self.conv_kernel,
+            chunk_size=self.chunk_size,
+            use_bias=self.use_bias,
+            use_conv_bias=self.use_conv_bias,
+            norm_eps=self.layer_norm_epsilon,
+            time_step_limit=self.time_step_limit,
+        )
+
+    def attention_shape(self) -> AttentionShape:
+        return AttentionShape(self.num_attention_heads, self.num_key_value_heads, self.head_dim)
+
+    def mlp_size(self) -> int:
+        return self.intermediate_size
 
     def validate(self) -> None:
         check_positive_ints(

@@ -27,24 +27,25 @@ bias and their gated norm an epsilon of 1e-5 (both fixed in transformers); dt is
 differ only below it).
 
 Checkpoint names are transformers' (``model.layers.{i}.shared_transformer.*`` for a
-hybrid layer's block, with the adapters of use j under ``..._adapter_list.{j}``); every copy
-of a shared weight a checkpoint holds must be equal. (transformers 5.17 and 5.24 tie the
+hybrid layer's block, with the adapters of use j under ``..._adapter_list.{j}``; a block's
+q/k/v projections load into its fused ``qkv_proj``); every copy of a shared weight a
+checkpoint holds must be equal. (transformers 5.17 and 5.24 tie the
 shared blocks only when ``tie_word_embeddings`` is true, their one tying switch; with it
 false their model keeps an independent block per use, which is not Zamba2's design: such a
 checkpoint holds different copies and is refused with the names of the two that differ.)
 The lm head is untied when ``tie_word_embeddings`` is false, as there.
 
-Tensor parallelism (``tensor_parallel_size`` N > 1) shards each shared block once, and
-every use of it runs on the same shard: q/k/v one ``QKVParallelLinear`` over the 2 x hidden
-input (q heads split, KV heads split, or replicated when fewer than ranks), o_proj and
-down_proj row-parallel (one all-reduce each), gate_up column-parallel (this rank's block
-of gate and of up). An adapter's down-projection (to ``adapter_rank``) is replicated and
-its up-projection sharded like the output it adds to: q/k/v adapters by heads (adapters
-need as many KV heads as heads, so those never replicate), the gate_up adapter by the same
-gate and up blocks. The norms and each use's ``linear`` (hidden to hidden, after the
-reduced down_proj) are replicated; the mixers shard in ``MambaMixer2``, the embeddings and
-head by vocabulary. Each rank reads only its rows of every copy of a shared weight, and
-checks its rows of the later copies against the first.
+Tensor parallelism (``tensor_parallel_size`` N) cuts each shared block once, and every use
+of it runs on the same part: q/k/v one ``QKVParallelLinear`` over the 2 x hidden input (q
+heads split, KV heads split, or replicated when fewer than ranks), o_proj and down_proj
+row-parallel (one all-reduce each), gate_up column-parallel (this rank's block of gate and
+of up). An adapter's down-projection (to ``adapter_rank``) is replicated and its
+up-projection cut like the output it adds to: q/k/v adapters by heads (adapters need as
+many KV heads as heads, so those never replicate), the gate_up adapter by the same gate
+and up blocks. The norms and each use's ``linear`` (hidden to hidden, after the reduced
+down_proj) are replicated; the mixers are cut in ``MambaMixer2``, the embeddings and head
+by vocabulary. Each rank reads only its rows of every copy of a shared weight, and checks
+its rows of the later copies against the first. At N = 1 every part is the whole layer.
 """
 
 from __future__ import annotations
@@ -60,16 +61,13 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
+    ReplicatedLinear,
     RowParallelLinear,
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from vllm.model_executor.models.hybrid_base import (
-    AttentionProjections,
-    MambaHybridForCausalLM,
-    make_embedding,
-    tp_world_size,
-)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.hybrid_base import AttentionProjections, MambaHybridForCausalLM
 from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
 _ADAPTER = re.compile(
@@ -79,60 +77,49 @@ _ADAPTER = re.compile(
 
 
 def _adapter(width_in: int, rank: int, width_out: int, dtype, gate_up=False) -> nn.Sequential:
-    """Down to ``rank`` (replicated under tensor parallelism), then up to ``width_out``,
-    sharded like the projection it adds to: by heads (q/k/v), or gate|up's two blocks."""
-    if tp_world_size() == 1:
-        up = nn.Linear(rank, width_out, bias=False, dtype=dtype)
-    elif gate_up:
+    """Down to ``rank`` (replicated), then up to ``width_out``, cut like the projection it
+    adds to: by heads (q/k/v), or gate|up's two blocks."""
+    if gate_up:
         half = width_out // 2
         up = MergedColumnParallelLinear(rank, [half, half], bias=False, dtype=dtype)
     else:
         up = ColumnParallelLinear(rank, width_out, bias=False, dtype=dtype)
-    return nn.Sequential(nn.Linear(width_in, rank, bias=False, dtype=dtype), up)
+    return nn.Sequential(ReplicatedLinear(width_in, rank, bias=False, dtype=dtype), up)
 
 
 class Zamba2SharedAttention(AttentionProjections):
-    """q/k/v over the 2 x hidden input, o_proj back to hidden (``AttentionProjections``:
-    the checkpoint's layers at one rank, fused qkv and row-parallel o under parallelism)."""
+    """q/k/v over the 2 x hidden input, o_proj back to hidden (``AttentionProjections``)."""
 
-    def __init__(self, config: Zamba2ModelConfig, dtype, prefix: str):
+    def __init__(self, config: Zamba2ModelConfig, dtype):
         super().__init__()
         self.local_heads = self._init_projections(
+            config.attention_shape(),
             config.attention_hidden_size,
-            config.attention_head_dim,
-            config.num_attention_heads,
-            config.num_key_value_heads,
             False,
             dtype,
-            prefix,
             out_size=config.hidden_size,
         )
 
 
 class Zamba2SharedMLP(nn.Module):
-    """gate_up (the checkpoint's one fused tensor) and down; under tensor parallelism a
-    ``MergedColumnParallelLinear`` (this rank's gate block, then its up block) and a
-    ``RowParallelLinear``."""
+    """gate_up (the checkpoint's one fused tensor) a ``MergedColumnParallelLinear`` (this
+    rank's gate block, then its up block), down a ``RowParallelLinear``."""
 
     def __init__(self, config: Zamba2ModelConfig, dtype):
         super().__init__()
-        h, i, bias = config.hidden_size, config.intermediate_size, config.add_bias_linear
-        if tp_world_size() > 1:
-            self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
-            self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
-        else:
-            self.gate_up_proj = nn.Linear(h, 2 * i, bias=bias, dtype=dtype)
-            self.down_proj = nn.Linear(i, h, bias=bias, dtype=dtype)
+        h, i, bias = config.hidden_size, config.mlp_size(), config.add_bias_linear
+        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
 
 
 class Zamba2SharedBlock(nn.Module):
     """The weights one shared transformer block holds (its uses run it: ``Zamba2HybridLayer``)."""
 
-    def __init__(self, config: Zamba2ModelConfig, dtype, prefix: str):
+    def __init__(self, config: Zamba2ModelConfig, dtype):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.attention_hidden_size, eps=eps, dtype=dtype)
-        self.self_attn = Zamba2SharedAttention(config, dtype, prefix=f"{prefix}.self_attn")
+        self.self_attn = Zamba2SharedAttention(config, dtype)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.feed_forward = Zamba2SharedMLP(config, dtype)
 
@@ -141,20 +128,7 @@ class Zamba2MambaLayer(nn.Module):
     def __init__(self, config: Zamba2ModelConfig, layer_idx: int, dtype):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
-        self.mamba = MambaMixer2(
-            hidden_size=config.hidden_size,
-            num_heads=config.n_mamba_heads,
-            head_dim=config.mamba_headdim,
-            state_size=config.mamba_d_state,
-            n_groups=config.mamba_ngroups,
-            conv_kernel=config.mamba_d_conv,
-            use_bias=config.add_bias_linear,
-            use_conv_bias=True,
-            rms_norm_eps=1e-5,
-            time_step_limit=config.time_step_limit,
-            dtype=dtype,
-            layer_idx=layer_idx,
-        )
+        self.mamba = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
 
     def forward(self, hidden, layer_state, metadata, transformer_out=None):
         x = hidden if transformer_out is None else hidden + transformer_out
@@ -189,7 +163,9 @@ class Zamba2HybridLayer(nn.Module):
         self.attn = Attention(
             heads, head_dim, (head_dim / 2) ** -0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn"
         )
-        self.linear = nn.Linear(config.hidden_size, config.hidden_size, bias=False, dtype=dtype)
+        self.linear = ReplicatedLinear(
+            config.hidden_size, config.hidden_size, bias=False, dtype=dtype
+        )
         self.mamba_decoder = Zamba2MambaLayer(config, layer_idx, dtype)
         self.adapters = config.use_shared_attention_adapter
 
@@ -210,10 +186,9 @@ class Zamba2HybridLayer(nn.Module):
 class Zamba2Model(nn.Module):
     def __init__(self, config: Zamba2ModelConfig, dtype):
         super().__init__()
-        self.embed_tokens = make_embedding(config, dtype)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.blocks = nn.ModuleList(
-            Zamba2SharedBlock(config, dtype, prefix=f"model.blocks.{b}")
-            for b in range(config.num_mem_blocks)
+            Zamba2SharedBlock(config, dtype) for _ in range(config.num_mem_blocks)
         )
         local_heads = self.blocks[0].self_attn.local_heads
         self.layers = nn.ModuleList(

@@ -17,7 +17,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.models.config_utils import (
+    AttentionShape,
+    ModelShapes,
     block_types,
     check_attention_heads,
     check_bools,
@@ -38,9 +41,10 @@ _DEFAULT_LAYERS = (
 
 
 @dataclass(frozen=True)
-class Zamba2ModelConfig:
+class Zamba2ModelConfig(ModelShapes):
     architecture: ClassVar[str] = "Zamba2ForCausalLM"
     model_type: ClassVar[str] = "zamba2"
+    mamba_tp_fields: ClassVar[tuple[str, str]] = ("n_mamba_heads", "mamba_ngroups")
 
     vocab_size: int = 32000
     max_position_embeddings: int = 4096
@@ -107,6 +111,32 @@ class Zamba2ModelConfig:
     def time_step_limit(self) -> tuple[float, float]:
         # transformers' Zamba2 mixer: a floor of time_step_min, no upper limit.
         return (self.time_step_min, float("inf"))
+
+    def mamba_shape(self) -> Mamba2Shape:
+        # transformers' Zamba2 mixer: a conv bias always, a gated-norm epsilon of 1e-5.
+        return Mamba2Shape(
+            hidden_size=self.hidden_size,
+            num_heads=self.n_mamba_heads,
+            head_dim=self.mamba_headdim,
+            n_groups=self.mamba_ngroups,
+            state_size=self.mamba_d_state,
+            conv_kernel=self.mamba_d_conv,
+            chunk_size=self.chunk_size,
+            use_bias=self.add_bias_linear,
+            use_conv_bias=True,
+            norm_eps=1e-5,
+            time_step_limit=self.time_step_limit,
+        )
+
+    def attention_shape(self) -> AttentionShape:
+        """The shared blocks' attention, over the 2 x hidden input (adapters need as many
+        KV heads as heads: their widths shard with these heads)."""
+        return AttentionShape(
+            self.num_attention_heads, self.num_key_value_heads, self.attention_head_dim
+        )
+
+    def mlp_size(self) -> int:
+        return self.intermediate_size
 
     def validate(self) -> None:
         check_positive_ints(

@@ -33,12 +33,13 @@ state back, and writes y of the prefill rows in place. With ``metadata.scan`` (C
 ``mamba_ssm_torch.chunk_scan_varlen`` on the prefill rows, initial states gathered from the
 pool and final states scattered back.
 
-Tensor parallelism (``mamba_tp``): with a group of more than one rank the layer is this
-rank's shard by heads: in_proj its z | x | B | C | dt rows, the conv its x | B | C channels,
-A, D, dt_bias and the norm gains its heads', out_proj row-parallel (the layer's one
-all-reduce); the gated norm reduces across ranks where a group spans them. The sizes the
-forward splits by are the local ones, so the forward is the same code. At world size 1
-the layer is built exactly as without tensor parallelism (``nn.Linear``, no collective).
+Tensor parallelism (``mamba_tp``): the layer is built from a ``Mamba2Shape`` (the whole
+layer's sizes) as this rank's part, cut by heads: in_proj a ``MergedColumnParallelLinear``
+of its z | x | B | C | dt rows, the conv its x | B | C channels, A, D, dt_bias and the
+norm gains its heads', out_proj row-parallel (the layer's one all-reduce); the gated norm
+reduces across ranks where a group spans them. The sizes the forward splits by are the
+local ones, so the forward is the same code at every world size; at world size 1 every
+part is the whole layer and no collective runs.
 
 While the torch profiler records, the conv and the scan run inside the ranges
 ``mamba2::conv`` and ``mamba2::ssm_scan``, so a profile can tell the scan's kernels (generic
@@ -54,18 +55,21 @@ import torch
 from torch import nn
 
 from vllm.cache_spec import MambaStateSpec
-from vllm.distributed.parallel_state import get_tp_group
-from vllm.model_executor.layers.layernorm import RMSNormGated
-from vllm.model_executor.layers.linear import RowParallelLinear
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    RowShards,
+)
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata
 from vllm.model_executor.layers.mamba.mamba_tp import (
-    Mamba2InProj,
-    ShardedRMSNormGated,
-    attach_mixer_loaders,
-    mamba2_shard,
+    DepthwiseConvWeights,
+    Mixer2RMSNormGated,
+    mamba2_layout,
+    row_parameter,
 )
 from vllm.model_executor.layers.mamba.mamba_utils import (
     ConvBackend,
+    Mamba2Shape,
     check_conv_state_layout,
     conv_backend_from_env,
     load_cuda_conv_ops,
@@ -105,114 +109,50 @@ class _ConvOut(NamedTuple):
     step: torch.Tensor | None
 
 
-class DepthwiseConvWeights(nn.Module):
-    """The conv1d's parameters: weight (dim, width) with stride(1) == 1, optional bias."""
-
-    def __init__(self, dim: int, width: int, bias: bool, dtype: torch.dtype | None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim, width, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(dim, dtype=dtype)) if bias else None
-        nn.init.uniform_(self.weight, -(width**-0.5), width**-0.5)
-
-
 class MambaMixer2(nn.Module):
-    """One Mamba2 mixer. Parameter names follow HF transformers' Mamba2Mixer.
+    """One Mamba2 mixer (this rank's heads of it). Parameter names follow HF transformers'
+    Mamba2Mixer.
 
     ``A_log``, ``D`` and ``dt_bias`` stay fp32 whatever ``dtype`` the other weights use.
     """
 
-    def __init__(
-        self,
-        *,
-        hidden_size: int,
-        num_heads: int,
-        head_dim: int,
-        state_size: int,
-        n_groups: int,
-        conv_kernel: int,
-        use_bias: bool,
-        use_conv_bias: bool,
-        rms_norm_eps: float,
-        time_step_limit: tuple[float, float],
-        dtype: torch.dtype | None = None,
-        layer_idx: int = 0,
-    ):
+    def __init__(self, shape: Mamba2Shape, dtype: torch.dtype | None = None, layer_idx: int = 0):
         super().__init__()
-        if num_heads % n_groups:
-            raise ValueError(f"num_heads={num_heads} must be a multiple of n_groups={n_groups}")
         self.layer_idx = layer_idx
-        self.hidden_size = hidden_size
-        self.head_dim = head_dim
-        self.state_size = state_size
-        self.time_step_limit = (float(time_step_limit[0]), float(time_step_limit[1]))
-        self.shard = None
-        if get_tp_group().world_size > 1:
-            self._init_sharded(
-                num_heads, n_groups, conv_kernel, use_bias, use_conv_bias, rms_norm_eps, dtype
-            )
-            self.set_conv_backend(conv_backend_from_env())
-            return
-        self.num_heads = num_heads
-        self.n_groups = n_groups
-        self.intermediate_size = num_heads * head_dim
-        self.spec = mamba2_state_spec(
-            num_heads=num_heads,
-            head_dim=head_dim,
-            state_size=state_size,
-            n_groups=n_groups,
-            conv_kernel=conv_kernel,
+        self.hidden_size = shape.hidden_size
+        self.head_dim = shape.head_dim
+        self.state_size = shape.state_size
+        self.time_step_limit = tuple(float(t) for t in shape.time_step_limit)
+        layout = mamba2_layout(shape)
+        sizes, units = layout["in_proj"]
+        self.in_proj = MergedColumnParallelLinear(
+            shape.hidden_size, sizes, bias=shape.use_bias, dtype=dtype, units=units
         )
-        conv_dim = self.spec.conv_dim
-        self.in_proj = nn.Linear(
-            hidden_size, self.intermediate_size + conv_dim + num_heads, bias=use_bias, dtype=dtype
-        )
-        self.conv1d = DepthwiseConvWeights(conv_dim, conv_kernel, use_conv_bias, dtype)
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, num_heads + 1, dtype=torch.float32)))
-        self.D = nn.Parameter(torch.ones(num_heads, dtype=torch.float32))
-        self.dt_bias = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32))
-        self.norm = RMSNormGated(
-            self.intermediate_size,
-            group_size=self.intermediate_size // n_groups,
-            eps=rms_norm_eps,
-            dtype=dtype,
-        )
-        self.out_proj = nn.Linear(self.intermediate_size, hidden_size, bias=use_bias, dtype=dtype)
-
-        self.set_conv_backend(conv_backend_from_env())
-
-    def _init_sharded(
-        self, num_heads, n_groups, conv_kernel, use_bias, use_conv_bias, rms_norm_eps, dtype
-    ) -> None:
-        """This rank's shard (``mamba_tp``); the sizes the forward splits by (``num_heads``,
-        ``n_groups``, ``intermediate_size``, ``spec``) are the local ones."""
-        shard = mamba2_shard(
-            num_heads=num_heads,
-            head_dim=self.head_dim,
-            state_size=self.state_size,
-            n_groups=n_groups,
-            conv_kernel=conv_kernel,
-        )
-        self.shard = shard
-        self.num_heads = shard.local_num_heads
-        self.n_groups = shard.local_n_groups
-        self.intermediate_size = shard.local_intermediate_size
-        self.spec = shard.state_spec()
-        self.in_proj = Mamba2InProj(shard, self.hidden_size, use_bias, dtype)
-        self.conv1d = DepthwiseConvWeights(self.spec.conv_dim, conv_kernel, use_conv_bias, dtype)
-        heads = torch.arange(shard.heads.start + 1, shard.heads.stop + 1, dtype=torch.float32)
-        self.A_log = nn.Parameter(torch.log(heads))
-        self.D = nn.Parameter(torch.ones(self.num_heads, dtype=torch.float32))
-        self.dt_bias = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
-        if shard.norm_spans_ranks:
-            self.norm = ShardedRMSNormGated(shard, rms_norm_eps, dtype)
-        else:
-            self.norm = RMSNormGated(
-                self.intermediate_size, shard.norm_group_size, eps=rms_norm_eps, dtype=dtype
-            )
+        conv = RowShards(*layout["conv1d"])
+        self.conv1d = DepthwiseConvWeights(conv, shape.conv_kernel, shape.use_conv_bias, dtype)
+        heads = RowShards(*layout["heads"])
+        first, self.num_heads = heads.starts[0], heads.local_size
+        a = torch.arange(first + 1, first + self.num_heads + 1, dtype=torch.float32)
+        self.A_log = row_parameter(heads, torch.log(a), "A_log")
+        self.D = row_parameter(heads, torch.ones(self.num_heads, dtype=torch.float32), "D")
+        zeros = torch.zeros(self.num_heads, dtype=torch.float32)
+        self.dt_bias = row_parameter(heads, zeros, "dt_bias")
+        channels = RowShards(*layout["channels"])
+        self.norm = Mixer2RMSNormGated(channels, shape.n_groups, shape.norm_eps, dtype)
         self.out_proj = RowParallelLinear(
-            shard.intermediate_size, self.hidden_size, bias=use_bias, dtype=dtype
+            shape.intermediate_size, shape.hidden_size, bias=shape.use_bias, dtype=dtype
         )
-        attach_mixer_loaders(self, shard)
+        # The forward splits by this rank's sizes.
+        self.n_groups = conv.local_sizes[1] // shape.state_size
+        self.intermediate_size = channels.local_size
+        self.spec = mamba2_state_spec(
+            num_heads=self.num_heads,
+            head_dim=shape.head_dim,
+            state_size=shape.state_size,
+            n_groups=self.n_groups,
+            conv_kernel=shape.conv_kernel,
+        )
+        self.set_conv_backend(conv_backend_from_env())
 
     def get_state_spec(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> MambaStateSpec:
         """What one state slot of this layer holds, for the engine to allocate: the conv

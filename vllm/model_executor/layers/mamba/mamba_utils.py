@@ -37,6 +37,29 @@ RING_NAMES = ("ring_x", "ring_B", "ring_dt", "count")
 
 
 @dataclass(frozen=True)
+class Mamba2Shape:
+    """A Mamba2 mixer's sizes and settings under one set of names: each model config's
+    ``mamba_shape()`` reads its own fields into it, ``MambaMixer2`` is built from it and
+    the tensor-parallel check reads it. Sizes are the whole layer's (all ranks)."""
+
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    n_groups: int
+    state_size: int
+    conv_kernel: int
+    chunk_size: int
+    use_bias: bool
+    use_conv_bias: bool
+    norm_eps: float
+    time_step_limit: tuple[float, float]
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+
+@dataclass(frozen=True)
 class Mamba2StateSpec:
     """Per-slot state sizes of one Mamba2 layer."""
 
