@@ -147,6 +147,44 @@ def test_misses_counted_and_precompiled(device, monkeypatch):
     assert launcher.misses == misses + 1
 
 
+def _fwd_args(lengths: list[int], device):
+    dim = 40
+    x = torch.randn(sum(lengths), dim, device=device).t()
+    w, b = torch.randn(dim, 4, device=device), torch.randn(dim, device=device)
+    states = torch.zeros(len(lengths), 3, dim, device=device).transpose(1, 2)
+    qsl = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                       device=device)  # fmt: skip
+    return x, w, b, states, qsl
+
+
+# One forward step per launch configuration (_fwd_config_name): 8 one-token sequences in
+# one tile ("tiles"), one 128-token sequence in 4 tiles ("small_step", which adds
+# ``maxnreg``), 32 one-token sequences ("many_heads").
+_FWD_SHAPES = {"tiles": [1] * 8, "small_step": [128], "many_heads": [1] * 32}
+
+
+@pytest.mark.parametrize("first", sorted(_FWD_SHAPES))
+def test_precompiling_one_forward_config_registers_the_others(first, device, monkeypatch):
+    """The warm-up compiles the forward's whole table from whichever configuration its
+    launch chose; each variant must carry the key a real launch of that configuration
+    builds, options in the same order (on the GPU box a ``maxnreg`` appended after
+    ``num_warps`` made the small-step variant compile again while serving)."""
+    from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
+
+    launcher = cc._LAUNCH_FWD
+    monkeypatch.setattr(launcher, "seen", set())
+    monkeypatch.setattr(launcher, "cache", {})
+    cc.clear_host_caches()
+    names = {n: cc._fwd_config_name(sum(ls), len(ls)) for n, ls in _FWD_SHAPES.items()}
+    assert names == {n: n for n in _FWD_SHAPES}, names
+    with precompile():
+        cc.causal_conv1d_fn(*_fwd_args(_FWD_SHAPES[first], device))
+    misses = launcher.misses
+    for lengths in _FWD_SHAPES.values():
+        cc.causal_conv1d_fn(*_fwd_args(lengths, device))
+    assert launcher.misses == misses, "a forward configuration missed by the precompile"
+
+
 def test_dummy_steps_fit_the_limits():
     for seqs, tokens in [(1, 1), (1, 4), (2, 2), (3, 3), (3, 5), (8, 8), (256, 8192)]:
         steps = dummy_steps(seqs, tokens)
