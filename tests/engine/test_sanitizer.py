@@ -5,6 +5,12 @@ recorded instead of run, so the PyTorch ops between launches read outputs no ker
 Inside the block PyTorch fills each new tensor, so nothing reads memory that was never
 written; the GPU test runs start-up and a few served steps of a tiny Mamba2 and a tiny
 Bamba under initcheck and expects no report at all.
+
+The models run in float32. On the H200 (CUDA 13.0's compute-sanitizer, torch 2.11) initcheck
+does not see cuBLAS's 16-bit matmuls write their outputs: ``F.linear`` of two random bf16 or
+fp16 tensors followed by ``.float()``, with no engine code at all, reports every output
+element as an uninitialized read (1280 of 1280 for a 5 x 256 output; fp32: 0). In bf16
+every linear layer's output would be reported, hiding any real report.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ _CHILD = textwrap.dedent(
                                num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4,
                                mamba_d_head=32, mamba_d_state=16, mamba_chunk_size=16,
                                max_position_embeddings=256)
-    llm = LLM(cfg, load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=4,
+    llm = LLM(cfg, load_format="dummy", dtype="float32", device="cuda", max_num_seqs=4,
               max_num_batched_tokens=64, max_model_len=256)
     prompts = [[(7 * i + j) % 256 for j in range(n)] for i, n in enumerate([5, 40, 1, 90])]
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
