@@ -124,6 +124,7 @@ def _replay_ssm_kernel(
     i_g = i_h // heads_per_group
     o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
     o_t = tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
     m_p = o_p < headdim
     line = tl.load(idx_ptr + i_b * stride_idx_b).to(tl.int64)
     if line == pad_slot_id:
@@ -136,11 +137,14 @@ def _replay_ssm_kernel(
 
     p_cnt = count_ptr + line * stride_cnt_line + i_h.to(tl.int64) * stride_cnt_head
     b_n = tl.load(p_cnt + i_p * BLOCK_P * stride_cnt_p).to(tl.int32)
+    m_k = (o_k < b_n) & (o_k < RING)
     p_s = state_ptr + line * stride_state_line + i_h.to(tl.int64) * stride_state_head
     p_rx = ring_x_ptr + line * stride_rx_line + i_h.to(tl.int64) * stride_rx_head
     p_rB = ring_B_ptr + line * stride_rB_line + i_g.to(tl.int64) * stride_rB_group
     p_rdt = ring_dt_ptr + line * stride_rdt_line + i_h.to(tl.int64) * stride_rdt_head
     b_a = tl.load(A_ptr + i_h * stride_A_h).to(tl.float32)
+    p_X = p_rx + o_p[:, None] * stride_rx_p + o_k[None, :] * stride_rx_k
+    b_X = tl.load(p_X, mask=m_p[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     if STEP:
         b_dt = tl.load(dt_ptr + i_b * stride_dt_b + i_h * stride_dt_h).to(tl.float32)
         if HAS_DT_BIAS:
@@ -159,81 +163,72 @@ def _replay_ssm_kernel(
         flush = b_n > 0
         if HAS_INIT:
             flush = flush & (tl.load(init_ptr + i_b * stride_init_b) != 0)
+    b_w, b_decay = _ring_weights(p_rdt, stride_rdt_k, b_n, b_a, b_now, RING, BLOCK_K)
+
+    if STEP:
+        # y from h0 and the ring, whether or not this step flushes (so the state's loads
+        # wait for the line only, not for its counter; a flush's y is the same h_now C):
+        #   y = exp(sum s) (h0 . C) + sum_k w_k (B_k . C) x_k + dt (B . C) x.
+        b_hc = tl.zeros([BLOCK_P], tl.float32)
+        b_cb = tl.zeros([BLOCK_K], tl.float32)
+        b_bc = tl.zeros([BLOCK_N], tl.float32)
+        for t in tl.static_range(N_TILES):
+            o_n = t * BLOCK_N + o_t
+            m_n = o_n < dstate
+            p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
+            b_h0 = tl.load(p_st, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+            b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
+            b_hc += tl.sum(b_h0 * b_C[None, :], axis=1)
+            p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
+            b_Bs = tl.load(p_Bs, mask=m_k[:, None] & m_n[None, :], other=0.0)
+            b_cb += tl.sum(b_Bs.to(tl.float32) * b_C[None, :], axis=1)
+            b_Bcur = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0)
+            b_bc += b_Bcur.to(tl.float32) * b_C
+        b_y = b_decay * b_hc + tl.sum(b_X * (b_w * b_cb)[None, :], axis=1)
+        b_y += (b_dt * tl.sum(b_bc, axis=0)) * b_xf
+        if HAS_D:
+            b_y += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
+        p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
+        tl.store(p_out + o_p * stride_out_p, b_y.to(out_ptr.dtype.element_ty), mask=m_p)
 
     if flush:
-        # h = exp(sum s) h0 + sum_k w_k x_k B_k^T (+ dt x B^T): per dstate tile, one rank-1
-        # fp32 update per ring entry, newest first, so the later decays add up term by term
-        # as the running sum s_acc. Written back in the pool's dtype; y read from it.
-        b_y = tl.zeros([BLOCK_P], tl.float32)
+        # h = exp(sum s) h0 + sum_k w_k x_k B_k^T (+ dt x B^T), per dstate tile, written
+        # back in the pool's dtype (the tiles were just read: they come from the cache).
         for t in tl.static_range(N_TILES):
             o_n = t * BLOCK_N + o_t
             m_n = o_n < dstate
             m_s = m_p[:, None] & m_n[None, :]
             p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-            b_h0 = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32)
-            if STEP:
-                b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
-                b_acc = (b_dt * b_xf)[:, None] * b_Bn[None, :]
-            else:
-                b_acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
-            s_acc = b_now
-            for j in range(0, b_n):
-                k = b_n - 1 - j
-                dt_k = tl.load(p_rdt + k * stride_rdt_k)
-                w_k = tl.exp(s_acc) * dt_k
-                s_acc += dt_k * b_a
+            b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
+            # One rank-1 fp32 update per valid entry (no tl.dot: plain fp32 FMAs, and no
+            # operand tiles held in registers).
+            for k in range(0, b_n):
+                w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
                 b_xk = tl.load(p_rx + k * stride_rx_k + o_p * stride_rx_p, mask=m_p, other=0.0)
                 b_Bk = tl.load(p_rB + k * stride_rB_k + o_n * stride_rB_n, mask=m_n, other=0.0)
-                b_acc += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
-            b_h = b_h0 * tl.exp(s_acc) + b_acc
-            tl.store(p_st, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
+                b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
             if STEP:
-                b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
-                b_y += tl.sum(b_h * b_C[None, :], axis=1)
+                b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
+                b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
+            tl.store(p_st, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
         b_n_new = b_n * 0
     else:
         if STEP:
-            # y from h0 and the ring (h_now is never formed):
-            #   y = exp(sum s) (h0 . C) + sum_k w_k (B_k . C) x_k + dt (B . C) x,
-            # then this step is appended at entry n: x by every program (its rows), dt by
-            # the head's first program, B by its group's first head's.
-            o_k = tl.arange(0, BLOCK_K)
-            m_k = (o_k < b_n) & (o_k < RING)
+            # Append this step at entry n: x by every program (its rows), dt by the head's
+            # first program, B by its group's first head's.
             first = i_p == 0
-            b_hc = tl.zeros([BLOCK_P], tl.float32)
-            b_cb = tl.zeros([BLOCK_K], tl.float32)
-            b_bc = tl.zeros([BLOCK_N], tl.float32)
-            for t in tl.static_range(N_TILES):
-                o_n = t * BLOCK_N + o_t
-                m_n = o_n < dstate
-                m_s = m_p[:, None] & m_n[None, :]
-                p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-                b_h0 = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32)
-                b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
-                b_hc += tl.sum(b_h0 * b_C[None, :], axis=1)
-                p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
-                b_Bs = tl.load(p_Bs, mask=m_k[:, None] & m_n[None, :], other=0.0)
-                b_cb += tl.sum(b_Bs.to(tl.float32) * b_C[None, :], axis=1)
-                b_Bcur = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0)
-                b_bc += b_Bcur.to(tl.float32) * b_C
-                p_rBn = p_rB + b_n * stride_rB_k + o_n * stride_rB_n
-                tl.store(p_rBn, b_Bcur, mask=m_n & first & (i_h % heads_per_group == 0))
-            b_w, b_decay = _ring_weights(p_rdt, stride_rdt_k, b_n, b_a, b_now, RING, BLOCK_K)
-            p_X = p_rx + o_p[:, None] * stride_rx_p + o_k[None, :] * stride_rx_k
-            b_X = tl.load(p_X, mask=m_p[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-            b_y = b_decay * b_hc + tl.sum(b_X * (b_w * b_cb)[None, :], axis=1)
-            b_y += (b_dt * tl.sum(b_bc, axis=0)) * b_xf
             tl.store(p_rx + b_n * stride_rx_k + o_p * stride_rx_p, b_x, mask=m_p)
             tl.store(p_rdt + b_n * stride_rdt_k, b_dt.to(ring_dt_ptr.dtype.element_ty),
                      mask=first)  # fmt: skip
+            lead = first & (i_h % heads_per_group == 0)
+            for t in tl.static_range(N_TILES):
+                o_n = t * BLOCK_N + o_t
+                m_n = o_n < dstate
+                b_Bapp = tl.load(p_B + o_n * stride_B_n, mask=m_n & lead, other=0.0)
+                tl.store(p_rB + b_n * stride_rB_k + o_n * stride_rB_n, b_Bapp, mask=m_n & lead)
             b_n_new = b_n + 1
         else:
             b_n_new = b_n * 0
-    if STEP:
-        if HAS_D:
-            b_y += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
-        p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
-        tl.store(p_out + o_p * stride_out_p, b_y.to(out_ptr.dtype.element_ty), mask=m_p)
     tl.store(p_cnt + o_p * stride_cnt_p, tl.zeros([BLOCK_P], tl.int32) + b_n_new, mask=m_p)
 
 
