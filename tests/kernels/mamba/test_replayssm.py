@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay import (
     ReplayedSSMState,
     _replay_ssm_op,
@@ -178,7 +178,11 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c))
+def _cfg_id(c: dict) -> str:
+    return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
 def test_launch_configs_agree(cfg, device, monkeypatch):
     """Every tiling computes the same steps, flushes and materialisation."""
     monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))

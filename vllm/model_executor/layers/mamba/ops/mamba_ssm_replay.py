@@ -10,8 +10,9 @@ For head h of a row (group g, a = A[h] < 0, this step's dt, x, B, C)::
     y     = h_now C + D x  =  exp(sum s) (h0 C) + sum_k w_k (B_k . C) x_k + dt (B . C) x + D x
 
 An ordinary step (n < L-1) reads h0 once, computes y by the right-hand form (h_now is never
-formed) and appends (x, B, dt) at entry n; the L-th step (n == L-1, the flush) forms h_now,
-writes it to the pool line in the pool's dtype, and sets n = 0. So each line is read every
+formed) and appends (x, B, dt) at entry n; the L-th step (n == L-1, the flush) computes y
+the same way, then forms h_now, writes it to the pool line in the pool's dtype, and sets
+n = 0. So each line is read every
 step but written every L-th: at L = 16 a decode moves about 17/32 of the every-step
 update's state bytes. Each row keeps its own phase (its counter), so rows flush on their
 own steps and nothing is decided on the host: the launch depends on shapes only and can
@@ -131,8 +132,11 @@ def _replay_ssm_kernel(
         # A padded row reads and writes nothing but its output: zeros.
         if STEP:
             p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
-            tl.store(p_out + o_p * stride_out_p, tl.zeros([BLOCK_P], tl.float32).to(
-                out_ptr.dtype.element_ty), mask=m_p)
+            tl.store(
+                p_out + o_p * stride_out_p,
+                tl.zeros([BLOCK_P], tl.float32).to(out_ptr.dtype.element_ty),
+                mask=m_p,
+            )
         return
 
     p_cnt = count_ptr + line * stride_cnt_line + i_h.to(tl.int64) * stride_cnt_head
