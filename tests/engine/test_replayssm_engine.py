@@ -44,11 +44,15 @@ def test_flags_parse_and_validate():
         ns.model = CONFIG
         return EngineArgs.from_cli_args(ns)
 
-    assert args().use_replayssm is None and args().replayssm_buffer_len == 16
+    assert args().use_replayssm is False and args().replayssm_buffer_len == 16
     assert args("--use-replayssm", "--replayssm-buffer-len", "8").use_replayssm is True
     assert args("--no-use-replayssm").use_replayssm is False
-    # None resolves by device: off on the CPU (its paths cost more than the every-step ones).
+    # Off unless asked for, as upstream's use_replayssm; None (accepted) is off too.
     assert EngineArgs(CONFIG, device="cpu").create_engine_config().use_replayssm is False
+    assert (
+        EngineArgs(CONFIG, device="cpu", use_replayssm=None).create_engine_config().use_replayssm
+        is False
+    )
     for bad in (1, 129, 2.0, True):
         with pytest.raises(ValueError, match="--replayssm-buffer-len"):
             EngineArgs(CONFIG, device="cpu", replayssm_buffer_len=bad).create_engine_config()
