@@ -5,10 +5,12 @@ lives here, in a folder's own utils.py, or in a conftest.py fixture).
   README and scripts/gpu_check.sh run the benchmarks.
 - ``INTERPRETER_BLOCKER``: why Triton's interpreter cannot run in this environment (None
   when it can), for tests whose fresh processes interpret the kernels.
+- ``serve_random_workload``: waves of random requests through an ``LLM``.
 """
 
 from __future__ import annotations
 
+import random
 import subprocess
 from pathlib import Path
 
@@ -43,3 +45,24 @@ def _interpreter_blocker() -> str | None:
 
 INTERPRETER_BLOCKER = _interpreter_blocker()
 
+
+def serve_random_workload(llm, seed: int, waves: int, max_len: int, vocab: int) -> int:
+    """Waves of requests with random prompt and output lengths; each wave's requests
+    finish at different steps, so the decode batch shrinks one by one. Returns the
+    number of output tokens."""
+    from vllm import SamplingParams
+
+    rng = random.Random(seed)
+    total = 0
+    for _ in range(waves):
+        n = rng.randint(1, 2 * llm.engine.config.max_num_seqs)
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
+        params = [
+            SamplingParams(temperature=rng.choice([0.0, 1.0]), max_tokens=rng.randint(1, 9))
+            for _ in range(n)
+        ]
+        for p in params:
+            p.ignore_eos = True
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        total += sum(len(o.outputs[0].token_ids) for o in outs)
+    return total
