@@ -80,6 +80,23 @@ def test_no_test_module_imports_another():
     )
 
 
+def test_benchmark_modules_are_imported_through_their_package():
+    """A bare ``import run_info`` works only with the script's folder on sys.path."""
+    stems = {p.stem for p in (REPO / "benchmarks").rglob("*.py") if p.stem != "__init__"}
+    found = []
+    for path in python_files(*CHECKED):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            where = f"{path.relative_to(REPO)}:{node.lineno}"
+            found += [f"{where}: {n}" for n in names if n.split(".")[0] in stems]
+    assert not found, "import them as benchmarks.<family>.<name>:\n" + "\n".join(found)
+
+
 def test_the_checks_catch_what_they_forbid(tmp_path):
     bad = tmp_path / "test_bad.py"
     bad.write_text(

@@ -113,7 +113,7 @@ def test_bf16_runs_against_an_fp32_reference(tmp_path, multicast_env):
 
 def test_the_bf16_yardstick():
     """TP=N's error against fp32 set against TP=1's: within at most BF16_ERROR_FACTOR."""
-    from tp_bench_report import BF16_ERROR_FACTOR, compare_logits
+    from benchmarks.tp.tp_bench_report import BF16_ERROR_FACTOR, compare_logits
 
     gen = torch.Generator().manual_seed(0)
     ref = [torch.randn(4, 50, generator=gen) * 3 for _ in range(2)]
