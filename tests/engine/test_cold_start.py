@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from tests.models.mamba2_utils import TINY
+from tests.utils import serve_random_workload
 from vllm import LLM, SamplingParams
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.triton_utils.launch import launch_misses, precompile
@@ -44,26 +44,6 @@ CONFIG = Mamba2ModelConfig(
         "n_groups": 2,
     }
 )
-
-
-def serve_random_workload(llm: LLM, seed: int, waves: int, max_len: int, vocab: int) -> int:
-    """Waves of requests with random prompt and output lengths; each wave's requests
-    finish at different steps, so the decode batch shrinks one by one. Returns the
-    number of output tokens."""
-    rng = random.Random(seed)
-    total = 0
-    for _ in range(waves):
-        n = rng.randint(1, 2 * llm.engine.config.max_num_seqs)
-        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
-        params = [
-            SamplingParams(temperature=rng.choice([0.0, 1.0]), max_tokens=rng.randint(1, 9))
-            for _ in range(n)
-        ]
-        for p in params:
-            p.ignore_eos = True
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        total += sum(len(o.outputs[0].token_ids) for o in outs)
-    return total
 
 
 @pytest.mark.parametrize(
@@ -245,7 +225,7 @@ _CHILD = textwrap.dedent(
         compiles.append(kwargs.get("repr") or "?")
         return False
     knobs.runtime.jit_post_compile_hook = hook
-    from tests.engine.test_cold_start import serve_random_workload
+    from tests.utils import serve_random_workload
     from vllm import LLM
     from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
     cfg = Mamba2ModelConfig(vocab_size=512, hidden_size=256, num_hidden_layers=3, num_heads=8,

@@ -10,7 +10,9 @@ import argparse
 import pytest
 import torch
 
-from tests.engine.test_async_scheduling import CONFIG, run, workload
+from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
+from tests.engine.utils import bamba_llm, workload
+from tests.engine.utils import generate_outcomes as run
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.stats import startup_line
@@ -122,8 +124,6 @@ def test_flushed_and_hooked_states_equal_every_step(device):
 
 def test_hybrid_mamba2_layers_replayed():
     """Bamba (Mamba2 + attention): its Mamba2 layers replay, outputs as every-step's."""
-    from tests.engine.test_hybrid_engine import bamba_llm
-
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
     params = SamplingParams(temperature=0.0, max_tokens=2 * L + 2, ignore_eos=True)
     outs = {}
