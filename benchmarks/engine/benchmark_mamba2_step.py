@@ -86,16 +86,13 @@ def parse_args(argv):
     p.add_argument(
         "--use-replayssm",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="replayed decode (default: on for CUDA, off for CPU, as the engine)",
+        default=False,
+        help="replayed decode (default off, as the engine)",
     )
     p.add_argument("--replayssm-buffer-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    if args.use_replayssm is None:
-        on_cuda = args.device == "cuda" or (args.device == "auto" and _cuda_available())
-        args.use_replayssm = on_cuda
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backends) - {"triton", "cuda"}
     if unknown:
@@ -103,12 +100,6 @@ def parse_args(argv):
     if args.prefill_len < 1 or args.num_decodes < 0 or args.decode_batch < 1 or args.iters < 1:
         p.error("need --prefill-len >= 1, --num-decodes >= 0, --decode-batch >= 1, --iters >= 1")
     return args
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 class StepCase:
