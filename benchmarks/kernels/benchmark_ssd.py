@@ -139,22 +139,7 @@ def check(run, case, inp, res, tol) -> None:
 
 def cold_samples(timer, fn, reps: int, sleep_cycles: int) -> list[float]:
     """``ColdTimer.samples`` with a chosen GPU sleep before each call."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(reps):
-        timer.flush.zero_()
-        torch.cuda._sleep(sleep_cycles)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e3 for s, e in pairs]
+    return timer.samples(fn, reps, sleep_cycles)
 
 
 def measure(run, plan, inp, res, timer, rates, reps) -> None:

@@ -48,14 +48,17 @@ class ColdTimer:
     def __init__(self):
         self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
 
-    def samples(self, fn: Callable[[], object], reps: int) -> list[float]:
-        """Microseconds of `reps` calls of fn, each after an L2 flush and a GPU sleep."""
+    def samples(
+        self, fn: Callable[[], object], reps: int, sleep_cycles: int = SLEEP_CYCLES
+    ) -> list[float]:
+        """Microseconds of `reps` calls of fn, each after an L2 flush and a GPU sleep of
+        `sleep_cycles` (long enough to hide the host's launch work)."""
         fn()
         torch.cuda.synchronize()
         pairs = []
         for _ in range(reps):
             self.flush.zero_()
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(sleep_cycles)
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
