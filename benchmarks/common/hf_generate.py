@@ -67,7 +67,8 @@ def kernels_taken() -> dict:
     for name in _HF_FUNCS:
         fn = getattr(modeling_mamba2, name, None)
         impl = None
-        if fn is not None and fn.__closure__:
+        # transformers 5.25 with `kernels` installed wraps these in objects: no closure.
+        if fn is not None and getattr(fn, "__closure__", None):
             impl = inspect.getclosurevars(fn).nonlocals.get("implementation")
         if impl is None:
             taken[name] = "unknown" if fn is None else "torch"

@@ -122,7 +122,9 @@ def hf_norms_per_group() -> bool:
     """
     from transformers.models.mamba2 import modeling_mamba2
 
-    init = modeling_mamba2.MambaRMSNormGated.__init__
+    # MambaRMSNormGated until 5.24, Mamba2RMSNormGated from 5.25.
+    norm = getattr(modeling_mamba2, "Mamba2RMSNormGated", None)
+    init = (norm or modeling_mamba2.MambaRMSNormGated).__init__
     return "group_size" in inspect.signature(init).parameters
 
 
