@@ -47,7 +47,7 @@ def fn_kwargs(device) -> dict:
         bias=make_bias(DIM, FP32, device, g),
         conv_states=make_pool(LINES, DIM, STATE_LEN, FP32, device, g),
         query_start_loc=qsl_from_lens(seqlens, device),
-        cache_indices=_i32([3, 0, 1], device),
+        cache_indices=_i32([3, 2, 1], device),
         has_initial_state=torch.tensor([True, False, True], device=device),
         activation="silu",
     )
@@ -61,7 +61,7 @@ def update_kwargs(device) -> dict:
         weight=make_weight(DIM, WIDTH, FP32, device, g),
         bias=make_bias(DIM, FP32, device, g),
         activation="silu",
-        conv_state_indices=_i32([3, 0, 1], device),
+        conv_state_indices=_i32([3, 2, 1], device),
     )
 
 
@@ -230,12 +230,6 @@ FN_ERRORS = [
         True,
     ),
     (
-        "cache_indices_negative",
-        _set(cache_indices=lambda kw, d: _i32([3, -2, 1], d)),
-        r"cache_indices",
-        True,
-    ),
-    (
         "cache_indices_duplicate",
         _set(cache_indices=lambda kw, d: _i32([3, 1, 3], d)),
         r"cache_indices",
@@ -392,7 +386,7 @@ UPDATE_ERRORS = [
     ),
     (
         "conv_state_indices_duplicate",
-        _set(conv_state_indices=lambda kw, d: _i32([1, 0, 1], d)),
+        _set(conv_state_indices=lambda kw, d: _i32([1, 2, 1], d)),
         r"conv_state_indices",
         True,
     ),
