@@ -26,6 +26,7 @@ from vllm.model_executor.layers.mamba.mamba_tp import (
 )
 from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
+    PAD_SLOT_ID,
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
@@ -169,7 +170,9 @@ def mixer_steps(p, in_proj, norm, out_proj, heads, groups, conv_state, ssm_state
     w, b = p["conv1d.weight"].squeeze(1), p["conv1d.bias"]
     A = -torch.exp(p["A_log"])
     scan = dict(D=p["D"], dt_bias=p["dt_bias"], dt_softplus=True)
+    # Sequence i on line i, line 0 included: the references get pad_slot_id=PAD_SLOT_ID.
     slots = torch.arange(len(SEQ_LENS), dtype=torch.int32, device=conv_state.device)
+    pad = dict(pad_slot_id=PAD_SLOT_ID)
 
     def split(xbc, dt):
         x, B, C = xbc.split([inter, gn, gn], dim=-1)
@@ -186,7 +189,7 @@ def mixer_steps(p, in_proj, norm, out_proj, heads, groups, conv_state, ssm_state
     z, xbc, dt = in_proj(prefill).split([inter, inter + 2 * gn, heads], dim=-1)
     qsl = torch.tensor([0, SEQ_LENS[0], sum(SEQ_LENS)], dtype=torch.int32, device=slots.device)
     no_init = torch.zeros(len(SEQ_LENS), dtype=torch.bool, device=slots.device)
-    xbc = causal_conv1d_ref(xbc.t(), w, b, conv_state, qsl, slots, no_init, "silu").t()
+    xbc = causal_conv1d_ref(xbc.t(), w, b, conv_state, qsl, slots, no_init, "silu", **pad).t()
     x, B, C, dt = split(xbc, dt)
     layout = plan_chunked_scan(torch.tensor(SEQ_LENS), CHUNK).to(slots.device)
     y, final = chunk_scan_varlen(x, dt, A, B, C, layout, **scan)
@@ -194,9 +197,11 @@ def mixer_steps(p, in_proj, norm, out_proj, heads, groups, conv_state, ssm_state
     outs.append(out_proj(norm(y.flatten(1), z)))
 
     z, xbc, dt = in_proj(decode).split([inter, inter + 2 * gn, heads], dim=-1)
-    xbc = causal_conv1d_update_ref(xbc, conv_state, w, b, "silu", slots)
+    xbc = causal_conv1d_update_ref(xbc, conv_state, w, b, "silu", slots, **pad)
     x, B, C, dt = split(xbc, dt)
-    y = selective_state_update_torch(ssm_state, x, dt, A, B, C, state_batch_indices=slots, **scan)
+    y = selective_state_update_torch(
+        ssm_state, x, dt, A, B, C, state_batch_indices=slots, **scan, **pad
+    )
     outs.append(out_proj(norm(y.flatten(1), z)))
     return outs
 
