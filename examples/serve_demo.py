@@ -1,6 +1,6 @@
 """Start `vllm serve`, stream one completion from it over HTTP, print it, stop the server.
 
-    python examples/serve_demo.py [--max-tokens N] [--prompt TEXT] [--model DIR]
+    python -m examples.serve_demo [--max-tokens N] [--prompt TEXT] [--model DIR]   # repo root
 
 Without ``--model``: on the CPU a tiny Mamba2 directory made on the spot (random weights, a
 real byte-level BPE tokenizer with a chat template: ``tests/tiny_model.py``); on a GPU the
@@ -26,15 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def model_dir(args, on_cuda: bool, workdir: Path) -> tuple[Path, list[str]]:
     """The directory to serve and the engine options it needs."""
     if args.model:
         return Path(args.model), []
     if not on_cuda:
-        sys.path.insert(0, str(REPO))
         from tests.tiny_model import make_tiny_model_dir
 
         tiny = make_tiny_model_dir(workdir / "tiny")

@@ -89,36 +89,36 @@ demo() {
 # step per conv backend (~2 minutes), and, only when asked for (GPU_CHECK_STEPS=e2e; ~4
 # minutes), the end-to-end comparison.
 bench() {
-    python3 benchmarks/kernels/benchmark_causal_conv1d.py --out "$out/bench" 2>&1 |
+    python3 -m benchmarks.kernels.benchmark_causal_conv1d --out "$out/bench" 2>&1 |
         tee "$out/bench.log"
 }
 # Host cost per eager call of the conv ops and the metadata builder (issue 14; ~1 minute):
 # the table against the targets, the pieces of one call and a cProfile of each case.
 host_cost() {
-    python3 benchmarks/kernels/benchmark_conv_host_cost.py --profile --out "$out/host_cost.json" \
+    python3 -m benchmarks.kernels.benchmark_conv_host_cost --profile --out "$out/host_cost.json" \
         --md "$out/host_cost.md" 2>&1 | tee "$out/host_cost.log"
 }
 # One Mamba2 step per kind and backend, profiled (STEP_BENCH_ARGS adds options, e.g.
 # "--backends triton --num-decodes 63 --prefill-len 1024 --decode-batch 64 --no-cuda-graph").
 step_bench() {
-    python3 benchmarks/benchmark_mamba2_step.py --profile ${STEP_BENCH_ARGS:-} \
+    python3 -m benchmarks.engine.benchmark_mamba2_step --profile ${STEP_BENCH_ARGS:-} \
         --out "$out/step.json" 2>&1 | tee "$out/step.log"
 }
 e2e() {
-    python3 benchmarks/benchmark_e2e.py --num-prompts 200 --profile --out "$out/e2e.json" \
+    python3 -m benchmarks.engine.benchmark_e2e --num-prompts 200 --profile --out "$out/e2e.json" \
         --md "$out/e2e_h200.md" 2>&1 | tee "$out/e2e.log"
 }
 # Cold against warm Triton cache, each conv backend (the CUDA one when its ops are built),
 # 100 synthetic prompts x 256 output tokens: each run twice on one cache folder, empty then
 # filled by the first run (~3 minutes).
 e2e_cold_warm() {
-    python3 benchmarks/benchmark_e2e.py --backends triton,cuda --output-lens 256 --cold-warm \
+    python3 -m benchmarks.engine.benchmark_e2e --backends triton,cuda --output-lens 256 --cold-warm \
         --budget-s 0 --out "$out/e2e_cold_warm.json" --md "$out/e2e_cold_warm.md" 2>&1 |
         tee "$out/e2e_cold_warm.log"
 }
 # The pure-Python mamba_ssm wheel (and einops) built on the development machine and
 # carried in as .whl/ (the device tool's carry): installed into /tmp/site, put on
-# PYTHONPATH for the steps after it (mamba_ssm's Triton ops; benchmarks/mamba_ssm_import.py
+# PYTHONPATH for the steps after it (mamba_ssm's Triton ops; benchmarks/common/mamba_ssm_import.py
 # imports them without the package __init__, which wants CUDA extensions). Not in a pipe:
 # the export must reach this shell. ssd_bench and vs_hf run it themselves when needed.
 wheels_done=0
@@ -133,7 +133,7 @@ wheels() {
         .whl/*.whl >"$out/wheels.log" 2>&1 || { cat "$out/wheels.log"; return 1; }
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
     wheels_done=1
-    python3 benchmarks/mamba_ssm_import.py >>"$out/wheels.log" 2>&1
+    python3 -m benchmarks.common.mamba_ssm_import >>"$out/wheels.log" 2>&1
     local rc=$?
     tail -n 1 "$out/wheels.log"
     return $rc
@@ -145,12 +145,12 @@ replay_bench() {
     local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     [ -d .upstream ] && path="$path:$PWD/.upstream"
     # shellcheck disable=SC2086
-    PYTHONPATH=$path python3 benchmarks/kernels/benchmark_replayssm.py ${REPLAY_BENCH_ARGS:-} \
+    PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_replayssm ${REPLAY_BENCH_ARGS:-} \
         --out "$out/replay" 2>&1 | tee "$out/replay.log"
     local dtype flag
     for dtype in float32 bfloat16; do
         for flag in --use-replayssm --no-use-replayssm; do
-            python3 benchmarks/benchmark_mamba2_step.py --backends triton --decode-batch 128 \
+            python3 -m benchmarks.engine.benchmark_mamba2_step --backends triton --decode-batch 128 \
                 --num-decodes 127 --iters 16 --mamba-ssm-cache-dtype $dtype $flag \
                 --out "$out/replay/step_${dtype}${flag}.json" 2>&1 | tee -a "$out/replay_step.log"
         done
@@ -163,7 +163,7 @@ ssd_bench() {
     local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     [ -d .upstream ] && path="$path:$PWD/.upstream"
     # shellcheck disable=SC2086
-    PYTHONPATH=$path python3 benchmarks/kernels/benchmark_ssd.py ${SSD_BENCH_ARGS:-} \
+    PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_ssd ${SSD_BENCH_ARGS:-} \
         --out "$out/ssd" 2>&1 | tee "$out/ssd.log"
 }
 # Ours (max_num_batched_tokens 2048 and 8192, fp32 state; 8192 with bf16 state) and HF
@@ -171,7 +171,7 @@ ssd_bench() {
 # and a 1-token run of the same prompts for prefill tok/s; ~5-6 minutes.
 vs_hf() {
     wheels || echo "(HF runs without mamba_ssm: its PyTorch scan)"
-    python3 benchmarks/benchmark_vs_hf.py --out "$out/vs_hf.json" --md "$out/vs_hf.md" 2>&1 |
+    python3 -m benchmarks.engine.benchmark_vs_hf --out "$out/vs_hf.json" --md "$out/vs_hf.md" 2>&1 |
         tee "$out/vs_hf.log"
 }
 cold_start() {
@@ -311,10 +311,10 @@ PY
 
 # lm-eval (issue 15): the seed's accuracy protocol, `lm_eval --model vllm` once per conv
 # backend on the Codestral-7B shape with random weights, and the per-sample agreement
-# (benchmarks/lm_eval_compare.py; results in OUT/lm_eval/compare.md), after the GPU-marked
+# (benchmarks/accuracy/lm_eval_compare.py; results in OUT/lm_eval/compare.md), after the GPU-marked
 # lm-eval tests on the tiny model; ~4-6 minutes. The box lacks lm-eval and most of what it
 # imports: its run-time wheels come packed as .whl/lmeval.tar.xz and the model directory
-# (config.json + tokenizer, benchmarks/make_model_dir.py) as .whl/codestral, both carried
+# (config.json + tokenizer, benchmarks/common/make_model_dir.py) as .whl/codestral, both carried
 # (docs/lm_eval.md); pip installs the wheels into the box's Python, next to what it has.
 lm_eval() {
     local log="$out/lm_eval.log" wheels=/tmp/lmeval_wheels model=${LM_EVAL_MODEL_DIR:-.whl/codestral} rc
@@ -329,14 +329,14 @@ for name in ("huggingface_hub", "fsspec", "pyarrow", "pandas", "requests", "tran
         print(f"lm_eval: box has {name} {m.version(name)}")
     except m.PackageNotFoundError:
         print(f"lm_eval: box lacks {name}")' 2>&1 | tee -a "$log"
-    { python3 benchmarks/lm_eval_compare.py unpack-wheels .whl/lmeval.tar.xz "$wheels" &&
+    { python3 -m benchmarks.accuracy.lm_eval_compare unpack-wheels .whl/lmeval.tar.xz "$wheels" &&
         python3 -m pip install --no-index --find-links "$wheels" --no-deps lm-eval==0.4.13 &&
         python3 -m pip install --no-index --find-links "$wheels" datasets pytablewriter \
             sacrebleu more-itertools dill requests tenacity; } >>"$log" 2>&1 ||
         { tail -n 30 "$log"; return 1; }
     python3 -m pytest tests/lm_eval -m gpu -q -p no:cacheprovider 2>&1 | tee -a "$log"
     rc=${PIPESTATUS[0]}
-    python3 benchmarks/lm_eval_compare.py run --model-dir "$model" --load-format dummy \
+    python3 -m benchmarks.accuracy.lm_eval_compare run --model-dir "$model" --load-format dummy \
         --out "$out/lm_eval" >>"$log" 2>&1 || { tail -n 40 "$log"; return 1; }
     [ "$rc" = 0 ]
 }
@@ -346,7 +346,7 @@ for name in ("huggingface_hub", "fsspec", "pyarrow", "pandas", "requests", "tran
 hybrid_bench() {
     local b rc=0
     for b in 1 0; do
-        VLLM_USE_TRITON_CONV1D=$b python3 benchmarks/benchmark_throughput.py --model bamba-9b \
+        VLLM_USE_TRITON_CONV1D=$b python3 -m benchmarks.engine.benchmark_throughput --model bamba-9b \
             --dtype bfloat16 --num-prompts "${HYBRID_BENCH_PROMPTS:-200}" --input-len 512 \
             --output-len 256 --max-model-len 2048 --out "$out/bamba9b_conv$b.json" 2>&1 |
             tr '\r' '\n' | grep -v '^Generating' | tee "$out/bamba9b_conv$b.log" || rc=1
@@ -355,9 +355,9 @@ hybrid_bench() {
 }
 
 # benchmark_serving against `vllm serve`, Triton conv against the CUDA split (issue 12):
-# benchmarks/serving_sweep.py on the Codestral-7B shape (dummy bf16 weights, Mistral's v3
-# tokenizer: benchmarks/make_model_dir.py .whl/codestral) and a ShareGPT sample
-# (benchmarks/make_sharegpt_sample.py .whl/sharegpt_3000.json --num 3000 --tokenizer
+# benchmarks/serving/serving_sweep.py on the Codestral-7B shape (dummy bf16 weights, Mistral's v3
+# tokenizer: benchmarks/common/make_model_dir.py .whl/codestral) and a ShareGPT sample
+# (benchmarks/serving/make_sharegpt_sample.py .whl/sharegpt_3000.json --num 3000 --tokenizer
 # .whl/codestral), both carried. SERVING_SWEEP_ARGS replaces the runs (default: rate inf,
 # 300 prompts, 3 repeats per backend, and the offline run twice; ~460 s); results in OUT/sweep.
 serving_sweep() {
@@ -371,11 +371,11 @@ serving_sweep() {
     runs="$runs --offline-repeats 2 --budget-s 460"
     local -a args
     eval "args=(${SERVING_SWEEP_ARGS:-$runs})"  # shell quoting: --server-args "..." works
-    python3 benchmarks/serving_sweep.py --model "$model" --dataset-path "$data" \
+    python3 -m benchmarks.serving.serving_sweep --model "$model" --dataset-path "$data" \
         --out "$out/sweep" "${args[@]}" 2>&1 | tee "$out/serving_sweep.log"
 }
 
-# Tensor parallelism on 2 GPUs (issue 16; the nvidia-h200-x2 kind): benchmarks/benchmark_tp.py
+# Tensor parallelism on 2 GPUs (issue 16; the nvidia-h200-x2 kind): benchmarks/tp/benchmark_tp.py
 # (Codestral-7B shape, dummy bf16 weights, TP=2 against TP=1 and an fp32 TP=1 yardstick:
 # logits, throughput, step latency, the all-reduce cost per layer and per step; about 3
 # minutes, at most its --budget-s of 330 s; TP_BENCH_ARGS adds options), then the multi-GPU
@@ -393,7 +393,7 @@ tp() {
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     # shellcheck disable=SC2086
-    PYTHONPATH=$path python3 benchmarks/benchmark_tp.py ${TP_BENCH_ARGS:-} --out "$out/tp.json" \
+    PYTHONPATH=$path python3 -m benchmarks.tp.benchmark_tp ${TP_BENCH_ARGS:-} --out "$out/tp.json" \
         --md "$out/tp.md" 2>&1 | tee "$log"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     PYTHONPATH=$path python3 -m pytest tests/distributed -m gpu -q -p no:cacheprovider \

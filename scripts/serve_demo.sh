@@ -7,4 +7,4 @@
 set -euo pipefail
 # shellcheck source=scripts/_bootstrap.sh
 . "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
-exec python examples/serve_demo.py "$@"
+exec python -m examples.serve_demo "$@"

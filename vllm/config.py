@@ -74,10 +74,11 @@ class EngineConfig:
     ring of its last ``replayssm_buffer_len`` - 1 decode steps' inputs, so a slot's state is
     read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
     128); the rings are part of the state pool (counted in its memory and so in what
-    ``gpu_memory_utilization`` leaves for the KV cache). None (the default) resolves to
-    True on CUDA, where it is faster at every batch size (docs/benchmarks/replayssm_h200.md),
-    and False on CPU, where the state traffic does not bound a step and the PyTorch path of
-    the replayed update costs more than the every-step one.
+    ``gpu_memory_utilization`` leaves for the KV cache). Off by default, as upstream's
+    ``use_replayssm``: on the H200 the replayed kernel beats the every-step update from
+    batch 32 (fp32 state 1.58x at batch 128) but not at batch 1 (bf16 0.74x), and the
+    end-to-end decode step with it is not measured yet (docs/benchmarks/replayssm_h200.md).
+    None is accepted and means off.
 
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
@@ -107,7 +108,7 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
     long_prefill_token_threshold: int = 0
-    use_replayssm: bool | None = None
+    use_replayssm: bool = False
     replayssm_buffer_len: int = 16
     # Set from the fields above: where the model's and the tokenizer's files are.
     model_dir: Any = field(init=False, default=None, repr=False)
@@ -180,11 +181,9 @@ class EngineConfig:
             )
         self.device = _check_device(self.device)
         if self.use_replayssm is None:
-            self.use_replayssm = torch.device(self.device).type == "cuda"
+            self.use_replayssm = False
         if not isinstance(self.use_replayssm, bool):
-            raise ValueError(
-                f"use_replayssm must be True, False or None (auto), got {self.use_replayssm!r}"
-            )
+            raise ValueError(f"use_replayssm must be True or False, got {self.use_replayssm!r}")
         # After the checks above: resolving may download the model.
         self._resolve_model()
         if self.max_model_len is None:

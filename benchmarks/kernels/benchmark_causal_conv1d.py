@@ -1,7 +1,7 @@
 """Causal-conv1d benchmark: our Triton ops, our CUDA ops, the torch reference, and
 Dao-AILab's ``causal_conv1d`` package when it is importable.
 
-    python benchmarks/kernels/benchmark_causal_conv1d.py [--quick] [--dims 8448 ...]
+    python -m benchmarks.kernels.benchmark_causal_conv1d [--quick] [--dims 8448 ...]
         [--cases prefill mixed decode] [--providers triton cuda torch dao] [--out DIR]
 
 bf16, width 4, SiLU, bias; state pools of 1024 lines, sequences on shuffled lines.
@@ -53,8 +53,14 @@ from pathlib import Path
 
 import torch
 import triton
-from benchmark_utils import ColdTimer, copy_gbps, graph_samples, host_us, summarize
 
+from benchmarks.kernels.benchmark_utils import (
+    ColdTimer,
+    copy_gbps,
+    graph_samples,
+    host_us,
+    summarize,
+)
 from vllm import _custom_ops as cuda_ops
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     PAD_SLOT_ID,
@@ -547,7 +553,7 @@ def environment(args, copy_start) -> dict:
         except (OSError, subprocess.CalledProcessError):
             return None
 
-    # VLLM_RUN_SHA: see benchmarks/run_info.py (a copied tree may carry a stale .git).
+    # VLLM_RUN_SHA: see benchmarks/common/run_info.py (a copied tree may carry a stale .git).
     sha = os.environ.get("VLLM_RUN_SHA")
     if not sha:
         sha = git("rev-parse", "HEAD")

@@ -1,6 +1,6 @@
 """Host cost of one eager causal-conv1d call, and where it goes.
 
-    python benchmarks/kernels/benchmark_conv_host_cost.py [--smoke] [--out F.json] [--md F.md]
+    python -m benchmarks.kernels.benchmark_conv_host_cost [--smoke] [--out F.json] [--md F.md]
         [--calls N] [--reps R] [--stub-launch] [--profile]
 
 The method is the anchors' (../shared/design/anchors-h200.md, "host"): N calls back to
@@ -65,13 +65,9 @@ import torch
 import triton
 import triton.language as tl
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
-
-from run_info import git_sha, write_results  # noqa: E402
-
-from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops  # noqa: E402
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import (  # noqa: E402
+from benchmarks.common.run_info import git_sha, write_results
+from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     PAD_SLOT_ID,
     causal_conv1d_fn,
     causal_conv1d_ref,
@@ -79,7 +75,9 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (  # noqa: E402
     causal_conv1d_update_ref,
     compute_causal_conv1d_metadata,
 )
-from vllm.triton_utils.launch import CachedLauncher  # noqa: E402
+from vllm.triton_utils.launch import CachedLauncher
+
+REPO = Path(__file__).resolve().parents[2]
 
 TARGETS_US = {"update": 15.0, "fn_meta": 20.0, "metadata": 30.0}  # issue 14, on the H200
 WIDTH, NUM_LINES = 4, 1024

@@ -1,6 +1,6 @@
 """Replayed decode (ReplaySSM) against the every-step state update, ours and upstream's.
 
-    python benchmarks/kernels/benchmark_replayssm.py [--batches 1,8,32,128,256,512]
+    python -m benchmarks.kernels.benchmark_replayssm [--batches 1,8,32,128,256,512]
         [--state-dtypes float32,bfloat16] [--buffer-len 16] [--tune] [--out DIR]
 
 One Codestral-7B layer shape (128 heads x 64 x 128 state, 8 groups, bf16 activations),
@@ -39,20 +39,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmark_utils import copy_gbps, graph_samples, summarize  # noqa: E402
-from run_info import git_sha  # noqa: E402
-
-from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as replay  # noqa: E402
-from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (  # noqa: E402
+from benchmarks.common.run_info import git_sha
+from benchmarks.kernels.benchmark_utils import copy_gbps, graph_samples, summarize
+from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as replay
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     selective_state_update_torch,
 )
-from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import (  # noqa: E402
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import (
     selective_state_update_triton,
 )
-from vllm.triton_utils import configs  # noqa: E402
+from vllm.triton_utils import configs
 
 H, P, N, G = 128, 64, 128, 8
 DEVICE = "cuda"

@@ -1,8 +1,8 @@
 """SSD (Mamba2 chunked scan) benchmark: every provider side by side, one run.
 
-    python benchmarks/kernels/benchmark_ssd.py --out DIR [--cases 1x2048 16x512_init ...]
+    python -m benchmarks.kernels.benchmark_ssd --out DIR [--cases 1x2048 16x512_init ...]
         [--providers triton torch mamba_ssm mamba_ssm_batch] [--reps 25]
-    python benchmarks/kernels/benchmark_ssd.py --smoke --out DIR     # CPU, interpreter
+    python -m benchmarks.kernels.benchmark_ssd --smoke --out DIR     # CPU, interpreter
 
 Providers, each called the way a serving engine calls it on a prefill step (state pool
 in, final states written to the sequences' pool lines):
@@ -68,17 +68,22 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-from benchmark_utils import ColdTimer, copy_gbps, graph_samples, host_us, summarize  # noqa: E402
-from ssd_bench_cases import CASES, SMOKE_CASES, build_inputs, reference, rel_l2  # noqa: E402
-from ssd_bench_providers import (  # noqa: E402
+from benchmarks.kernels.benchmark_utils import (
+    ColdTimer,
+    copy_gbps,
+    graph_samples,
+    host_us,
+    summarize,
+)
+from benchmarks.kernels.ssd_bench_cases import CASES, SMOKE_CASES, build_inputs, reference, rel_l2
+from benchmarks.kernels.ssd_bench_providers import (
     compile_autotune_configs_in_parallel,
     first_line,
     load_ops,
     make_provider,
 )
+
+HERE = Path(__file__).resolve().parent
 
 PROVIDERS = ("triton", "upstream", "mamba_ssm", "mamba_ssm_batch", "torch")
 DEFAULT_PROVIDERS = ("triton", "upstream", "mamba_ssm", "mamba_ssm_batch")
@@ -161,7 +166,7 @@ def measure(run, plan, inp, res, timer, rates, reps) -> None:
             run(pool)
             samples.append((time.perf_counter() - t0) * 1e6)
     else:
-        from benchmark_utils import SLEEP_CYCLES
+        from benchmarks.kernels.benchmark_utils import SLEEP_CYCLES
 
         samples = cold_samples(timer, lambda: run(pool), reps, LONG_SLEEP_CYCLES)
         res.cold200 = statistics.median(cold_samples(timer, lambda: run(pool), reps, SLEEP_CYCLES))
@@ -267,7 +272,8 @@ def device_rates(device, timer) -> dict:
 def environment(args, rates) -> dict:
     import torch
     import triton
-    from run_info import git_sha
+
+    from benchmarks.common.run_info import git_sha
 
     return {
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)",

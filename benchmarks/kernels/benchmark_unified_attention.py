@@ -1,6 +1,6 @@
 """Unified attention benchmark: decode-heavy and mixed steps over a paged KV cache.
 
-    python benchmarks/kernels/benchmark_unified_attention.py [--out DIR] [--cases ...]
+    python -m benchmarks.kernels.benchmark_unified_attention [--out DIR] [--cases ...]
         [--dtype bf16] [--num-heads 32] [--num-kv-heads 8] [--head-size 128]
         [--block-size 16] [--providers triton torch_ref]
 
@@ -33,11 +33,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO)]
-
-import torch  # noqa: E402
 
 # Steps: name -> ((q_len, context_len, count), ...), decodes first as the scheduler orders.
 CASES: dict[str, tuple[tuple[int, int, int], ...]] = {
@@ -143,8 +142,8 @@ def git_sha() -> str:
 def run_case(name, args, dtype, copy) -> list[dict] | None:
     """The case's rows, one per provider; None when the op disagrees with the reference."""
     import triton.testing
-    from benchmark_utils import graph_samples, summarize
 
+    from benchmarks.kernels.benchmark_utils import graph_samples, summarize
     from vllm.model_executor.layers.attention.ops.unified_attention import (
         unified_attention,
         unified_attention_ref,
@@ -190,7 +189,8 @@ def main(argv=None) -> int:
         print("benchmark_unified_attention needs a CUDA GPU (see --help)", file=sys.stderr)
         return 2
     import triton
-    from benchmark_utils import copy_gbps
+
+    from benchmarks.kernels.benchmark_utils import copy_gbps
 
     dtype = DTYPES[args.dtype]
     copy = copy_gbps()

@@ -10,8 +10,8 @@
 - host: an eager back-to-back loop with one sync at the end, per call: the larger of
   the host (Python + launch) cost and the GPU time.
 
-Scripts import this module as a sibling (``benchmarks/kernels`` is on ``sys.path`` when
-a script there runs).
+Scripts import it as ``benchmarks.kernels.benchmark_utils`` (they run as modules from the
+repository root: ``python -m benchmarks.kernels.<script>``).
 """
 
 from __future__ import annotations

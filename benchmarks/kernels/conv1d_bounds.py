@@ -1,6 +1,6 @@
 """What bounds the four small causal-conv1d steps still behind target (issue 14, item 3).
 
-    python benchmarks/kernels/conv1d_bounds.py [--out F.json] [--md F.md] [--reps N] [--smoke]
+    python -m benchmarks.kernels.conv1d_bounds [--out F.json] [--md F.md] [--reps N] [--smoke]
 
 Cases as benchmark_causal_conv1d.py builds them (bf16, width 4, SiLU, bias, dim 8448, a
 1024-line pool, sequences on shuffled lines, the step's metadata passed): prefill 8192 x16
@@ -41,21 +41,25 @@ from pathlib import Path
 import torch
 import triton
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "benchmarks" / "kernels"), str(REPO / "benchmarks"), str(REPO)]
-
-from benchmark_utils import ColdTimer, copy_gbps, graph_samples, summarize  # noqa: E402
-from conv1d_bounds_kernels import (  # noqa: E402
+from benchmarks.common.run_info import git_sha
+from benchmarks.kernels.benchmark_utils import ColdTimer, copy_gbps, graph_samples, summarize
+from benchmarks.kernels.conv1d_bounds_kernels import (
     _chain_kernel,
     _decode_copy_kernel,
     _empty_kernel,
     _fwd_no_metadata_kernel,
     _grid_copy_kernel,
 )
-from conv1d_bounds_report import LOWER_BOUNDS, ROWS, kernel_info, markdown, primary  # noqa: E402
-from run_info import git_sha  # noqa: E402
+from benchmarks.kernels.conv1d_bounds_report import (
+    LOWER_BOUNDS,
+    ROWS,
+    kernel_info,
+    markdown,
+    primary,
+)
+from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv
 
-from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 W = 4
 PAD = conv.PAD_SLOT_ID

@@ -5,7 +5,7 @@ One (T, dim) bf16 sequence, width 4, no sequence logic: a copy with the same 2D 
 with a tuple sliding window. Results and conclusions: docs/benchmarks/
 causal_conv1d_h200.md (long prefills). GPU only:
 
-    python3 benchmarks/kernels/conv1d_tile_strategies.py
+    python3 -m benchmarks.kernels.conv1d_tile_strategies
 """
 
 import functools
@@ -14,7 +14,8 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from benchmark_utils import cold_us
+
+from benchmarks.kernels.benchmark_utils import cold_us
 
 
 @triton.jit

@@ -52,7 +52,7 @@ def load_ops(providers) -> dict:
                 f"upstream_vllm033 not importable ({err}): put the folder holding it on PYTHONPATH"
             )
     if {"mamba_ssm", "mamba_ssm_batch"} & set(providers):
-        from mamba_ssm_import import import_mamba_ssm_triton, interpreter_shims
+        from benchmarks.common.mamba_ssm_import import import_mamba_ssm_triton, interpreter_shims
 
         try:
             ops["mamba_ssm"] = import_mamba_ssm_triton()

@@ -1,7 +1,7 @@
 """Compile the SSD's three kernels for sm_90 on a machine without a GPU, and report what
 ptxas made of them: registers, spills, stack and shared memory per kernel.
 
-    python benchmarks/kernels/ssd_compile_report.py [--shape codestral|granite]
+    python -m benchmarks.kernels.ssd_compile_report [--shape codestral|granite]
         [--dtype bf16] [--set chunk_scan.BLOCK_K=32 ...]
 
 The op's launches are recorded (not run) for a small step of the model's shape, with the
@@ -25,10 +25,9 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels
 
-import torch  # noqa: E402
+import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
 SHAPES = {
     "codestral": dict(nheads=128, headdim=64, dstate=128, ngroups=8, chunk=256),

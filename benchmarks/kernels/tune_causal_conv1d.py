@@ -7,7 +7,7 @@ configurations (``configs/causal_conv1d/*.json``, read by ``causal_conv1d_host``
 ``_fwd_block_t`` / ``_fwd_configs`` / ``_decode_configs``); the numbers it prints are
 exploration, the benchmark of record is ``benchmark_causal_conv1d.py``.
 
-    python benchmarks/kernels/tune_causal_conv1d.py [--quick | --small-steps] [--json PATH]
+    python -m benchmarks.kernels.tune_causal_conv1d [--quick | --small-steps] [--json PATH]
         [--write [PATH]]
 
 ``--write`` writes the device's table (or PATH): the current entries, with the decode
@@ -24,8 +24,8 @@ import itertools
 import json
 
 import torch
-from benchmark_utils import cold_us, copy_gbps, graph_us, host_us
 
+from benchmarks.kernels.benchmark_utils import cold_us, copy_gbps, graph_us, host_us
 from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
 from vllm.model_executor.layers.mamba.ops import causal_conv1d_host as host
 
@@ -266,8 +266,7 @@ def write_table(args, update: dict) -> None:
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from run_info import git_sha
-
+    from benchmarks.common.run_info import git_sha
     from vllm.triton_utils import configs as tables
 
     def best(batches):
@@ -292,7 +291,7 @@ def write_table(args, update: dict) -> None:
     old = json.loads(path.read_text())["entries"] if path.is_file() else {}
     entries = dict(old, **{key: entry, "tiles": tables.lookup(host.CONFIG_FOLDER, "tiles")})
     meta = dict(
-        command="python benchmarks/kernels/tune_causal_conv1d.py " + " ".join(sys.argv[1:]),
+        command="python -m benchmarks.kernels.tune_causal_conv1d " + " ".join(sys.argv[1:]),
         commit=git_sha(),
         device=torch.cuda.get_device_name(),
         date_utc=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),

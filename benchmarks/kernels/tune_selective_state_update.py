@@ -1,6 +1,6 @@
 """Sweep the decode state update's launch configuration (``mamba_ssm_triton._update_config``).
 
-    python benchmarks/kernels/tune_selective_state_update.py [--batches 64,128,256] [--json F]
+    python -m benchmarks.kernels.tune_selective_state_update [--batches 64,128,256] [--json F]
 
 One layer of the Codestral-7B decode step (128 heads x 64 x 128 state, 8 groups, bf16
 activations, the pool's lines shuffled), state pool fp32 and bf16. Each configuration is
@@ -15,17 +15,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmark_utils import ColdTimer, copy_gbps, summarize  # noqa: E402
-
-from vllm.model_executor.layers.mamba.ops import mamba_ssm_triton as ssm  # noqa: E402
-from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (  # noqa: E402
+from benchmarks.kernels.benchmark_utils import ColdTimer, copy_gbps, summarize
+from vllm.model_executor.layers.mamba.ops import mamba_ssm_triton as ssm
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     selective_state_update_torch,
 )
 

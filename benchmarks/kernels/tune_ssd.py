@@ -1,7 +1,7 @@
 """Sweep the Triton SSD's launch configurations one kernel at a time, and write the best into
 the device's launch table (``vllm/model_executor/layers/mamba/ops/configs/ssd/``).
 
-    python benchmarks/kernels/tune_ssd.py [--cases 1x2048 1x8192 16x512_init]
+    python -m benchmarks.kernels.tune_ssd [--cases 1x2048 1x8192 16x512_init]
         [--json F] [--write [PATH]] [--upstream-split]
 
 For each case (``ssd_bench_cases``: bf16 activations, fp32 pool) each variant changes one
@@ -35,17 +35,15 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.kernels.benchmark_ssd import LONG_SLEEP_CYCLES, cold_samples
+from benchmarks.kernels.benchmark_utils import ColdTimer
+from benchmarks.kernels.ssd_bench_cases import CASES, build_inputs, reference, rel_l2
+from vllm.model_executor.layers.mamba.ops import ssd_combined
+from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
+from vllm.triton_utils import configs
+from vllm.triton_utils.launch import precompile
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-from benchmark_ssd import LONG_SLEEP_CYCLES, cold_samples  # noqa: E402
-from benchmark_utils import ColdTimer  # noqa: E402
-from ssd_bench_cases import CASES, build_inputs, reference, rel_l2  # noqa: E402
-
-from vllm.model_executor.layers.mamba.ops import ssd_combined  # noqa: E402
-from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS  # noqa: E402
-from vllm.triton_utils import configs  # noqa: E402
-from vllm.triton_utils.launch import precompile  # noqa: E402
 
 # (kernel, changes); "default" first. Variants that lost by 10% or more on the H200 are not
 # swept again (the list and the numbers: docs/benchmarks/ssd_h200.md, "Sweep").
@@ -155,7 +153,11 @@ def kernel_split(call, reps: int = 5) -> dict[str, float]:
 
 def upstream_call(case, inp):
     """Upstream vLLM 0.33's op on the case (ssd_bench_providers), or None without it."""
-    from ssd_bench_providers import compile_autotune_configs_in_parallel, load_ops, make_provider
+    from benchmarks.kernels.ssd_bench_providers import (
+        compile_autotune_configs_in_parallel,
+        load_ops,
+        make_provider,
+    )
 
     compile_autotune_configs_in_parallel()
     ops = load_ops(["upstream"])
@@ -282,7 +284,7 @@ def main(argv=None):
 
 
 def write(args, best: dict, summary: dict) -> None:
-    from run_info import git_sha
+    from benchmarks.common.run_info import git_sha
 
     shapes = {CASES[n].shape for n in args.cases}
     if len(shapes) != 1:
@@ -306,7 +308,7 @@ def write(args, best: dict, summary: dict) -> None:
     entries = dict(old["entries"], **{key: entry})
     times = {n: [round(r[0]["us"], 1), round(r[1]["us"], 1)] for n, r in rows.items()}
     meta = dict(
-        command="python benchmarks/kernels/tune_ssd.py " + " ".join(sys.argv[1:]),
+        command="python -m benchmarks.kernels.tune_ssd " + " ".join(sys.argv[1:]),
         commit=git_sha(),
         device=torch.cuda.get_device_name(),
         date_utc=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),

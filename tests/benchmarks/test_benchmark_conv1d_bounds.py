@@ -4,31 +4,16 @@ copies' outputs are their inputs, element for element, the halo loads are live).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
+from benchmarks.kernels import benchmark_causal_conv1d
+from benchmarks.kernels import conv1d_bounds as bench
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, KERNELS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return _load("conv1d_bounds")
-
-
-def test_smoke_run_writes_every_key(bench, tmp_path):
+def test_smoke_run_writes_every_key(tmp_path):
     out, md = tmp_path / "bounds.json", tmp_path / "bounds.md"
     res = bench.main(["--smoke", "--reps", "3", "--out", str(out), "--md", str(md)])
     saved = json.loads(out.read_text())
@@ -62,7 +47,7 @@ def test_smoke_run_writes_every_key(bench, tmp_path):
 
 
 @pytest.mark.parametrize("lens", [[128, 128], [64] + [1] * 31])
-def test_grid_copy_outputs_are_its_inputs(bench, lens):
+def test_grid_copy_outputs_are_its_inputs(lens):
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     device = "cuda" if torch.cuda.is_available() else "cpu"
     st = bench.Step("prefill", lens, len(lens) > 2, 64, dtype, device, 64, 1)
@@ -77,7 +62,7 @@ def test_grid_copy_outputs_are_its_inputs(bench, lens):
     assert torch.equal(out[:, bench.W - 1 :], st.x[:, : 1 - bench.W])
 
 
-def test_decode_copy_and_chains_move_the_data(bench):
+def test_decode_copy_and_chains_move_the_data():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     st = bench.Step("decode", [1, 1, 1], True, 64, torch.float32, device, 16, 2)
     out = torch.full((st.batch, st.dim), float("nan"), device=device)
@@ -93,8 +78,7 @@ def test_decode_copy_and_chains_move_the_data(bench):
     assert torch.equal(lines, st.idx[:, None].expand(-1, st.dim))
 
 
-def test_bytes_are_the_main_benchmarks(bench):
-    main = _load("benchmark_causal_conv1d")
+def test_bytes_are_the_main_benchmarks():
     for kind, lens, init, _ in bench.CASES.values():
-        case = main.Case(kind, 8448, lens, [init] * len(lens))
+        case = benchmark_causal_conv1d.Case(kind, 8448, lens, [init] * len(lens))
         assert bench.bytes_moved(lens, init, 8448, 2) == case.bytes_moved()

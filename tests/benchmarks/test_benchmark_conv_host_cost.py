@@ -4,26 +4,12 @@ carries every case, the targets, the breakdown of the host path and the profile.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = (
-    Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "benchmark_conv_host_cost.py"
-)
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_conv_host_cost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_conv_host_cost"] = module  # its dataclasses look it up there
-    spec.loader.exec_module(module)
-    return module
+from benchmarks.kernels import benchmark_conv_host_cost as bench
 
 
 def _check_stats(stats):
@@ -31,7 +17,7 @@ def _check_stats(stats):
     assert 0 < stats["p20"] <= stats["median"] <= stats["p80"]
 
 
-def test_smoke_run_writes_every_key(bench, tmp_path):
+def test_smoke_run_writes_every_key(tmp_path):
     out, md = tmp_path / "host.json", tmp_path / "host.md"
     res = bench.main(["--smoke", "--profile", "--calls", "5", "--reps", "2", "--out", str(out),
                       "--md", str(md)])  # fmt: skip
@@ -67,7 +53,7 @@ def test_smoke_run_writes_every_key(bench, tmp_path):
     assert "| update_B1 |" in saved["markdown"] and "Pieces of the host path" in saved["markdown"]
 
 
-def test_a_wrong_result_stops_the_run(bench, monkeypatch, tmp_path, capsys):
+def test_a_wrong_result_stops_the_run(monkeypatch, tmp_path, capsys):
     real = bench.causal_conv1d_update
 
     def off_by_one(*args, **kwargs):
@@ -81,7 +67,7 @@ def test_a_wrong_result_stops_the_run(bench, monkeypatch, tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_skip_check_times_stubbed_launches_only(bench):
+def test_skip_check_times_stubbed_launches_only():
     if torch.cuda.is_available():
         with pytest.raises(SystemExit):  # real launches are timed only after the check
             bench.main(["--smoke", "--skip-check"])

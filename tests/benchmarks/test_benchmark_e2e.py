@@ -1,51 +1,25 @@
-"""benchmarks/benchmark_e2e.py on the CPU: each run a fresh process with its backend's
+"""benchmarks/engine/benchmark_e2e.py on the CPU: each run a fresh process with its backend's
 environment and its own fresh Triton cache (cold), token counts checked, the CUDA backend
 skipped with its reason, the time guard, cold-then-warm runs, and the markdown / JSON
 results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_e2e.py"
+from benchmarks.engine import benchmark_e2e as e2e
+from tests.utils import INTERPRETER_BLOCKER
 
-
-def _interpreter_blocker() -> str | None:
-    """Why the runs' Triton interpreter cannot work here, or None.
-
-    Each CPU run is a fresh process with TRITON_INTERPRET=1. Triton 3.6's interpreter
-    turns 1-element arrays into ints with int(), which numpy >= 2.4 rejects ("only
-    0-dimensional arrays can be converted to Python scalars"): seen on the GPU box,
-    whose numpy is newer than the numpy<2.4 the CPU CI pins.
-    """
-    import numpy
-
-    if tuple(int(p) for p in numpy.__version__.split(".")[:2]) >= (2, 4):
-        return f"Triton's interpreter fails with numpy {numpy.__version__} (>= 2.4)"
-    return None
-
-
-_BLOCKER = _interpreter_blocker()
-pytestmark = pytest.mark.skipif(_BLOCKER is not None, reason=_BLOCKER or "")
-
-
-@pytest.fixture(scope="module")
-def e2e():
-    spec = importlib.util.spec_from_file_location("benchmark_e2e", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.skipif(INTERPRETER_BLOCKER is not None, reason=INTERPRETER_BLOCKER or "")
 
 
 TINY = ["--model", "tiny", "--device", "cpu", "--num-prompts", "3", "--max-prompt-len", "5"]
 TINY += ["--max-num-seqs", "4", "--max-num-batched-tokens", "16"]
 
 
-def test_tiny_runs_profile_and_budget(e2e, tmp_path):
+def test_tiny_runs_profile_and_budget(tmp_path):
     out, md = tmp_path / "e2e.json", tmp_path / "e2e.md"
     # A budget of 1 ms: the first output length runs (nothing to predict from yet), the
     # second is predicted not to fit and is skipped.
@@ -76,7 +50,7 @@ def test_tiny_runs_profile_and_budget(e2e, tmp_path):
     assert text == saved["markdown"]
 
 
-def test_cold_then_warm(e2e, tmp_path):
+def test_cold_then_warm(tmp_path):
     res = e2e.main([*TINY, "--output-lens", "2", "--cold-warm"])
     cold, warm = res["runs"]
     assert (cold["cache"], warm["cache"]) == ("cold", "warm")
@@ -89,7 +63,7 @@ def test_cold_then_warm(e2e, tmp_path):
     assert "| 2 | triton | warm | " in res["markdown"] and "warm / cold" in res["markdown"]
 
 
-def test_cuda_run_gets_its_environment(e2e, tmp_path):
+def test_cuda_run_gets_its_environment(tmp_path):
     """Without the CUDA ops, a CUDA-backend child fails building the model, which shows
     it was started with VLLM_USE_TRITON_CONV1D=0; the failure is recorded, not raised."""
     args = e2e.parse_args([*TINY, "--output-lens", "2"])
@@ -98,7 +72,7 @@ def test_cuda_run_gets_its_environment(e2e, tmp_path):
     assert "result" not in run and run["error"].startswith("exit status 1")
 
 
-def test_speedups_and_prediction(e2e):
+def test_speedups_and_prediction():
     def run(backend, n, tput, wall, elapsed):
         result = {"output_tokens_per_s": tput, "phases": {"elapsed_s": elapsed}}
         return {"backend": backend, "output_len": n, "wall_s": wall, "result": result}
@@ -111,7 +85,7 @@ def test_speedups_and_prediction(e2e):
     assert e2e.predict_s([], "cuda", 1024) is None
 
 
-def test_bad_arguments(e2e):
+def test_bad_arguments():
     for bad in (
         ["--backends", "rocm"],
         ["--output-lens", "256,x"],

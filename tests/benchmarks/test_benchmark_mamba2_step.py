@@ -1,29 +1,18 @@
-"""benchmarks/benchmark_mamba2_step.py on the CPU: tiny model, Triton under the interpreter,
+"""benchmarks/engine/benchmark_mamba2_step.py on the CPU: tiny model, Triton under the interpreter,
 the CUDA backend skipped with its reason; timings, profile and JSON come out complete."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_mamba2_step.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_mamba2_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from benchmarks.engine import benchmark_mamba2_step as bench
 
 SMALL = ["--model", "tiny", "--device", "cpu", "--prefill-len", "16", "--num-decodes", "2"]
 
 
-def test_tiny_step_on_cpu(bench, tmp_path, capsys, monkeypatch):
+def test_tiny_step_on_cpu(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("VLLM_USE_TRITON_CONV1D", "0")  # the script sets it per backend
     out = tmp_path / "step.json"
     argv = [*SMALL, "--decode-batch", "3", "--iters", "2", "--warmup", "0"]
@@ -56,6 +45,6 @@ def test_tiny_step_on_cpu(bench, tmp_path, capsys, monkeypatch):
     assert res["markdown"] == saved["markdown"]
 
 
-def test_rejects_unknown_backend(bench):
+def test_rejects_unknown_backend():
     with pytest.raises(SystemExit):
         bench.main([*SMALL, "--backends", "triton,rocm"])

@@ -1,34 +1,24 @@
-"""benchmarks/benchmark_precision.py on the CPU: the tiny model, ours (PyTorch paths in
+"""benchmarks/accuracy/benchmark_precision.py on the CPU: the tiny model, ours (PyTorch paths in
 bf16) and HF bf16 against HF's fp32 PyTorch reference; and the reference's forced PyTorch
 path holding when transformers resolved its entry points to other kernels."""
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmarks.accuracy import benchmark_precision as bench
+from benchmarks.accuracy import precision_systems as ps
+
 LENS = [5, 17, 40, 9, 33]
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_precision", BENCHMARKS / "benchmark_precision.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_tiny_on_cpu(bench, tmp_path, capsys):
+def test_tiny_on_cpu(tmp_path, capsys):
     interpret = os.environ.get("TRITON_INTERPRET")
     out, md = tmp_path / "p.json", tmp_path / "p.md"
     lens = ",".join(map(str, LENS))
@@ -61,10 +51,9 @@ def test_tiny_on_cpu(bench, tmp_path, capsys):
     assert "| ours_mixed |" in printed and "17: chunked 10+7" in printed
 
 
-def test_reference_unwraps_other_kernels(bench, monkeypatch):
+def test_reference_unwraps_other_kernels(monkeypatch):
     """transformers resolved the scan to another kernel (here one that must not run):
     inside hf_torch_path HF's PyTorch scan runs and is counted; outside, the other one."""
-    import precision_systems as ps
     from transformers.models.mamba2 import modeling_mamba2 as module
 
     from tests.models.mamba2_utils import hf_config, make_hf_model
@@ -85,8 +74,7 @@ def test_reference_unwraps_other_kernels(bench, monkeypatch):
         ps.hf_last_logits(hf, [[1, 2, 3]], torch.device("cpu"))
 
 
-def test_reference_refuses_code_that_is_not_hfs(bench, monkeypatch):
-    import precision_systems as ps
+def test_reference_refuses_code_that_is_not_hfs(monkeypatch):
     from transformers.models.mamba2 import modeling_mamba2 as module
 
     before = {name: getattr(module, name) for name in ("causal_conv1d_fn", "causal_conv1d_update")}
@@ -97,7 +85,7 @@ def test_reference_refuses_code_that_is_not_hfs(bench, monkeypatch):
     assert all(getattr(module, name) is fn for name, fn in before.items())  # nothing swapped
 
 
-def test_errors_and_arguments(bench):
+def test_errors_and_arguments():
     ref = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
     e = bench.errors(ref + torch.tensor([[0.3, 0.4], [0.0, 0.0]]), ref)
     assert e["rel_l2"] == pytest.approx(0.5 / 26**0.5) and e["max_abs"] == pytest.approx(0.4)

@@ -4,27 +4,14 @@ bytes a step moves, and a smoke run whose providers pass their checks (upstream'
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import torch
 
-KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_replayssm", KERNELS / "benchmark_replayssm.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_replayssm"] = module
-    spec.loader.exec_module(module)
-    return module
+from benchmarks.kernels import benchmark_replayssm as bench
 
 
 def test_step_bytes_and_smoke_run(tmp_path, monkeypatch):
-    bench = _load()
     # Codestral layer, fp32 state, batch 1: 4 MiB read and written every step; replayed,
     # read every step, written every 16th, the ring's mean 7.5 entries read and 15/16 written.
     state, io = 128 * 64 * 128 * 4, 2 * 128 * 64 * 2 + 2 * 8 * 128 * 2 + 128 * 2

@@ -1,8 +1,9 @@
-"""benchmark_serving.py against a live tiny `vllm serve` (a real server process over real HTTP,
+"""vllm/benchmarks/serve.py against a live tiny `vllm serve` (a real server process over real HTTP,
 the real tokenizer of tests/tiny_model.py): the random data set through `vllm bench serve`
 and a ShareGPT sample (truncated on purpose, one prompt longer than the server's
 --max-model-len) through the chat backend; the result JSON's keys and counts, the refused
-request counted as failed with the server's reason; then plot_serving.py on both results.
+request counted as failed with the server's reason; then plot_serving.py
+(benchmarks/serving/) on both results.
 """
 
 from __future__ import annotations
@@ -16,14 +17,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from serving_datasets import read_sharegpt, sample_sharegpt  # noqa: E402
-from serving_metrics import DETAILED_KEYS  # noqa: E402
-
-from tests.entrypoints.utils import serve_for_module, server_env  # noqa: E402
-from tests.tiny_model import make_tiny_model_dir  # noqa: E402
+from tests.entrypoints.utils import serve_for_module, server_env
+from tests.tiny_model import make_tiny_model_dir
+from tests.utils import REPO
+from vllm.benchmarks.datasets import read_sharegpt, sample_sharegpt
+from vllm.benchmarks.metrics import DETAILED_KEYS
 
 MAX_MODEL_LEN = 96
 OUTPUT_LEN = 4
@@ -110,7 +108,7 @@ def results(server, model_dir, tmp_path_factory):
     assert proc.returncode == 0, proc.stdout + proc.stderr + server.log()
     # A ShareGPT sample through the chat backend, in-process.
     path, long_prompt = sharegpt_file(out / "sample.json", tokenizer)
-    from benchmark_serving import cli
+    from vllm.benchmarks.serve import cli
 
     chat = cli(
         [
@@ -213,7 +211,7 @@ def _finished_requests(server) -> float:
 
 
 def _quick_run(url: str, model_dir, out: Path, name: str, *extra: str) -> dict:
-    from benchmark_serving import cli
+    from vllm.benchmarks.serve import cli
 
     args = ["--base-url", url, "--model", str(model_dir), "--dataset-name", "random"]
     args += ["--random-output-len", "2", "--num-prompts", "2", "--disable-tqdm"]
@@ -254,7 +252,7 @@ def test_refused_requests_are_failures_in_the_results(server, model_dir, tmp_pat
 
 def test_plot_and_table_from_the_results(results, tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib (requirements/bench.txt) is absent")
-    from plot_serving import main
+    from benchmarks.serving.plot_serving import main
 
     png, md = tmp_path / "serving.png", tmp_path / "serving.md"
     main(

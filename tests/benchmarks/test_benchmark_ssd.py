@@ -6,39 +6,20 @@ mamba_ssm's where it imports."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.kernels import benchmark_ssd as bench
+from benchmarks.kernels import ssd_bench_cases as cases
+from tests.utils import run_module
+
 KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, KERNELS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return _load("benchmark_ssd")  # puts benchmarks/ and benchmarks/kernels on sys.path
-
-
-@pytest.fixture(scope="module")
-def cases(bench):
-    import ssd_bench_cases
-
-    return ssd_bench_cases
-
-
-def test_work_counts(cases):
+def test_work_counts():
     chunk = cases.Case("c", (256,), (False,))
     # Codestral layer: CB 2 L^2 N G, CB @ x 2 L^2 P H, states and output 4 L P N H, passing
     expected = 2 * 256**2 * 128 * 8 + 2 * 256**2 * 64 * 128 + 4 * 256 * 64 * 128 * 128
@@ -56,7 +37,7 @@ def test_work_counts(cases):
 
 
 @pytest.mark.parametrize("name", ["smoke_mixed", "smoke_2x12"])
-def test_reference_agrees_with_our_torch_scan(cases, name):
+def test_reference_agrees_with_our_torch_scan(name):
     from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
         chunk_scan_varlen,
         plan_chunked_scan,
@@ -75,7 +56,7 @@ def test_reference_agrees_with_our_torch_scan(cases, name):
     assert y.abs().max() > 0.1 and states.abs().max() > 1e-3  # not a trivial case
 
 
-def test_check_fails_a_wrong_provider(bench, cases):
+def test_check_fails_a_wrong_provider():
     case = cases.SMOKE_CASES["smoke_mixed"]
     inp = cases.build_inputs(case, torch.float32, torch.float32, "cpu", seed=0)
     inp.ref_y, inp.ref_states = cases.reference(case, inp)
@@ -92,7 +73,7 @@ def test_check_fails_a_wrong_provider(bench, cases):
     assert res.status == "FAIL" and "other_lines_untouched=False" in res.note
 
 
-def test_smoke_run_our_providers(bench, tmp_path):
+def test_smoke_run_our_providers(tmp_path):
     rc = bench.main(["--smoke", "--providers", "triton", "torch", "--out", str(tmp_path)])
     assert rc == 0
     rows = list(csv.DictReader(open(tmp_path / "ssd_bench.csv")))
@@ -116,15 +97,20 @@ def test_smoke_run_our_providers(bench, tmp_path):
 def test_smoke_run_mamba_ssm(tmp_path):
     # Probed in a fresh process: the import puts a stub mamba_ssm package into sys.modules,
     # which would change what transformers imports in this one.
-    helper = KERNELS.parent / "mamba_ssm_import.py"
-    probe = subprocess.run([sys.executable, str(helper)], capture_output=True, text=True)
+    probe = run_module("benchmarks.common.mamba_ssm_import", capture_output=True, text=True)
     if probe.returncode:
         reason = (probe.stderr.strip().splitlines() or ["?"])[-1]
         pytest.skip(f"mamba_ssm's Triton ops do not import here: {reason}")
     # A fresh process: the interpreter shims mamba_ssm needs on the CPU are process-wide.
-    argv = [sys.executable, str(KERNELS / "benchmark_ssd.py"), "--smoke", "--reps", "1"]
-    argv += ["--providers", "mamba_ssm", "mamba_ssm_batch", "--out", str(tmp_path)]
-    subprocess.run(argv, check=True, capture_output=True)
+    argv = ["--smoke", "--reps", "1", "--providers", "mamba_ssm", "mamba_ssm_batch"]
+    run_module(
+        "benchmarks.kernels.benchmark_ssd",
+        *argv,
+        "--out",
+        tmp_path,
+        check=True,
+        capture_output=True,
+    )
     rows = {(r["case"], r["provider"]): r for r in csv.DictReader(open(tmp_path / "ssd_bench.csv"))}
     refused = rows["smoke_mixed", "mamba_ssm"]
     assert refused["status"] == "refused" and "initial_states" in refused["note"]

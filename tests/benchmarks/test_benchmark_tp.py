@@ -1,36 +1,28 @@
-"""benchmarks/benchmark_tp.py on the CPU: the tiny Mamba2 at TP=1 and on two gloo ranks,
+"""benchmarks/tp/benchmark_tp.py on the CPU: the tiny Mamba2 at TP=1 and on two gloo ranks,
 each configuration a fresh process; the JSON's figures (logits agreement, throughput,
 step latency, the all-reduces each step makes and their cost) and the markdown; the
 bf16 yardstick's arithmetic; the budget that kills a run and records why."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.benchmarks.test_benchmark_e2e import _BLOCKER
+from benchmarks.tp import benchmark_tp as bench
+from tests.utils import INTERPRETER_BLOCKER
 from vllm.distributed.parallel_state import MULTICAST_OFF_ENV
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_tp.py"
 TINY = ["--model", "tiny", "--device", "cpu", "--max-num-seqs", "4"]
 TINY += ["--max-num-batched-tokens", "32", "--logits-len", "8", "--logits-decode-steps", "2"]
 TINY += ["--decode-batches", "1,4", "--prefill-len", "16", "--warmup", "1", "--iters", "2"]
 TINY += ["--allreduce-warmup", "1", "--allreduce-iters", "2", "--allreduce-repeats", "2"]
 TINY += ["--num-prompts", "2", "--input-len", "4", "--output-len", "3"]
 # The runs' CPU ranks go through Triton's interpreter (test_benchmark_e2e says when it fails).
-needs_interpreter = pytest.mark.skipif(_BLOCKER is not None, reason=_BLOCKER or "")
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_tp", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+needs_interpreter = pytest.mark.skipif(
+    INTERPRETER_BLOCKER is not None, reason=INTERPRETER_BLOCKER or ""
+)
 
 
 @pytest.fixture
@@ -42,7 +34,7 @@ def multicast_env(monkeypatch):
 
 @needs_interpreter
 @pytest.mark.timeout(240)
-def test_tiny_on_two_gloo_ranks(bench, tmp_path, multicast_env):
+def test_tiny_on_two_gloo_ranks(tmp_path, multicast_env):
     out, md = tmp_path / "tp.json", tmp_path / "tp.md"
     res = bench.main([*TINY, "--out", str(out), "--md", str(md)])
     saved = json.loads(out.read_text())
@@ -98,7 +90,7 @@ def test_tiny_on_two_gloo_ranks(bench, tmp_path, multicast_env):
 
 @needs_interpreter
 @pytest.mark.timeout(240)
-def test_bf16_runs_against_an_fp32_reference(bench, tmp_path, multicast_env):
+def test_bf16_runs_against_an_fp32_reference(tmp_path, multicast_env):
     """A bf16 run adds the fp32 TP=1 reference (logits steps only, eager, 4 slots)."""
     lean = ["--decode-batches", "1", "--warmup", "0", "--iters", "1", "--num-prompts", "1"]
     res = bench.main([*TINY, *lean, "--dtype", "bfloat16"])
@@ -119,9 +111,9 @@ def test_bf16_runs_against_an_fp32_reference(bench, tmp_path, multicast_env):
     assert "Against fp32 TP=1" in res["markdown"]
 
 
-def test_the_bf16_yardstick(bench):
+def test_the_bf16_yardstick():
     """TP=N's error against fp32 set against TP=1's: within at most BF16_ERROR_FACTOR."""
-    from tp_bench_report import BF16_ERROR_FACTOR, compare_logits
+    from benchmarks.tp.tp_bench_report import BF16_ERROR_FACTOR, compare_logits
 
     gen = torch.Generator().manual_seed(0)
     ref = [torch.randn(4, 50, generator=gen) * 3 for _ in range(2)]
@@ -144,7 +136,7 @@ def test_the_bf16_yardstick(bench):
     assert compare_logits(tp1, flipped, None, steps)["argmax_agree"] == pytest.approx(7 / 8)
 
 
-def test_the_budget_kills_the_run_and_says_so(bench, tmp_path, multicast_env):
+def test_the_budget_kills_the_run_and_says_so(tmp_path, multicast_env):
     res = bench.main([*TINY, "--budget-s", "2", "--out", str(tmp_path / "tp.json")])
     assert res["runs"] == {} and bench.failed(res)
     # tp1 killed at the budget (no time left to run it eagerly); tp2 never started.
@@ -153,7 +145,7 @@ def test_the_budget_kills_the_run_and_says_so(bench, tmp_path, multicast_env):
     assert "**Not run:**" in res["markdown"]
 
 
-def test_sizes_that_do_not_fit_are_refused(bench):
+def test_sizes_that_do_not_fit_are_refused():
     with pytest.raises(SystemExit):
         bench.parse_args([*TINY, "--prefill-len", "64"])  # over the token budget
     with pytest.raises(SystemExit):

@@ -1,26 +1,16 @@
-"""benchmarks/benchmark_vs_hf.py on the CPU: ours and HF on the same tiny workload, each a
+"""benchmarks/engine/benchmark_vs_hf.py on the CPU: ours and HF on the same tiny workload, each a
 fresh process with --prefill-run, the ratios and the notes in the table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_vs_hf.py"
+from benchmarks.engine import benchmark_vs_hf as vs_hf
 
 
-@pytest.fixture(scope="module")
-def vs_hf():
-    spec = importlib.util.spec_from_file_location("benchmark_vs_hf", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_tiny_ours_and_hf(vs_hf, tmp_path):
+def test_tiny_ours_and_hf(tmp_path):
     import numpy
 
     if tuple(int(p) for p in numpy.__version__.split(".")[:2]) >= (2, 4):
@@ -44,6 +34,6 @@ def test_tiny_ours_and_hf(vs_hf, tmp_path):
     assert "PyTorch scan (not on CUDA (auto)), PyTorch conv; warm" in text
 
 
-def test_bad_systems(vs_hf):
+def test_bad_systems():
     with pytest.raises(SystemExit):
         vs_hf.parse_args(["--systems", "ours-4096-fp32"])

@@ -1,18 +1,14 @@
-"""benchmarks/make_model_dir.py: Mistral's v3 SentencePiece tokenizer converted to a fast HF
+"""benchmarks/common/make_model_dir.py: Mistral's v3 SentencePiece tokenizer converted to a fast HF
 tokenizer (equal to SentencePiece's encoding), a config.json the loader reads as the
 Codestral-7B (or tiny) shape, and the directory served by a live `vllm serve
---load-format dummy` that benchmark_serving.py measures with exact random prompt lengths."""
+--load-format dummy` that `vllm bench serve` measures with exact random prompt lengths."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 if importlib.util.find_spec("mistral_common") is None:
     pytest.skip(
@@ -21,9 +17,13 @@ if importlib.util.find_spec("mistral_common") is None:
         allow_module_level=True,
     )
 
-from make_model_dir import CHECK_TEXTS, TINY_SHAPE, make_model_dir, v3_tokenizer_path  # noqa: E402
-
-from tests.entrypoints.utils import RemoteServer  # noqa: E402
+from benchmarks.common.make_model_dir import (
+    CHECK_TEXTS,
+    TINY_SHAPE,
+    make_model_dir,
+    v3_tokenizer_path,
+)
+from tests.entrypoints.utils import RemoteServer
 
 ENGLISH = (
     "State space models process a sequence one token at a time while keeping a fixed-size "
@@ -98,7 +98,7 @@ def test_chat_template_uses_the_control_tokens(tiny_dir):
 
 
 def test_served_with_dummy_weights_and_benchmarked(tiny_dir, tmp_path):
-    from benchmark_serving import cli
+    from vllm.benchmarks.serve import cli
 
     args = ["--load-format", "dummy", "--max-num-seqs", "4", "--max-model-len", "256"]
     with RemoteServer(tiny_dir, args) as server:

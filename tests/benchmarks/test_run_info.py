@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from run_info import git_sha  # noqa: E402
+from benchmarks.common.run_info import git_sha
 
 
 def _git(repo: Path, *args: str) -> str:

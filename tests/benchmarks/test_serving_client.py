@@ -1,4 +1,4 @@
-"""benchmarks/serving_client.py against a real HTTP server (aiohttp.web on a local port, in the
+"""vllm/benchmarks/client.py against a real HTTP server (aiohttp.web on a local port, in the
 test's event loop) that streams on purpose what a real server does now and then: events split
 across TCP writes, an error event mid-stream, an HTTP error, a stream without usage, one cut
 off before [DONE], one without text, a refused connection. Each request's outcome, error
@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from serving_client import RequestInput, send_request  # noqa: E402
+from vllm.benchmarks.client import RequestInput, send_request
 
 GAP_S = 0.05
 

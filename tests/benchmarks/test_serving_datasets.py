@@ -1,32 +1,26 @@
-"""The parts of benchmark_serving.py below the run loop: the tolerant ShareGPT reader (on a
-truncated file made here), the sampling filters and seeded order, the random data set and
-the metrics math on known timings. The streaming client against a real HTTP server that
-misbehaves on purpose is in test_serving_client.py."""
+"""The parts of the serving benchmark (vllm/benchmarks/) below the run loop: the tolerant
+ShareGPT reader (on a truncated file made here), the sampling filters and seeded order, the
+random data set and the metrics math on known timings. The streaming client against a real
+HTTP server that misbehaves on purpose is in test_serving_client.py."""
 
 from __future__ import annotations
 
 import json
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-from serving_client import RequestOutput, sse_events  # noqa: E402
-from serving_datasets import (  # noqa: E402
+from tests.tiny_model import make_tiny_model_dir
+from vllm.benchmarks.client import RequestOutput, sse_events
+from vllm.benchmarks.datasets import (
     parse_sharegpt,
     read_sharegpt,
     sample_random,
     sample_sharegpt,
     sharegpt_pairs,
 )
-from serving_metrics import calculate_metrics, format_table  # noqa: E402
-
-from tests.tiny_model import make_tiny_model_dir  # noqa: E402
+from vllm.benchmarks.metrics import calculate_metrics, format_table
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +79,7 @@ def test_reader_refuses_a_non_array():
 
 
 def test_the_packaged_truncated_sharegpt_file():
-    from benchmark_serving import installed_sharegpt
+    from vllm.benchmarks.serve import installed_sharegpt
 
     path = installed_sharegpt()
     if path is None:

@@ -1,4 +1,4 @@
-"""benchmarks/serving_sweep.py: its run list, and one real sweep on the CPU (a tiny `vllm
+"""benchmarks/serving/serving_sweep.py: its run list, and one real sweep on the CPU (a tiny `vllm
 serve`, two rates of a ShareGPT sample through `vllm bench serve`, twice (--repeats 2),
 then the offline benchmark_throughput.py run on the same requests), its files and its
 summary: the repeats' spread, and the server's engine steps beside the offline ones."""
@@ -6,19 +6,14 @@ summary: the repeats' spread, and the server's engine steps beside the offline o
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from serving_sweep import offline_command, parse_runs, server_sessions  # noqa: E402
-
-from tests.entrypoints.utils import server_env  # noqa: E402
-from tests.tiny_model import make_tiny_model_dir  # noqa: E402
+from benchmarks.serving.serving_sweep import offline_command, parse_runs, server_sessions
+from tests.entrypoints.utils import server_env
+from tests.tiny_model import make_tiny_model_dir
+from tests.utils import run_module
 
 
 def test_parse_runs():
@@ -60,9 +55,10 @@ def run_sweep(tmp_path, turns: list[str], args: list[str]) -> tuple[Path, dict]:
     ]
     (tmp_path / "sample.json").write_text(json.dumps(records))
     out = tmp_path / "sweep"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "serving_sweep.py"), "--model", str(model)]
-    cmd += ["--dataset-path", str(tmp_path / "sample.json"), "--out", str(out), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=server_env(), capture_output=True, text=True)
+    args = ["--model", model, "--dataset-path", tmp_path / "sample.json", "--out", out, *args]
+    proc = run_module(
+        "benchmarks.serving.serving_sweep", *args, env=server_env(), capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
     return out, runs

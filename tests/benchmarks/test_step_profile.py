@@ -1,4 +1,4 @@
-"""benchmarks/step_profile.py: kernels land in the right step and category.
+"""benchmarks/common/step_profile.py: kernels land in the right step and category.
 
 The CUDA path is fed a hand-made trace (this machine has no GPU): a kernel gets its
 category from the mamba2 range open at its launch (matched through the correlation id),
@@ -7,16 +7,12 @@ else from its name, and its step from the step range its execution falls in.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from torch.autograd import DeviceType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import step_profile  # noqa: E402
+from benchmarks.common import step_profile
 
 CPU, CUDA = DeviceType.CPU, DeviceType.CUDA
 

@@ -1,23 +1,17 @@
-"""benchmarks/step_stats.py: engine step totals read back from the Prometheus text the
+"""vllm/benchmarks/step_stats.py: engine step totals read back from the Prometheus text the
 server's logger writes (a real registry), their summary, and a server with no such series
-(a real HTTP server whose /metrics is missing: benchmark_serving skips the stats)."""
+(a real HTTP server whose /metrics is missing: the serving benchmark skips the stats)."""
 
 from __future__ import annotations
 
 import asyncio
 import http.server
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import step_stats  # noqa: E402
-
-from vllm.engine.stats import IterationStats, StepStats, StepTotals  # noqa: E402
+from vllm.benchmarks import step_stats
+from vllm.engine.stats import IterationStats, StepStats, StepTotals
 
 STEPS = [
     StepStats(0.001, 0.010, 0.080, 0.002, 0.095, 40, 3, True, device_s=0.070),
@@ -90,7 +84,7 @@ class _NoMetrics(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_server_without_metrics_is_skipped():
-    from benchmark_serving import scrape_step_totals
+    from vllm.benchmarks.serve import scrape_step_totals
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoMetrics)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

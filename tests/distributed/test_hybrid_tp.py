@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from tests.distributed.utils import run_ranks
+from tests.models.hf_builders import make_bamba_hf as make_bamba
+from tests.models.hf_builders import make_nemotron_h_hf as make_nemotron_h
 from tests.models.hybrid_utils import (
     check_generate_two_ranks_equals_one_rank,
     check_steps_match,
     run_steps,
     save_checkpoint,
 )
-from tests.models.test_bamba import make_hf as make_bamba
-from tests.models.test_nemotron_h import make_hf as make_nemotron_h
 from vllm import LLM
 from vllm.cache_spec import AttentionSpec
 from vllm.distributed import get_tp_group

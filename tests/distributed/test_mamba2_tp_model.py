@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.utils import run_ranks
+from tests.distributed.utils import TOL, run_ranks
+from tests.distributed.utils import dummy_config as _dummy_config
 from tests.tiny_model import make_tiny_model_dir
 from vllm.distributed import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.model_loader import get_model
-from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
-TOL = dict(atol=1e-5, rtol=1e-5)
 # (tokens, slot, continues its state) per row, one list per step; slot s is pool line s + 1
 # (line 0 is the null line).
 STEPS = [
@@ -45,20 +44,6 @@ def _run_steps(model) -> list[torch.Tensor | None]:
         with torch.no_grad(), set_forward_context(ForwardContext(mamba2_metadata=md)):
             out.append(model.compute_logits(model(ids, None)))
     return out
-
-
-def _dummy_config(n_groups: int) -> Mamba2ModelConfig:
-    return Mamba2ModelConfig(
-        vocab_size=100,  # not a multiple of 64: the sharded table pads, TP=1's does not
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_heads=8,
-        head_dim=8,
-        state_size=8,
-        n_groups=n_groups,
-        chunk_size=4,
-        tie_word_embeddings=True,
-    )
 
 
 def _ranks_equal_one_rank(model_dir, n_groups, expected_ckpt, expected_dummy) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.distributed.test_mamba2_tp_model import TOL, _dummy_config
-from tests.distributed.utils import run_ranks
+from tests.distributed.utils import TOL, dummy_config, run_ranks
 from vllm.distributed import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.model_loader import get_model
@@ -53,7 +52,7 @@ def _run(model, replayssm_buffer_len: int) -> tuple[list, torch.Tensor, object]:
 
 def _sharded_replay_equals(n_groups: int, expected: list, expected_states: torch.Tensor):
     tp = get_tp_group()
-    model = get_model(_dummy_config(n_groups), load_format="dummy")
+    model = get_model(dummy_config(n_groups), load_format="dummy")
     assert model.backbone.layers[0].mixer.num_heads == 4
     got, counts, pool = _run(model, L)
     assert pool.rings["ring_x"].shape[2] == 4  # this rank's heads only
@@ -74,6 +73,6 @@ def _sharded_replay_equals(n_groups: int, expected: list, expected_states: torch
 
 def test_two_rank_replayed_equals_one_rank_every_step_gloo():
     for n_groups in (1, 2):
-        model = get_model(_dummy_config(n_groups), load_format="dummy")
+        model = get_model(dummy_config(n_groups), load_format="dummy")
         expected, _, pool = _run(model, 0)
         run_ranks(_sharded_replay_equals, n_groups, expected, pool.ssm_state)

@@ -26,13 +26,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.distributed.utils import run_ranks
+from tests.models.hf_builders import make_zamba2_hf as make_hf
 from tests.models.hybrid_utils import (
     check_generate_two_ranks_equals_one_rank,
     check_steps_match,
     run_steps,
     save_checkpoint,
 )
-from tests.models.test_zamba2 import make_hf
 from vllm import LLM
 from vllm.cache_spec import AttentionSpec
 from vllm.distributed import get_tp_group

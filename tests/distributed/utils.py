@@ -1,5 +1,6 @@
 """Running a test function on several ranks: one spawned process per rank, each joined to
-a real torch.distributed group (gloo on CPU, NCCL on GPUs), with a bound on the run."""
+a real torch.distributed group (gloo on CPU, NCCL on GPUs), with a bound on the run; the
+tiny Mamba2 the sharded-model tests compare across ranks and their tolerance."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import torch
 import torch.multiprocessing as mp
 
 from vllm.distributed import parallel_state
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 # Tests bound their collectives well below pytest's timeout, so a bug fails, not hangs.
 COLLECTIVE_TIMEOUT_S = 30.0
 RUN_TIMEOUT_S = 90.0
+# Sharded against whole: fp32, the reductions' order the only difference.
+TOL = dict(atol=1e-5, rtol=1e-5)
 GPU2_SKIP_REASON = (
     "needs 2 CUDA GPUs: gpu_check's tp step runs these on a 2-GPU machine (docs/tensor_parallel.md)"
 )
@@ -65,3 +69,17 @@ def run_ranks(fn, *args, world_size: int = 2, backend: str = "gloo") -> None:
             for p in ctx.processes:
                 p.kill()
             raise TimeoutError(f"{fn.__name__} did not finish on {world_size} ranks")
+
+
+def dummy_config(n_groups: int) -> Mamba2ModelConfig:
+    return Mamba2ModelConfig(
+        vocab_size=100,  # not a multiple of 64: the sharded table pads, TP=1's does not
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_heads=8,
+        head_dim=8,
+        state_size=8,
+        n_groups=n_groups,
+        chunk_size=4,
+        tie_word_embeddings=True,
+    )

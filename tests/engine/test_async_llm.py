@@ -12,61 +12,20 @@ import threading
 import time
 
 import pytest
-import torch
 
-from tests.models.mamba2_utils import TINY
+from tests.engine.utils import DELTA, Records, collect, delta
+from tests.engine.utils import STREAMS_CONFIG as CONFIG
+from tests.engine.utils import STREAMS_OPTS as OPTS
+from tests.engine.utils import run_coro as run
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
 from vllm.engine.core import EngineCoreRequest
 from vllm.engine.core_client import InprocClient
-from vllm.engine.stats import StatLoggerBase
-from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-from vllm.sampling_params import RequestOutputKind
 from vllm.worker.sampler import Sampler
 
 pytestmark = pytest.mark.timeout(600)
 MODES = pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
-
-# One layer: the streams, aborts and failures are the engine's (each compared with an
-# offline run of the same model); a second layer doubles every interpreted step.
-CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128, "num_hidden_layers": 1})
-OPTS = dict(
-    load_format="dummy",
-    dtype="float32",
-    device="cuda" if torch.cuda.is_available() else "cpu",
-    max_num_seqs=4,
-    max_num_batched_tokens=16,
-    max_model_len=64,
-)
-DELTA = RequestOutputKind.DELTA
-
-
-def delta(n: int, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, output_kind=DELTA, **kw)
-
-
-async def collect(engine: AsyncLLM, rid: str, prompt, params, stop_after=None) -> list[int]:
-    toks: list[int] = []
-    gen = engine.generate(prompt, params, rid)
-    async for out in gen:
-        toks += out.outputs[0].token_ids
-        if stop_after is not None and len(toks) >= stop_after:
-            await gen.aclose()
-            break
-    return toks
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-class Records(StatLoggerBase):
-    def __init__(self):
-        self.records = []
-
-    def record(self, stats):
-        self.records.append(stats)
 
 
 @pytest.fixture(scope="module")

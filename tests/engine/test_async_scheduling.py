@@ -3,31 +3,15 @@ the same outputs as reading every step's tokens at once, whatever ends the reque
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from tests.models.mamba2_utils import TINY
+from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
+from tests.engine.utils import generate_outcomes as run
+from tests.engine.utils import workload
 from vllm import LLM, SamplingParams
 from vllm.engine.sequence import PENDING_TOKEN
-from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
-
-# The shared tiny shape, wider: two groups of four heads; one layer, as what is compared is
-# the engine's handling of the steps (tokens in flight, stops), which a second layer leaves
-# as it is while doubling the cost of every step under the interpreter.
-CONFIG = Mamba2ModelConfig(
-    **{
-        **TINY,
-        "vocab_size": 128,
-        "hidden_size": 64,
-        "num_hidden_layers": 1,
-        "num_heads": 8,
-        "state_size": 16,
-        "n_groups": 2,
-    }
-)
 
 
 def make_llm(device, async_scheduling: bool) -> LLM:
@@ -40,32 +24,6 @@ def make_llm(device, async_scheduling: bool) -> LLM:
         max_num_batched_tokens=12,
         async_scheduling=async_scheduling,
     )
-
-
-def workload(seed: int):
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(96) for _ in range(rng.randint(1, 30))] for _ in range(9)]
-    params = []
-    for i in range(9):
-        seeded = i % 3 == 0
-        params.append(
-            SamplingParams(
-                temperature=0.9 if seeded else 0.0,
-                seed=100 + i if seeded else None,
-                max_tokens=rng.randint(1, 12),
-            )
-        )
-    return prompts, params
-
-
-def run(llm: LLM, prompts, params, eos=None, stops=None):
-    llm.engine.tokenizer.eos_token_id = eos
-    params = [
-        SamplingParams(temperature=p.temperature, seed=p.seed, max_tokens=p.max_tokens, stop=stops)
-        for p in params
-    ]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
 
 
 def test_async_equals_sync(device):

@@ -1,26 +1,18 @@
-"""benchmarks/benchmark_throughput.py on the CPU with the tiny config: every prompt source,
+"""benchmarks/engine/benchmark_throughput.py on the CPU with the tiny config: every prompt source,
 fixed lengths, the cold Triton cache, the prefill run, the profile and the HF backend."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.engine import benchmark_throughput as bench
+from tests.utils import run_module
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_throughput.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 COMMON = [
@@ -35,7 +27,7 @@ COMMON = [
 ]
 
 
-def test_synthetic_prompts(bench, tmp_path, capsys):
+def test_synthetic_prompts(tmp_path, capsys):
     out = tmp_path / "r.json"
     res = bench.main(
         [
@@ -66,7 +58,7 @@ def test_synthetic_prompts(bench, tmp_path, capsys):
     assert "requests/s" in capsys.readouterr().out
 
 
-def test_long_prefill_token_threshold_reaches_the_engine(bench, tmp_path):
+def test_long_prefill_token_threshold_reaches_the_engine(tmp_path):
     """One 12-token prompt, the engine's threshold 4: three batches with prompt tokens
     (under async scheduling the call that dispatches the first decode waits on the last
     of them: four step calls), where the 16-token budget alone would take one."""
@@ -80,7 +72,7 @@ def test_long_prefill_token_threshold_reaches_the_engine(bench, tmp_path):
     assert steps["num_steps_with_prefill"] == 4
 
 
-def test_sharegpt_file(bench, tmp_path):
+def test_sharegpt_file(tmp_path):
     data = [
         {
             "conversations": [
@@ -101,7 +93,7 @@ def test_sharegpt_file(bench, tmp_path):
         bench.main([*COMMON, "--dataset", str(path), "--num-prompts", "2"])
 
 
-def test_profile_and_phases(bench, capsys):
+def test_profile_and_phases(capsys):
     res = bench.main(
         [
             *COMMON,
@@ -134,7 +126,7 @@ def test_profile_and_phases(bench, capsys):
     assert "| triton | decode | 2 |" in capsys.readouterr().out
 
 
-def test_fixed_lengths_prefill_run_and_state_dtype(bench, tmp_path):
+def test_fixed_lengths_prefill_run_and_state_dtype(tmp_path):
     cache = tmp_path / "cache"
     argv = [*COMMON, "--num-prompts", "3", "--input-len", "5", "--output-len", "2"]
     argv += ["--prefill-run", "--no-first-token", "--mamba-ssm-cache-dtype", "bfloat16"]
@@ -150,20 +142,21 @@ def test_fixed_lengths_prefill_run_and_state_dtype(bench, tmp_path):
 
 
 def test_fresh_process_compiles_into_a_fresh_cache(tmp_path):
-    """Run as a script (a fresh process): an empty Triton cache of its own, set before
+    """Run as a module (a fresh process): an empty Triton cache of its own, set before
     triton is imported, recorded as cold and removed at the end."""
     out = tmp_path / "r.json"
-    argv = [sys.executable, str(SCRIPT), *COMMON, "--num-prompts", "2", "--input-len", "4"]
-    argv += ["--output-len", "2", "--out", str(out)]
+    argv = [*COMMON, "--num-prompts", "2", "--input-len", "4", "--output-len", "2", "--out", out]
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "not_this_one"))
-    subprocess.run(argv, env=env, check=True, capture_output=True)
+    run_module(
+        "benchmarks.engine.benchmark_throughput", *argv, env=env, check=True, capture_output=True
+    )
     info = json.loads(out.read_text())["triton_cache"]
     assert info["cold"] and not info["given"] and not info["triton_imported_before"]
     assert info["entries_at_start"] == 0 and info["dir"] != env["TRITON_CACHE_DIR"]
     assert not Path(info["dir"]).exists()
 
 
-def test_hf_backend_on_cpu(bench):
+def test_hf_backend_on_cpu():
     argv = ["--backend", "hf", "--model", "tiny", "--device", "cpu", "--num-prompts", "3"]
     argv += ["--input-len", "6", "--output-len", "3", "--hf-batch-size", "2"]
     res = bench.main([*argv, "--temperature", "0", "--prefill-run", "--hf-kernels", "torch"])
@@ -177,7 +170,7 @@ def test_hf_backend_on_cpu(bench):
     assert res["setup"]["model_config"]["hidden_size"] == 64 and res["setup"]["transformers"]
 
 
-def test_bad_arguments(bench):
+def test_bad_arguments():
     for bad in (
         ["--backend", "hf", "--output-len", "2"],  # hf needs fixed lengths
         ["--input-len", "4"],  # and so does --input-len
@@ -187,7 +180,7 @@ def test_bad_arguments(bench):
             bench.parse_args(bad)
 
 
-def test_bamba_shape_with_dummy_weights(bench, tmp_path):
+def test_bamba_shape_with_dummy_weights(tmp_path):
     """The hybrid preset path (bamba-tiny, the CPU stand-in of bamba-9b): a KV cache is
     sized and recorded, the config is Bamba's."""
     out = tmp_path / "bamba.json"

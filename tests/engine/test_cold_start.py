@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from tests.models.mamba2_utils import TINY
+from tests.utils import serve_random_workload
 from vllm import LLM, SamplingParams
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.triton_utils.launch import launch_misses, precompile
@@ -44,26 +44,6 @@ CONFIG = Mamba2ModelConfig(
         "n_groups": 2,
     }
 )
-
-
-def serve_random_workload(llm: LLM, seed: int, waves: int, max_len: int, vocab: int) -> int:
-    """Waves of requests with random prompt and output lengths; each wave's requests
-    finish at different steps, so the decode batch shrinks one by one. Returns the
-    number of output tokens."""
-    rng = random.Random(seed)
-    total = 0
-    for _ in range(waves):
-        n = rng.randint(1, 2 * llm.engine.config.max_num_seqs)
-        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
-        params = [
-            SamplingParams(temperature=rng.choice([0.0, 1.0]), max_tokens=rng.randint(1, 9))
-            for _ in range(n)
-        ]
-        for p in params:
-            p.ignore_eos = True
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        total += sum(len(o.outputs[0].token_ids) for o in outs)
-    return total
 
 
 @pytest.mark.parametrize(
@@ -147,6 +127,44 @@ def test_misses_counted_and_precompiled(device, monkeypatch):
     assert launcher.misses == misses + 1
 
 
+def _fwd_args(lengths: list[int], device):
+    dim = 40
+    x = torch.randn(sum(lengths), dim, device=device).t()
+    w, b = torch.randn(dim, 4, device=device), torch.randn(dim, device=device)
+    states = torch.zeros(len(lengths), 3, dim, device=device).transpose(1, 2)
+    qsl = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                       device=device)  # fmt: skip
+    return x, w, b, states, qsl
+
+
+# One forward step per launch configuration (_fwd_config_name): 8 one-token sequences in
+# one tile ("tiles"), one 128-token sequence in 4 tiles ("small_step", which adds
+# ``maxnreg``), 32 one-token sequences ("many_heads").
+_FWD_SHAPES = {"tiles": [1] * 8, "small_step": [128], "many_heads": [1] * 32}
+
+
+@pytest.mark.parametrize("first", sorted(_FWD_SHAPES))
+def test_precompiling_one_forward_config_registers_the_others(first, device, monkeypatch):
+    """The warm-up compiles the forward's whole table from whichever configuration its
+    launch chose; each variant must carry the key a real launch of that configuration
+    builds, options in the same order (on the GPU box a ``maxnreg`` appended after
+    ``num_warps`` made the small-step variant compile again while serving)."""
+    from vllm.model_executor.layers.mamba.ops import causal_conv1d as cc
+
+    launcher = cc._LAUNCH_FWD
+    monkeypatch.setattr(launcher, "seen", set())
+    monkeypatch.setattr(launcher, "cache", {})
+    cc.clear_host_caches()
+    names = {n: cc._fwd_config_name(sum(ls), len(ls)) for n, ls in _FWD_SHAPES.items()}
+    assert names == {n: n for n in _FWD_SHAPES}, names
+    with precompile():
+        cc.causal_conv1d_fn(*_fwd_args(_FWD_SHAPES[first], device))
+    misses = launcher.misses
+    for lengths in _FWD_SHAPES.values():
+        cc.causal_conv1d_fn(*_fwd_args(lengths, device))
+    assert launcher.misses == misses, "a forward configuration missed by the precompile"
+
+
 def test_dummy_steps_fit_the_limits():
     for seqs, tokens in [(1, 1), (1, 4), (2, 2), (3, 3), (3, 5), (8, 8), (256, 8192)]:
         steps = dummy_steps(seqs, tokens)
@@ -207,7 +225,7 @@ _CHILD = textwrap.dedent(
         compiles.append(kwargs.get("repr") or "?")
         return False
     knobs.runtime.jit_post_compile_hook = hook
-    from tests.engine.test_cold_start import serve_random_workload
+    from tests.utils import serve_random_workload
     from vllm import LLM
     from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
     cfg = Mamba2ModelConfig(vocab_size=512, hidden_size=256, num_hidden_layers=3, num_heads=8,

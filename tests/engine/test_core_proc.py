@@ -14,7 +14,10 @@ import time
 
 import pytest
 
-from tests.engine.test_async_llm import CONFIG, OPTS, Records, collect, delta, run
+from tests.engine.utils import STREAMS_CONFIG as CONFIG
+from tests.engine.utils import STREAMS_OPTS as OPTS
+from tests.engine.utils import Records, collect, delta
+from tests.engine.utils import run_coro as run
 from tests.tiny_model import make_tiny_model_dir
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs

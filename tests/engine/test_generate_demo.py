@@ -1,30 +1,28 @@
-"""examples/generate_demo.py (the README's main command) on the CPU: the tiny random-weight
-model generates exactly the tokens asked for, reproducibly, and reports them."""
+"""examples/generate_demo.py (the README's main command, run as the README runs it) on the
+CPU: the tiny random-weight model generates exactly the tokens asked for, reproducibly, and
+reports them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
+import subprocess
+import sys
 
-import pytest
+from benchmarks.common.launch import tree_env
+from tests.utils import REPO
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "generate_demo.py"
-
-
-@pytest.fixture(scope="module")
-def demo():
-    spec = importlib.util.spec_from_file_location("generate_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+ARGV = ["--device", "cpu", "--max-tokens", "4", "--prompt", "hello", "--prompt", "state"]
 
 
-def test_tiny_generation(demo, tmp_path, capsys):
+def demo(*args) -> subprocess.CompletedProcess:
+    argv = [sys.executable, str(REPO / "examples" / "generate_demo.py"), *ARGV, *args]
+    return subprocess.run(argv, env=tree_env(), check=True, capture_output=True, text=True)
+
+
+def test_tiny_generation(tmp_path):
     out = tmp_path / "demo.json"
-    argv = ["--device", "cpu", "--max-tokens", "4", "--prompt", "hello", "--prompt", "state"]
-    report = demo.main([*argv, "--json", str(out)])
-    assert json.loads(out.read_text()) == report
+    printed = demo("--json", str(out)).stdout
+    report = json.loads(out.read_text())
     assert report["output_tokens"] == 8 and report["engine_steps"] == 4
     assert report["conv_backend"] == "triton" and report["tokens_per_s"] > 0
     assert [o["prompt"] for o in report["outputs"]] == ["hello", "state"]
@@ -34,7 +32,8 @@ def test_tiny_generation(demo, tmp_path, capsys):
         full = bytes(t % 256 for t in o["token_ids"]).decode(errors="replace")
         assert full.startswith(o["text"])
     assert any(o["text"] for o in report["outputs"])
-    printed = capsys.readouterr().out
     assert "tiny Mamba2" in printed and "8 tokens for 2 prompts" in printed
-    again = demo.main(argv)
-    assert [o["token_ids"] for o in again["outputs"]] == [o["token_ids"] for o in report["outputs"]]
+    again = tmp_path / "again.json"
+    demo("--json", str(again))
+    token_ids = [o["token_ids"] for o in json.loads(again.read_text())["outputs"]]
+    assert token_ids == [o["token_ids"] for o in report["outputs"]]

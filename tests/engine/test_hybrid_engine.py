@@ -10,47 +10,14 @@ import random
 
 import pytest
 
+from tests.engine.utils import bamba_llm, check_kv_invariants
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.kv_cache_manager import KVCacheManager
 from vllm.engine.scheduler import Scheduler
 from vllm.engine.sequence import Sequence
-from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.triton_utils.launch import launch_misses
-
-BAMBA = BambaModelConfig(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=3,
-    attn_layer_indices=(1,),
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    mamba_n_heads=4,
-    mamba_d_head=16,
-    mamba_d_state=8,
-    mamba_chunk_size=8,
-    max_position_embeddings=128,
-)
-
-
-def bamba_llm(**kwargs) -> LLM:
-    options = dict(load_format="dummy", device="cpu", dtype="float32", max_model_len=48)
-    return LLM(BAMBA, **{**options, **kwargs})
-
-
-def check_kv_invariants(sched: Scheduler) -> None:
-    kv = sched.kv
-    held = sum(len(kv.block_table(s.request_id)) for s in sched.running)
-    assert kv.num_free_blocks + held == kv.num_blocks, "a block is lost or held twice"
-    assert 0 <= kv.num_reserved <= kv.num_free_blocks
-    for seq in sched.running:
-        table = kv.block_table(seq.request_id)
-        assert len(table) >= kv.blocks_needed(seq.num_computed_tokens)
-        assert len(table) <= kv.blocks_needed(sched.worst_case_tokens(seq))
-    for seq in sched.waiting:
-        assert seq.request_id not in kv
 
 
 def test_kv_blocks_never_leak_over_many_requests(monkeypatch):

@@ -10,8 +10,7 @@ import random
 
 import pytest
 
-from tests.engine.test_hybrid_engine import BAMBA, check_kv_invariants
-from tests.engine.test_scheduler import check_batch, fake_step, make_seq
+from tests.engine.utils import BAMBA, check_batch, check_kv_invariants, fake_step, make_seq
 from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs

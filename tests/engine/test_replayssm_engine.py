@@ -10,7 +10,9 @@ import argparse
 import pytest
 import torch
 
-from tests.engine.test_async_scheduling import CONFIG, run, workload
+from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
+from tests.engine.utils import bamba_llm, workload
+from tests.engine.utils import generate_outcomes as run
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.stats import startup_line
@@ -44,11 +46,15 @@ def test_flags_parse_and_validate():
         ns.model = CONFIG
         return EngineArgs.from_cli_args(ns)
 
-    assert args().use_replayssm is None and args().replayssm_buffer_len == 16
+    assert args().use_replayssm is False and args().replayssm_buffer_len == 16
     assert args("--use-replayssm", "--replayssm-buffer-len", "8").use_replayssm is True
     assert args("--no-use-replayssm").use_replayssm is False
-    # None resolves by device: off on the CPU (its paths cost more than the every-step ones).
+    # Off unless asked for, as upstream's use_replayssm; None (accepted) is off too.
     assert EngineArgs(CONFIG, device="cpu").create_engine_config().use_replayssm is False
+    assert (
+        EngineArgs(CONFIG, device="cpu", use_replayssm=None).create_engine_config().use_replayssm
+        is False
+    )
     for bad in (1, 129, 2.0, True):
         with pytest.raises(ValueError, match="--replayssm-buffer-len"):
             EngineArgs(CONFIG, device="cpu", replayssm_buffer_len=bad).create_engine_config()
@@ -119,8 +125,6 @@ def test_flushed_and_hooked_states_equal_every_step(device):
 
 def test_hybrid_mamba2_layers_replayed():
     """Bamba (Mamba2 + attention): its Mamba2 layers replay, outputs as every-step's."""
-    from tests.engine.test_hybrid_engine import bamba_llm
-
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
     params = SamplingParams(temperature=0.0, max_tokens=2 * L + 2, ignore_eos=True)
     outs = {}

@@ -6,37 +6,10 @@ import random
 
 import pytest
 
+from tests.engine.utils import check_batch, fake_step, make_seq
 from vllm.engine.scheduler import Scheduler
 from vllm.engine.sequence import Sequence, SequenceStatus
 from vllm.engine.state_manager import SlotManager
-from vllm.sampling_params import SamplingParams
-
-
-def make_seq(i: int, prompt_len: int, max_tokens: int) -> Sequence:
-    return Sequence(str(i), [1] * prompt_len, SamplingParams(max_tokens=max_tokens), arrival=i)
-
-
-def fake_step(sched: Scheduler):
-    """One step as the engine runs it, with token 7 sampled for every finished chunk."""
-    batch = sched.schedule()
-    for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-        seq.num_computed_tokens += n
-        if seq.num_computed_tokens == len(seq.token_ids):
-            seq.token_ids.append(7)
-            if len(seq.output_token_ids) >= seq.params.max_tokens:
-                sched.finish(seq, "length")
-    return batch
-
-
-def check_batch(sched: Scheduler, batch, running_before: list[Sequence]) -> None:
-    assert batch.total_tokens <= sched.max_num_batched_tokens
-    assert len(batch) <= sched.max_num_seqs
-    assert len({s.request_id for s in batch.seqs}) == len(batch), "a sequence twice in a step"
-    assert all(n >= 1 for n in batch.num_tokens)
-    # decodes first, and exactly the first num_decodes rows are one-token decodes
-    assert all(n == 1 for n in batch.num_tokens[: batch.num_decodes])
-    # preemption-free: every sequence running before the step is in the step
-    assert {s.request_id for s in running_before} <= {s.request_id for s in batch.seqs}
 
 
 def test_slot_manager_hands_out_each_slot_once():

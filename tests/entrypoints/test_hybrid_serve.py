@@ -18,14 +18,14 @@ import httpx
 import pytest
 
 from tests.entrypoints.utils import RemoteServer
-from tests.models import test_bamba, test_nemotron_h, test_zamba2
+from tests.models.hf_builders import make_bamba_hf, make_nemotron_h_hf, make_zamba2_hf
 from tests.models.hybrid_utils import save_checkpoint, tokens
 from vllm import LLM, SamplingParams
 
 MAKERS = {
-    "bamba": test_bamba.make_hf,
-    "nemotron_h": test_nemotron_h.make_hf,
-    "zamba2": test_zamba2.make_hf,
+    "bamba": make_bamba_hf,
+    "nemotron_h": make_nemotron_h_hf,
+    "zamba2": make_zamba2_hf,
 }
 # Small limits, as the model tests use: a 16-token step budget and 4-token blocks.
 # A fixed KV cache (not a share of GPU memory, which other test processes on the box hold).

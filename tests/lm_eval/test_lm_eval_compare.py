@@ -1,4 +1,4 @@
-"""benchmarks/lm_eval_compare.py, the GPU run's script, on the CPU: ``run`` executes the
+"""benchmarks/accuracy/lm_eval_compare.py, the GPU run's script, on the CPU: ``run`` executes the
 seed's ``lm_eval --model vllm ...`` command line (the CLI, offline) on the tiny model;
 ``compare`` counts what agrees between two runs' per-sample outputs and finds what does not;
 the wheel packing round-trips every wheel file."""
@@ -8,23 +8,21 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import zipfile
 
 import pytest
 
-from tests.entrypoints.utils import REPO
 from tests.lm_eval.harness import MAX_MODEL_LEN, NEEDS_LM_EVAL, offline_env
+from tests.utils import run_module
 
 pytest.importorskip("lm_eval", reason=NEEDS_LM_EVAL)
 pytestmark = pytest.mark.timeout(900)
-SCRIPT = REPO / "benchmarks" / "lm_eval_compare.py"
 
 
 def script(*args, env=None, check=True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)],
-        cwd=REPO,
+    proc = run_module(
+        "benchmarks.accuracy.lm_eval_compare",
+        *args,
         env=env,
         capture_output=True,
         text=True,

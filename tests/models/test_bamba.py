@@ -10,53 +10,19 @@ import json
 import pytest
 import torch
 
+from tests.models.hf_builders import make_bamba_hf as make_hf
 from tests.models.hybrid_utils import (
-    VOCAB,
     check_bf16_tracks_hf,
     check_generate_matches_hf,
     check_graphs_match_eager,
     check_loads_every_hf_weight,
     check_mixed_steps_match_hf,
-    hf_norms_per_group,
-    perturb,
     save_checkpoint,
 )
 from vllm import LLM, SamplingParams
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.bamba import BambaForCausalLM
 from vllm.model_executor.models.bamba_config import BAMBA_9B, BambaModelConfig
-
-
-def hf_config(**overrides):
-    from transformers import BambaConfig
-    from transformers.models.bamba.modeling_bamba import BambaRMSNormGated
-
-    shape = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=4,
-        attn_layer_indices=[1, 3],
-        num_attention_heads=4,
-        num_key_value_heads=2,  # GQA
-        mamba_n_heads=4,
-        mamba_d_head=16,
-        # two groups where this transformers normalises per group, as we do (5.24); one
-        # where it normalises the whole inner width (5.17): no oracle for more
-        mamba_n_groups=2 if hf_norms_per_group(BambaRMSNormGated) else 1,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_chunk_size=8,
-        max_position_embeddings=128,
-    )
-    return BambaConfig(**{**shape, **overrides})
-
-
-def make_hf(seed: int = 0, **overrides):
-    from transformers import BambaForCausalLM as HFBamba
-
-    torch.manual_seed(seed)
-    return perturb(HFBamba(hf_config(**overrides)), seed)
 
 
 @pytest.fixture(scope="module")

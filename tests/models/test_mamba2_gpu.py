@@ -113,22 +113,24 @@ def _time_step(model, rows, pool_slots, repeats=5):
 
 def test_codestral_7b_shaped_mixed_step_both_backends(monkeypatch, capsys):
     """Mamba-Codestral-7B shape (HF Mamba2Config defaults), dummy bf16 weights: one step of
-    1 x 2048-token prefill + 255 decodes with each backend; prints the forward times."""
+    1 x 2048-token prefill + 63 decodes with each backend; prints the forward times. (With
+    255 decodes the fp32 state pool alone took 64 GiB, and next to another 7B-shaped test
+    under gpu_check's 8 pytest workers the H200 ran out of memory.)"""
     cfg = Mamba2ModelConfig()
     prompt = toks(2048, "7b-prompt", cfg.vocab_size)
-    rows = [Row(256, prompt)] + [
-        Row(s, toks(1, ("7b", s), cfg.vocab_size), True) for s in range(1, 256)
+    rows = [Row(64, prompt)] + [
+        Row(s, toks(1, ("7b", s), cfg.vocab_size), True) for s in range(1, 64)
     ]
     results = {}
     for backend in ("triton", "cuda"):
         model = model_for(backend, monkeypatch, cfg, BF16, seed=7)
-        results[backend] = _time_step(model, rows, pool_slots=256)
+        results[backend] = _time_step(model, rows, pool_slots=64)
         del model
         torch.cuda.empty_cache()
     with capsys.disabled():
         for backend, (ms, _) in results.items():
             print(
-                f"\n7B-shaped mixed step (1x2048 prefill + 255 decodes, bf16) "
+                f"\n7B-shaped mixed step (1x2048 prefill + 63 decodes, bf16) "
                 f"backend={backend}: {ms:.2f} ms (median of 5, {torch.cuda.get_device_name()})"
             )
     assert torch.isfinite(results["triton"][1]).all()

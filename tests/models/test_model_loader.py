@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.models.hf_builders import make_bamba_hf
 from tests.models.hybrid_utils import assert_loaded_as_hf, save_checkpoint
 from tests.models.mamba2_utils import TINY, Driver, Row, hf_config, make_hf_model
 from vllm.model_executor.model_loader import get_model
@@ -228,9 +229,7 @@ def test_the_dummy_checkpoint_is_a_real_checkpoints_layout(tmp_path):
     ``load_weights``: the tensors a real checkpoint holds (q/k/v and gate/up apart, each
     drawn under its own name at full shape), so saved and loaded back they give the same
     model."""
-    from tests.models.test_bamba import make_hf
-
-    path = save_checkpoint(make_hf(attention_bias=True), tmp_path / "bamba")
+    path = save_checkpoint(make_bamba_hf(attention_bias=True), tmp_path / "bamba")
     real = {k: tuple(v.shape) for k, v in load_file(str(path / "model.safetensors")).items()}
     model = get_model(path, load_format="dummy", seed=3)
     drawn = dict(dummy_weights(model, seed=3))

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.models.hf_builders import make_nemotron_h_hf as make_hf
 from tests.models.hybrid_utils import (
     VOCAB,
     check_bf16_tracks_hf,
@@ -20,39 +21,12 @@ from tests.models.hybrid_utils import (
     check_mixed_steps_match_hf,
     engine,
     hf_logits,
-    perturb,
     save_checkpoint,
 )
 from vllm import SamplingParams
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
-
-PATTERN = "M*-M-*"  # Mamba2, attention, MLP, Mamba2, MLP, attention
-
-
-def make_hf(seed: int = 0, pattern: str = PATTERN, **overrides):
-    from transformers import NemotronHConfig
-    from transformers import NemotronHForCausalLM as HFNemotronH
-
-    shape = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        hybrid_override_pattern=pattern,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # GQA
-        head_dim=8,
-        intermediate_size=48,
-        mamba_num_heads=4,
-        mamba_head_dim=16,
-        ssm_state_size=8,
-        n_groups=2,
-        conv_kernel=4,
-        chunk_size=8,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(seed)
-    return perturb(HFNemotronH(NemotronHConfig(**{**shape, **overrides})), seed)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.models.hf_builders import ZAMBA2_LAYERS as LAYERS
+from tests.models.hf_builders import make_zamba2_hf as make_hf
 from tests.models.hybrid_utils import (
     VOCAB,
     assert_loaded_as_hf,
@@ -18,15 +20,12 @@ from tests.models.hybrid_utils import (
     check_generate_matches_hf,
     check_graphs_match_eager,
     check_mixed_steps_match_hf,
-    perturb,
     save_checkpoint,
 )
 from vllm import LLM, SamplingParams
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.zamba2 import Zamba2ForCausalLM
 from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
-
-LAYERS = ["mamba", "hybrid", "mamba", "hybrid", "hybrid"]  # 3 uses of 2 shared blocks
 
 VARIANTS = {
     # adapters, RoPE, two shared blocks, tied head (transformers' defaults for the rest)
@@ -44,31 +43,6 @@ VARIANTS = {
         num_mem_blocks=1,
     ),
 }
-
-
-def make_hf(seed: int = 0, **overrides):
-    from transformers import Zamba2Config
-    from transformers import Zamba2ForCausalLM as HFZamba2
-
-    shape = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=len(LAYERS),
-        layers_block_type=LAYERS,
-        num_attention_heads=4,
-        n_mamba_heads=4,
-        mamba_d_state=8,
-        mamba_ngroups=2,
-        num_mem_blocks=2,
-        use_shared_attention_adapter=True,
-        adapter_rank=4,
-        use_mem_rope=True,
-        chunk_size=8,
-        intermediate_size=48,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(seed)
-    return perturb(HFZamba2(Zamba2Config(**{**shape, **overrides})), seed)
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

@@ -41,7 +41,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
-    use_replayssm: bool | None = None
+    use_replayssm: bool = False
     replayssm_buffer_len: int = 16
 
     def create_engine_config(self) -> EngineConfig:
@@ -154,7 +154,7 @@ class EngineArgs:
             default=d["use_replayssm"],
             help="replayed decode for the Mamba2 layers: a state slot is written every "
             "--replayssm-buffer-len steps, its last steps' inputs kept in a ring "
-            "(--no-use-replayssm: every step; default: on for CUDA, off for CPU)",
+            "(default off, as upstream; --no-use-replayssm: every step)",
         )
         g.add_argument(
             "--replayssm-buffer-len",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -223,6 +224,30 @@ _SESSION: _Session | None = None
 
 
 @contextlib.contextmanager
+def _filled_allocations() -> Iterator[None]:
+    """PyTorch fills every new tensor (NaN for floats, the largest value for integers).
+    Inside ``precompile`` no kernel writes its outputs, yet the PyTorch ops between launches
+    (an activation, the logits' matmul) read them: without a fill they would read memory
+    nothing ever wrote, which compute-sanitizer's initcheck reports by the hundred and
+    which would hide a real report. The fill needs PyTorch's deterministic mode; only
+    warned about here (an op without a deterministic implementation still runs)."""
+    import torch.utils.deterministic as det
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        det.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+
+
+@contextlib.contextmanager
 def precompile(max_workers: int | None = None) -> Iterator[PrecompileReport]:
     """Inside the block launches do not run; each records its launch site's variants.
     On exit every variant not compiled yet is compiled (in parallel) and cached; the
@@ -233,7 +258,8 @@ def precompile(max_workers: int | None = None) -> Iterator[PrecompileReport]:
     report = PrecompileReport()
     session = _SESSION = _Session()
     try:
-        yield report
+        with _filled_allocations():
+            yield report
     finally:
         _SESSION = None
     t0 = time.perf_counter()

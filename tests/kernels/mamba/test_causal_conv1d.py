@@ -8,7 +8,6 @@ the interpreter).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -22,8 +21,8 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     compute_causal_conv1d_metadata,
 )
 
+from .conv_cases import FnCase, build_fn_inputs, check_fn_against_ref
 from .conv_utils import (
-    DTYPE_NAMES,
     assert_close,
     assert_no_nan,
     gen_for,
@@ -36,54 +35,6 @@ from .conv_utils import (
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 gpu = pytest.mark.gpu
-
-
-@dataclass(frozen=True)
-class FnCase:
-    seqlens: tuple[int, ...]
-    dim: int
-    width: int
-    dtype: torch.dtype
-    state_dtype: torch.dtype | None = None  # None: same as x
-    state_len: int | None = None  # None: width - 1
-    pads: tuple[int, ...] = ()  # sequences whose cache index is PAD_SLOT_ID
-    init: str | tuple[bool, ...] = "random"  # "random", "all", "none", "default" or flags
-    default_indices: bool = False  # cache_indices=None (sequence b uses line b)
-    noncontig: bool = False  # x is a slice of a wider projection
-    bias: bool = True
-    activation: str | None = "silu"
-    extra_lines: int = 3  # lines of the pool no sequence uses
-
-    @property
-    def id(self) -> str:
-        w1 = self.width - 1
-        s = (
-            f"B{len(self.seqlens)}_T{sum(self.seqlens)}_D{self.dim}_W{self.width}"
-            f"_{DTYPE_NAMES[self.dtype]}"
-        )
-        if self.state_dtype not in (None, self.dtype):
-            s += f"_state{DTYPE_NAMES[self.state_dtype]}"
-        if self.state_len not in (None, w1):
-            s += f"_sl{self.state_len}"
-        if any(0 < n < w1 for n in self.seqlens):
-            s += "_short"
-        if 0 in self.seqlens:
-            s += "_zerolen"
-        if self.pads:
-            s += "_pad"
-        if isinstance(self.init, tuple):
-            s += "_init" + "".join("1" if f else "0" for f in self.init)
-        elif self.init != "random":
-            s += f"_init{self.init}"
-        if self.default_indices:
-            s += "_noidx"
-        if self.noncontig:
-            s += "_nc"
-        if not self.bias:
-            s += "_nobias"
-        if self.activation != "silu":
-            s += f"_act{self.activation}"
-        return s
 
 
 def _case(*args, marks=(), **kwargs):
@@ -140,76 +91,6 @@ FN_CASES = [
     _case((257, 64, 1, 2), 4128, 8, BF16, noncontig=True, pads=(2,), marks=gpu),
     _case((300, 1, 2), 4128, 2, FP16, state_len=9, marks=gpu),
 ]
-
-
-@dataclass
-class FnInputs:
-    x: torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    pool: torch.Tensor
-    qsl: torch.Tensor
-    indices: torch.Tensor | None
-    init: torch.Tensor | None
-    lines: list[int]  # cache line per sequence, PAD_SLOT_ID for pads
-
-
-def build_fn_inputs(case: FnCase, device) -> FnInputs:
-    g = gen_for(case.id)
-    batch, num_tokens, w = len(case.seqlens), sum(case.seqlens), case.width
-    x = make_x(case.dim, num_tokens, case.dtype, device, g, case.noncontig)
-    weight = make_weight(case.dim, w, case.dtype, device, g)
-    bias = make_bias(case.dim, case.dtype, device, g) if case.bias else None
-    num_lines = batch + case.extra_lines
-    pool = make_pool(
-        num_lines, case.dim, case.state_len or w - 1, case.state_dtype or case.dtype, device, g
-    )
-    if case.default_indices:
-        assert not case.pads
-        lines, indices = list(range(batch)), None
-    else:
-        lines = torch.randperm(num_lines, generator=g)[:batch].tolist()
-        for b in case.pads:
-            lines[b] = PAD_SLOT_ID
-        indices = torch.tensor(lines, dtype=torch.int32, device=device)
-    if case.init == "default":
-        init = None
-    elif case.init == "all":
-        init = torch.ones(batch, dtype=torch.bool)
-    elif case.init == "none":
-        init = torch.zeros(batch, dtype=torch.bool)
-    elif case.init == "random":
-        init = torch.rand(batch, generator=g) < 0.5
-        if batch >= 2:
-            init[0], init[-1] = True, False
-    else:
-        init = torch.tensor(case.init, dtype=torch.bool)
-    if init is not None:
-        init = init.to(device)
-    return FnInputs(
-        x, weight, bias, pool, qsl_from_lens(case.seqlens, device), indices, init, lines
-    )
-
-
-def check_fn_against_ref(
-    case: FnCase, inp: FnInputs, out: torch.Tensor, pool_before, ref_out, ref_pool
-):
-    x, qsl = inp.x, inp.qsl.tolist()
-    assert out.shape == x.shape and out.dtype == x.dtype
-    assert out.stride(0) == 1, "out must be feature-contiguous"
-    assert_no_nan(out)
-    assert_close(out, ref_out)
-    for b, line in enumerate(inp.lines):
-        if line == PAD_SLOT_ID:
-            seg = out[:, qsl[b] : qsl[b + 1]]
-            assert torch.equal(seg, torch.zeros_like(seg)), f"pad row {b} not zero"
-    assert torch.equal(inp.pool, ref_pool), "states differ from the reference"
-    used = {line for line in inp.lines if line != PAD_SLOT_ID}
-    for line in range(inp.pool.shape[0]):
-        if line not in used:
-            assert torch.equal(inp.pool[line], pool_before[line]), f"untouched line {line} changed"
-    w1 = case.width - 1
-    assert torch.equal(inp.pool[:, :, w1:], pool_before[:, :, w1:]), "columns past W-1 changed"
 
 
 @pytest.mark.parametrize("case", FN_CASES)

@@ -26,6 +26,13 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     compute_causal_conv1d_metadata,
 )
 
+from .conv_cases import (
+    FnCase,
+    UpdCase,
+    build_fn_inputs,
+    build_update_inputs,
+    check_fn_against_ref,
+)
 from .conv_utils import (
     DTYPE_NAMES,
     assert_close,
@@ -37,8 +44,6 @@ from .conv_utils import (
     qsl_from_lens,
     randn,
 )
-from .test_causal_conv1d import FnCase, build_fn_inputs, check_fn_against_ref
-from .test_causal_conv1d_update import UpdCase, build_update_inputs
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DTYPES = (FP32, FP16, BF16)

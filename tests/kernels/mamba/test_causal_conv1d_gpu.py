@@ -19,9 +19,14 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     compute_causal_conv1d_metadata,
 )
 
+from .conv_cases import (
+    FnCase,
+    UpdCase,
+    build_fn_inputs,
+    build_update_inputs,
+    check_fn_against_ref,
+)
 from .conv_utils import assert_close, assert_no_nan, gen_for, make_bias, make_pool, make_weight
-from .test_causal_conv1d import FnCase, build_fn_inputs, check_fn_against_ref
-from .test_causal_conv1d_update import UpdCase, build_update_inputs
 
 pytestmark = pytest.mark.gpu
 

@@ -26,7 +26,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
 from vllm.triton_utils import launch as launch_mod
 from vllm.triton_utils.host import PlanCache
 
-from . import test_causal_conv1d_errors as errors
+from . import conv_error_cases as errors
 from .conv_utils import (
     assert_close,
     gen_for,

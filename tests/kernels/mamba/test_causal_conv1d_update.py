@@ -9,8 +9,6 @@ the same history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -20,8 +18,8 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     causal_conv1d_update_ref,
 )
 
+from .conv_cases import UpdCase, build_update_inputs, make_update_x
 from .conv_utils import (
-    DTYPE_NAMES,
     assert_close,
     assert_no_nan,
     gen_for,
@@ -29,66 +27,10 @@ from .conv_utils import (
     make_pool,
     make_weight,
     qsl_from_lens,
-    randn,
 )
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 gpu = pytest.mark.gpu
-
-
-@dataclass(frozen=True)
-class UpdCase:
-    mode: str  # "tok": x (batch, dim); "multi": (batch, dim, seqlen); "varlen": (tokens, dim)
-    seqlens: tuple[int, ...]  # tokens per sequence (all 1 for "tok", all equal for "multi")
-    dim: int
-    width: int
-    dtype: torch.dtype
-    state_dtype: torch.dtype | None = None
-    state_len: int | None = None  # None: the least the case needs
-    pads: tuple[int, ...] = ()  # rows whose index is PAD_SLOT_ID
-    accepted: tuple[int, ...] | None = None  # num_accepted_tokens (speculative decoding)
-    default_indices: bool = False
-    noncontig: bool = False
-    bias: bool = True
-    activation: str | None = "silu"
-    extra_lines: int = 3
-
-    @property
-    def need_state_len(self) -> int:
-        w1 = self.width - 1
-        if self.accepted is None:
-            return w1
-        return w1 + max(max(self.seqlens) - 1, max(self.accepted) - 1)
-
-    @property
-    def id(self) -> str:
-        n = len(self.seqlens)
-        if self.mode == "tok":
-            s = f"tok_B{n}"
-        elif self.mode == "multi":
-            s = f"multi_B{n}_L{self.seqlens[0]}"
-        else:
-            s = f"varlen_B{n}_T{sum(self.seqlens)}"
-        s += f"_D{self.dim}_W{self.width}_{DTYPE_NAMES[self.dtype]}"
-        if self.state_dtype not in (None, self.dtype):
-            s += f"_state{DTYPE_NAMES[self.state_dtype]}"
-        if self.state_len not in (None, self.need_state_len):
-            s += f"_sl{self.state_len}"
-        if self.mode == "varlen" and 0 in self.seqlens:
-            s += "_zerolen"
-        if self.pads:
-            s += "_pad"
-        if self.accepted is not None:
-            s += "_spec" + "".join(map(str, self.accepted))
-        if self.default_indices:
-            s += "_noidx"
-        if self.noncontig:
-            s += "_nc"
-        if not self.bias:
-            s += "_nobias"
-        if self.activation != "silu":
-            s += f"_act{self.activation}"
-        return s
 
 
 def _case(*args, marks=(), **kwargs):
@@ -130,54 +72,6 @@ UPD_CASES = [
     _case("multi", (4,) * 4, 2064, 5, BF16, state_dtype=FP32, accepted=(1, 4, 2, 3), marks=gpu),
     _case("varlen", (7, 1, 0, 3, 0), 4128, 8, BF16, pads=(2, 4), marks=gpu),
 ]
-
-
-@dataclass
-class UpdInputs:
-    x: torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    pool: torch.Tensor
-    indices: torch.Tensor | None
-    accepted: torch.Tensor | None
-    qsl: torch.Tensor | None
-    lines: list[int]
-
-
-def make_update_x(mode, seqlens, dim, dtype, device, gen, noncontig=False) -> torch.Tensor:
-    """x for causal_conv1d_update, feature-contiguous; ``noncontig``: a slice of a projection."""
-    pad = 40 if noncontig else 0
-    if mode == "tok":
-        t = randn((len(seqlens), dim + pad), gen, dtype, device)
-        return t[:, pad // 2 : pad // 2 + dim]
-    if mode == "multi":
-        t = randn((len(seqlens), seqlens[0], dim + pad), gen, dtype, device)
-        return t[:, :, pad // 2 : pad // 2 + dim].transpose(1, 2)
-    t = randn((sum(seqlens), dim + pad), gen, dtype, device)
-    return t[:, pad // 2 : pad // 2 + dim]
-
-
-def build_update_inputs(case: UpdCase, device) -> UpdInputs:
-    g = gen_for(case.id)
-    batch = len(case.seqlens)
-    x = make_update_x(case.mode, case.seqlens, case.dim, case.dtype, device, g, case.noncontig)
-    weight = make_weight(case.dim, case.width, case.dtype, device, g)
-    bias = make_bias(case.dim, case.dtype, device, g) if case.bias else None
-    num_lines = batch + case.extra_lines
-    state_len = case.state_len or case.need_state_len
-    pool = make_pool(num_lines, case.dim, state_len, case.state_dtype or case.dtype, device, g)
-    if case.default_indices:
-        lines, indices = list(range(batch)), None
-    else:
-        lines = torch.randperm(num_lines, generator=g)[:batch].tolist()
-        for b in case.pads:
-            lines[b] = PAD_SLOT_ID
-        indices = torch.tensor(lines, dtype=torch.int32, device=device)
-    accepted = None
-    if case.accepted is not None:
-        accepted = torch.tensor(case.accepted, dtype=torch.int32, device=device)
-    qsl = qsl_from_lens(case.seqlens, device) if case.mode == "varlen" else None
-    return UpdInputs(x, weight, bias, pool, indices, accepted, qsl, lines)
 
 
 def _rows(case: UpdCase, out: torch.Tensor, b: int) -> torch.Tensor:

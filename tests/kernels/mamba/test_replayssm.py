@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay import (
     ReplayedSSMState,
@@ -166,6 +167,26 @@ def test_replayed_equals_every_step(case, device, nan_poison):
 @pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: c.id)
 def test_replayed_equals_every_step_cuda(case):
     run_against_every_step(case, torch.device("cuda"))
+
+
+# Launch configurations other than the default table's: several row blocks per head (with
+# a tail), the state streamed in several dstate tiles (the last one partly masked), warps.
+CONFIGS = [
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2),
+    dict(BLOCK_P=64, BLOCK_N=64, num_warps=4),
+]
+
+
+def _cfg_id(c: dict) -> str:
+    return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_launch_configs_agree(cfg, device, monkeypatch):
+    """Every tiling computes the same steps, flushes and materialisation."""
+    monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
+    run_against_every_step(Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=3), device)
 
 
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: c.id)

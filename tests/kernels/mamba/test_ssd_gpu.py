@@ -283,16 +283,9 @@ def chunk_end_states_ref_torch(case: Case, inp, pool):
 
 
 def _tune_module():
-    import importlib.util
-    import pathlib
-    import sys
+    from benchmarks.kernels import tune_ssd
 
-    kernels = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "kernels"
-    sys.path[:0] = [str(kernels), str(kernels.parent)]
-    spec = importlib.util.spec_from_file_location("tune_ssd", kernels / "tune_ssd.py")
-    tune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune)
-    return tune
+    return tune_ssd
 
 
 TUNE = _tune_module() if torch.cuda.is_available() else None

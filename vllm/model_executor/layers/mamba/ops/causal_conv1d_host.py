@@ -316,15 +316,21 @@ def _fwd_config_name(num_tokens: int, batch: int) -> str:
 def _fwd_variants(base: dict, elem_size: int) -> list[dict]:
     """Every constexpr set a forward launch like ``base`` can take: each configuration
     with each tile length ``_fwd_block_t`` gives (the small-step one only with the tile
-    length of small steps)."""
+    length of small steps). Each dict is built in the launch's own key order (the flags,
+    ``BLOCK_T``, then the configuration's entries): Triton keys its compiled kernels on the
+    launch options' order too, so a ``maxnreg`` merged after ``num_warps`` here, where the
+    launch has it before, would be compiled again at the first such launch."""
+    configs = _fwd_configs(elem_size)
+    chosen = {"BLOCK_T"}.union(*configs.values())
+    flags = {k: v for k, v in base.items() if k not in chosen}
     small_step_tokens = _tiles()[2]
     block_ts = sorted({_fwd_block_t(1), _fwd_block_t(small_step_tokens + 1)})
     out = []
-    for name, cfg in _fwd_configs(elem_size).items():
+    for name, cfg in configs.items():
         for block_t in block_ts:
             if name == "small_step" and block_t != _fwd_block_t(small_step_tokens):
                 continue
-            out.append({**base, "BLOCK_T": block_t, **cfg})
+            out.append({**flags, "BLOCK_T": block_t, **cfg})
     return out
 
 

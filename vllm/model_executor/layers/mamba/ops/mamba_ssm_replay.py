@@ -10,8 +10,9 @@ For head h of a row (group g, a = A[h] < 0, this step's dt, x, B, C)::
     y     = h_now C + D x  =  exp(sum s) (h0 C) + sum_k w_k (B_k . C) x_k + dt (B . C) x + D x
 
 An ordinary step (n < L-1) reads h0 once, computes y by the right-hand form (h_now is never
-formed) and appends (x, B, dt) at entry n; the L-th step (n == L-1, the flush) forms h_now,
-writes it to the pool line in the pool's dtype, and sets n = 0. So each line is read every
+formed) and appends (x, B, dt) at entry n; the L-th step (n == L-1, the flush) computes y
+the same way, then forms h_now, writes it to the pool line in the pool's dtype, and sets
+n = 0. So each line is read every
 step but written every L-th: at L = 16 a decode moves about 17/32 of the every-step
 update's state bytes. Each row keeps its own phase (its counter), so rows flush on their
 own steps and nothing is decided on the host: the launch depends on shapes only and can
@@ -70,11 +71,19 @@ BATCH_BUCKETS = (1, 8, 32, 128, 512)
 
 
 @triton.jit
-def _fold_ring(b_h, b_decay, b_X, b_w, b_Bs):
-    """decay h0 + sum_k w_k x_k B_k^T: one (BLOCK_P, BLOCK_K) x (BLOCK_K, BLOCK_N) product
-    in plain fp32 ("ieee": fp32 FMAs, never tf32)."""
-    b_wX = tl.trans(b_X * b_w[:, None])
-    return b_h * b_decay + tl.dot(b_wX, b_Bs, input_precision="ieee")
+def _ring_weights(p_rdt, stride_rdt_k, b_n, b_a, b_now, RING: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The decay weights of the ring's valid entries (k < n): w_k = exp(s_{k+1} + ... +
+    s_{n-1} + s_now) dt_k, and the whole window's decay exp(s_0 + ... + s_{n-1} + s_now).
+    The later entries' decays are summed term by term (a masked sum), never as differences
+    of cumulative sums, which would lose the small ones; invalid entries have dt = 0."""
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = (o_k < b_n) & (o_k < RING)
+    b_rdt = tl.load(p_rdt + o_k * stride_rdt_k, mask=m_k, other=0.0)
+    b_s = b_rdt * b_a
+    b_later = tl.sum(tl.where(o_k[None, :] > o_k[:, None], b_s[None, :], 0.0), axis=1)
+    b_w = tl.exp(b_later + b_now) * b_rdt
+    b_decay = tl.exp(tl.sum(b_s, axis=0) + b_now)
+    return b_w, b_decay
 
 
 # The lines may be a slice of the step's index buffer at any offset (the prefills' follow
@@ -103,123 +112,128 @@ def _replay_ssm_kernel(
     HAS_DT_LIMIT: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    N_TILES: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
-    # adjacent in launch order, so its ring entries are fetched from memory once. STEP:
-    # a decode step (output, then append or flush); else materialise (flush, no output).
-    i_p = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1).to(tl.int64)
+    # adjacent in launch order, so its ring entries come from memory once. The state is
+    # streamed in N_TILES tiles of (BLOCK_P, BLOCK_N) along dstate. STEP: a decode step
+    # (output, then append or flush); else materialise (flush, no output).
+    # Addressing: a line's and a head's offsets are int64 scalars, a tile's are int32.
+    i_p = tl.program_id(0)
+    i_h = tl.program_id(1)
     i_b = tl.program_id(2).to(tl.int64)
     i_g = i_h // heads_per_group
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
-    o_n = tl.arange(0, BLOCK_N).to(tl.int64)
-    o_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    o_t = tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
     m_p = o_p < headdim
-    m_n = o_n < dstate
     line = tl.load(idx_ptr + i_b * stride_idx_b).to(tl.int64)
-    live = line != pad_slot_id
-    line = tl.where(live, line, 0)
-    m_s = (m_p[:, None] & m_n[None, :]) & live
+    if line == pad_slot_id:
+        # A padded row reads and writes nothing but its output: zeros.
+        if STEP:
+            p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
+            tl.store(
+                p_out + o_p * stride_out_p,
+                tl.zeros([BLOCK_P], tl.float32).to(out_ptr.dtype.element_ty),
+                mask=m_p,
+            )
+        return
 
-    p_cnt = count_ptr + line * stride_cnt_line + i_h * stride_cnt_head
-    b_n = tl.load(p_cnt + (i_p * BLOCK_P) * stride_cnt_p, mask=live, other=0).to(tl.int32)
-    m_k = (o_k < b_n) & (o_k < RING) & live
-    p_rdt = ring_dt_ptr + line * stride_rdt_line + i_h * stride_rdt_head
-    b_rdt = tl.load(p_rdt + o_k * stride_rdt_k, mask=m_k, other=0.0)
+    p_cnt = count_ptr + line * stride_cnt_line + i_h.to(tl.int64) * stride_cnt_head
+    b_n = tl.load(p_cnt + i_p * BLOCK_P * stride_cnt_p).to(tl.int32)
+    m_k = (o_k < b_n) & (o_k < RING)
+    p_s = state_ptr + line * stride_state_line + i_h.to(tl.int64) * stride_state_head
+    p_rx = ring_x_ptr + line * stride_rx_line + i_h.to(tl.int64) * stride_rx_head
+    p_rB = ring_B_ptr + line * stride_rB_line + i_g.to(tl.int64) * stride_rB_group
+    p_rdt = ring_dt_ptr + line * stride_rdt_line + i_h.to(tl.int64) * stride_rdt_head
     b_a = tl.load(A_ptr + i_h * stride_A_h).to(tl.float32)
+    p_X = p_rx + o_p[:, None] * stride_rx_p + o_k[None, :] * stride_rx_k
+    b_X = tl.load(p_X, mask=m_p[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     if STEP:
         b_dt = tl.load(dt_ptr + i_b * stride_dt_b + i_h * stride_dt_h).to(tl.float32)
         if HAS_DT_BIAS:
             b_dt += tl.load(dt_bias_ptr + i_h * stride_dt_bias_h).to(tl.float32)
         b_dt = discretize_dt(b_dt, dt_min, dt_max, DT_SOFTPLUS, HAS_DT_LIMIT)
         b_now = b_dt * b_a
-        flush = (b_n >= RING) & live
+        flush = b_n >= RING
+        p_x = x_ptr + i_b * stride_x_b + i_h * stride_x_h
+        b_x = tl.load(p_x + o_p * stride_x_p, mask=m_p, other=0.0)
+        b_xf = b_x.to(tl.float32)
+        p_B = B_ptr + i_b * stride_B_b + i_g * stride_B_g
+        p_C = C_ptr + i_b * stride_C_b + i_g * stride_C_g
     else:
+        b_dt = 0.0
         b_now = 0.0
-        flush = (b_n > 0) & live
+        flush = b_n > 0
         if HAS_INIT:
             flush = flush & (tl.load(init_ptr + i_b * stride_init_b) != 0)
-    # Decay of entry k's contribution up to now, summed term by term (no difference of
-    # cumulative sums, which would lose the small ones); invalid entries have dt = 0.
-    b_s = b_rdt * b_a
-    b_later = tl.sum(tl.where(o_k[None, :] > o_k[:, None], b_s[None, :], 0.0), axis=1)
-    b_w = tl.exp(b_later + b_now) * b_rdt
-    b_decay = tl.exp(tl.sum(b_s, axis=0) + b_now)
+    b_w, b_decay = _ring_weights(p_rdt, stride_rdt_k, b_n, b_a, b_now, RING, BLOCK_K)
 
-    p_s = (
-        state_ptr
-        + line * stride_state_line
-        + i_h * stride_state_head
-        + o_p[:, None] * stride_state_p
-        + o_n[None, :] * stride_state_n
-    )
-    # The ring's valid entries: x (BLOCK_K, BLOCK_P) of this head, B (BLOCK_K, BLOCK_N) of
-    # its group.
-    p_X = (
-        ring_x_ptr
-        + line * stride_rx_line
-        + i_h * stride_rx_head
-        + o_k[:, None] * stride_rx_k
-        + o_p[None, :] * stride_rx_p
-    )
-    p_Bs = (
-        ring_B_ptr
-        + line * stride_rB_line
-        + i_g * stride_rB_group
-        + o_k[:, None] * stride_rB_k
-        + o_n[None, :] * stride_rB_n
-    )
-    m_X = m_k[:, None] & m_p[None, :]
-    m_Bs = m_k[:, None] & m_n[None, :]
     if STEP:
-        b_x = tl.load(x_ptr + i_b * stride_x_b + i_h * stride_x_h + o_p * stride_x_p, mask=m_p)
-        p_B = B_ptr + i_b * stride_B_b + i_g * stride_B_g + o_n * stride_B_n
-        b_B = tl.load(p_B, mask=m_n, other=0.0)
-        p_C = C_ptr + i_b * stride_C_b + i_g * stride_C_g + o_n * stride_C_n
-        b_C = tl.load(p_C, mask=m_n, other=0.0).to(tl.float32)
-        b_xf = tl.where(m_p, b_x.to(tl.float32), 0.0)
-        b_Bf = b_B.to(tl.float32)
-        b_h = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
-        b_X = tl.load(p_X, mask=m_X, other=0.0).to(tl.float32)
-        b_Bs = tl.load(p_Bs, mask=m_Bs, other=0.0).to(tl.float32)
-        if flush:
-            b_h = _fold_ring(b_h, b_decay, b_X, b_w, b_Bs)
-            b_h += (b_dt * b_xf)[:, None] * b_Bf[None, :]
-            tl.store(p_s, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
-            b_y = tl.sum(b_h * b_C[None, :], axis=1)
-            b_n_new = b_n * 0
-        else:
-            # y from h0 and the ring (h_now is never formed), then append this step at
-            # entry n: x by every program (its rows), dt by the head's first program, B by
-            # its group's first head's.
-            b_cb = tl.sum(b_Bs * b_C[None, :], axis=1)
-            b_y = b_decay * tl.sum(b_h * b_C[None, :], axis=1)
-            b_y += tl.sum(b_X * (b_w * b_cb)[:, None], axis=0)
-            b_y += (b_dt * tl.sum(b_Bf * b_C, axis=0)) * b_xf
-            p_rx_n = ring_x_ptr + line * stride_rx_line + i_h * stride_rx_head + b_n * stride_rx_k
-            tl.store(p_rx_n + o_p * stride_rx_p, b_x, mask=m_p & live)
-            first = live & (i_p == 0)
-            p_rdt_n = p_rdt + b_n * stride_rdt_k
-            tl.store(p_rdt_n, b_dt.to(ring_dt_ptr.dtype.element_ty), mask=first)
-            p_rB_n = ring_B_ptr + line * stride_rB_line + i_g * stride_rB_group
-            p_rB_n += b_n * stride_rB_k + o_n * stride_rB_n
-            tl.store(p_rB_n, b_B, mask=m_n & first & (i_h % heads_per_group == 0))
-            b_n_new = b_n + 1
+        # y from h0 and the ring, whether or not this step flushes (so the state's loads
+        # wait for the line only, not for its counter; a flush's y is the same h_now C):
+        #   y = exp(sum s) (h0 . C) + sum_k w_k (B_k . C) x_k + dt (B . C) x.
+        b_hc = tl.zeros([BLOCK_P], tl.float32)
+        b_cb = tl.zeros([BLOCK_K], tl.float32)
+        b_bc = tl.zeros([BLOCK_N], tl.float32)
+        for t in tl.static_range(N_TILES):
+            o_n = t * BLOCK_N + o_t
+            m_n = o_n < dstate
+            p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
+            b_h0 = tl.load(p_st, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+            b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
+            b_hc += tl.sum(b_h0 * b_C[None, :], axis=1)
+            p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
+            b_Bs = tl.load(p_Bs, mask=m_k[:, None] & m_n[None, :], other=0.0)
+            b_cb += tl.sum(b_Bs.to(tl.float32) * b_C[None, :], axis=1)
+            b_Bcur = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0)
+            b_bc += b_Bcur.to(tl.float32) * b_C
+        b_y = b_decay * b_hc + tl.sum(b_X * (b_w * b_cb)[None, :], axis=1)
+        b_y += (b_dt * tl.sum(b_bc, axis=0)) * b_xf
         if HAS_D:
             b_y += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
-        b_y = tl.where(live, b_y, 0.0)
-        p_out = out_ptr + i_b * stride_out_b + i_h * stride_out_h + o_p * stride_out_p
-        tl.store(p_out, b_y.to(out_ptr.dtype.element_ty), mask=m_p)
-    else:
-        if flush:
-            b_h = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
-            b_X = tl.load(p_X, mask=m_X, other=0.0).to(tl.float32)
-            b_Bs = tl.load(p_Bs, mask=m_Bs, other=0.0).to(tl.float32)
-            b_h = _fold_ring(b_h, b_decay, b_X, b_w, b_Bs)
-            tl.store(p_s, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
+        p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
+        tl.store(p_out + o_p * stride_out_p, b_y.to(out_ptr.dtype.element_ty), mask=m_p)
+
+    if flush:
+        # h = exp(sum s) h0 + sum_k w_k x_k B_k^T (+ dt x B^T), per dstate tile, written
+        # back in the pool's dtype (the tiles were just read: they come from the cache).
+        for t in tl.static_range(N_TILES):
+            o_n = t * BLOCK_N + o_t
+            m_n = o_n < dstate
+            m_s = m_p[:, None] & m_n[None, :]
+            p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
+            b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
+            # One rank-1 fp32 update per valid entry (no tl.dot: plain fp32 FMAs, and no
+            # operand tiles held in registers).
+            for k in range(0, b_n):
+                w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
+                b_xk = tl.load(p_rx + k * stride_rx_k + o_p * stride_rx_p, mask=m_p, other=0.0)
+                b_Bk = tl.load(p_rB + k * stride_rB_k + o_n * stride_rB_n, mask=m_n, other=0.0)
+                b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
+            if STEP:
+                b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
+                b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
+            tl.store(p_st, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
         b_n_new = b_n * 0
-    p_cnt_rows = p_cnt + o_p * stride_cnt_p
-    tl.store(p_cnt_rows, tl.zeros([BLOCK_P], tl.int32) + b_n_new, mask=m_p & live)
+    else:
+        if STEP:
+            # Append this step at entry n: x by every program (its rows), dt by the head's
+            # first program, B by its group's first head's.
+            first = i_p == 0
+            tl.store(p_rx + b_n * stride_rx_k + o_p * stride_rx_p, b_x, mask=m_p)
+            tl.store(p_rdt + b_n * stride_rdt_k, b_dt.to(ring_dt_ptr.dtype.element_ty),
+                     mask=first)  # fmt: skip
+            lead = first & (i_h % heads_per_group == 0)
+            for t in tl.static_range(N_TILES):
+                o_n = t * BLOCK_N + o_t
+                m_n = o_n < dstate
+                b_Bapp = tl.load(p_B + o_n * stride_B_n, mask=m_n & lead, other=0.0)
+                tl.store(p_rB + b_n * stride_rB_k + o_n * stride_rB_n, b_Bapp, mask=m_n & lead)
+            b_n_new = b_n + 1
+        else:
+            b_n_new = b_n * 0
+    tl.store(p_cnt + o_p * stride_cnt_p, tl.zeros([BLOCK_P], tl.int32) + b_n_new, mask=m_p)
 
 
 # Launch with the compiled kernel cached by its specialisation (host cost).
@@ -236,19 +250,31 @@ def batch_bucket(batch: int) -> int:
 
 
 def launch_config(batch: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
-    """The table's entry (``configs/replayssm/``) for this shape and batch bucket; BLOCK_P
-    capped at the head and BLOCK_N = dstate rounded up to a power of two (both >= 16)."""
+    """The table's entry (``configs/replayssm/``) for this shape and batch bucket: BLOCK_P
+    (state rows per program, capped at the head), BLOCK_N (the dstate tile the state is
+    streamed in; absent: the whole dstate), num_warps and optionally num_stages."""
     return dict(_config(batch_bucket(batch), headdim, dstate, state_dtype))
 
 
 @functools.cache  # a lookup builds a key and walks the tables: not per launch
 def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
     key = configs.table_key(batch=bucket, dstate=dstate, headdim=headdim, state_dtype=state_dtype)
-    cfg = configs.lookup(CONFIG_DIR, key)
-    # tl.dot (the flush) takes no dimension under 16.
-    cfg["BLOCK_P"] = max(16, min(int(cfg["BLOCK_P"]), triton.next_power_of_2(headdim)))
-    cfg["BLOCK_N"] = max(16, triton.next_power_of_2(dstate))
-    return cfg
+    return configs.lookup(CONFIG_DIR, key)
+
+
+def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
+    """The constexprs a configuration gives at this shape (tiles are powers of two)."""
+    full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
+    block_n = min(int(cfg.get("BLOCK_N", full_n)), full_n)
+    out = dict(
+        BLOCK_P=min(int(cfg["BLOCK_P"]), full_p),
+        BLOCK_N=block_n,
+        N_TILES=triton.cdiv(full_n, block_n),
+        num_warps=int(cfg.get("num_warps", 1)),
+    )
+    if "num_stages" in cfg:
+        out["num_stages"] = int(cfg["num_stages"])
+    return out
 
 
 def _check(rs: ReplayedSSMState, x: torch.Tensor, tensors: dict) -> None:
@@ -296,7 +322,7 @@ def _launch(
     if batch == 0:
         return
     step = x is not None
-    cfg = launch_config(batch, headdim, dstate, state.dtype)
+    cfg = _blocks(launch_config(batch, headdim, dstate, state.dtype), headdim, dstate)
     grid = (triton.cdiv(headdim, cfg["BLOCK_P"]), nheads, batch)
     # Absent tensors pass ``state`` (never read: their flag compiles the load away) and
     # stride 0; a materialisation has no step tensors.
@@ -339,7 +365,8 @@ def _launch(
     def variants() -> list[dict]:
         seen = {}
         for b in BATCH_BUCKETS:
-            c = {**constexprs, **launch_config(b, headdim, dstate, state.dtype)}
+            c = launch_config(b, headdim, dstate, state.dtype)
+            c = {**constexprs, **_blocks(c, headdim, dstate)}
             seen[tuple(sorted(c.items()))] = c
         return list(seen.values())
 

@@ -3,7 +3,7 @@
 1. Every serving run, one row each (plot_serving.markdown), and each offline run's line.
 2. With repeats: per run item, the mean, sample standard deviation and range of output
    tok/s, median TTFT, median and p99 ITL over its repeats.
-3. Engine steps (step_stats.py): each server run's ``server_step_stats`` beside each
+3. Engine steps (vllm/benchmarks/step_stats.py): each server run's ``server_step_stats`` beside each
    offline run's ``step_stats``.
 4. The server-vs-offline gap of each rate-inf item that has an offline run of the same
    conv backend and workload, split into three factors whose product is offline wall /
@@ -20,8 +20,8 @@ import json
 import statistics
 from pathlib import Path
 
-from plot_serving import markdown
-from step_stats import comparison_table
+from benchmarks.serving.plot_serving import markdown
+from vllm.benchmarks.step_stats import comparison_table
 
 
 def _load(out: Path, records: list[dict]) -> tuple[list, list]:

@@ -1,8 +1,8 @@
 """End-to-end throughput with each causal-conv1d backend: Triton against the CUDA ops.
 
-    python benchmarks/benchmark_e2e.py --out e2e.json --md e2e_h200.md [--profile]
-    python benchmarks/benchmark_e2e.py --backends triton --output-lens 256 --cold-warm
-    python benchmarks/benchmark_e2e.py --model tiny --device cpu --num-prompts 4 \\
+    python -m benchmarks.engine.benchmark_e2e --out e2e.json --md e2e_h200.md [--profile]
+    python -m benchmarks.engine.benchmark_e2e --backends triton --output-lens 256 --cold-warm
+    python -m benchmarks.engine.benchmark_e2e --model tiny --device cpu --num-prompts 4 \\
         --output-lens 2,4 --max-prompt-len 8 --max-num-seqs 4 --max-num-batched-tokens 16
 
 Runs ``benchmark_throughput.py`` once per (output length, backend), each in a fresh process
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -55,13 +54,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common.launch import module_argv, tree_env
+from benchmarks.common.model_shapes import NAMED_CONFIGS
+from benchmarks.common.run_info import cuda_skip_reason, git_sha, write_results
+from benchmarks.common.step_profile import MARKDOWN_HEADER, markdown_rows
 
-from model_shapes import NAMED_CONFIGS  # noqa: E402
-from run_info import cuda_skip_reason, git_sha, write_results  # noqa: E402
-from step_profile import MARKDOWN_HEADER, markdown_rows  # noqa: E402
-
-THROUGHPUT = Path(__file__).resolve().parent / "benchmark_throughput.py"
+THROUGHPUT = "benchmarks.engine.benchmark_throughput"
 BACKEND_ENV = {"triton": "1", "cuda": "0"}
 
 
@@ -105,8 +103,7 @@ def parse_args(argv):
 
 def child_argv(args, output_len: int, out: Path, profile: bool, cache: str | None) -> list[str]:
     argv = [
-        sys.executable,
-        str(THROUGHPUT),
+        *module_argv(THROUGHPUT),
         *("--model", args.model, "--device", args.device, "--seed", str(args.seed)),
         *("--num-prompts", str(args.num_prompts), "--output-len", str(output_len)),
         *("--max-prompt-len", str(args.max_prompt_len)),
@@ -146,7 +143,7 @@ def predict_s(done: list[dict], backend: str, output_len: int) -> float | None:
 def run_one(args, backend, output_len, profile, work: Path, on_cuda, cache=None, tag=""):
     """One child run; ``cache`` is its Triton cache folder (None: its own fresh one)."""
     out = work / f"{backend}_{output_len}{tag}.json"
-    env = dict(os.environ, VLLM_USE_TRITON_CONV1D=BACKEND_ENV[backend])
+    env = tree_env(VLLM_USE_TRITON_CONV1D=BACKEND_ENV[backend])
     if not on_cuda:
         env.setdefault("TRITON_INTERPRET", "1")  # as scripts/test.sh: the kernels, interpreted
     argv = child_argv(args, output_len, out, profile, cache)
@@ -313,7 +310,10 @@ def main(argv=None) -> dict:
         "setup": {
             **{k: v for k, v in vars(args).items() if k not in ("out", "md")},
             "command": " ".join(
-                ["python benchmarks/benchmark_e2e.py", *(sys.argv[1:] if argv is None else argv)]
+                [
+                    "python -m benchmarks.engine.benchmark_e2e",
+                    *(sys.argv[1:] if argv is None else argv),
+                ]
             ),
             "git_sha": git_sha(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

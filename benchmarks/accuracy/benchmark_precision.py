@@ -1,7 +1,7 @@
 """Model-level precision: bf16 last-token logits, ours and HF's, against an fp32 reference.
 
-    python benchmarks/benchmark_precision.py --out precision.json --md precision.md   # GPU
-    python benchmarks/benchmark_precision.py --tiny --device cpu --prompt-lens 5,17,40
+    python -m benchmarks.accuracy.benchmark_precision --out precision.json --md precision.md   # GPU
+    python -m benchmarks.accuracy.benchmark_precision --tiny --device cpu --prompt-lens 5,17,40
 
 Issue 10's target: our bf16 last-token logits of a mixed batch no further from an fp32
 reference than HF transformers + mamba_ssm's are. One run, one device, one set of weights:
@@ -46,11 +46,8 @@ import tempfile
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from run_info import git_sha, write_results  # noqa: E402
+from benchmarks.common.run_info import git_sha, write_results
 
 DEFAULT_LENS = "37,61,128,200,256,383,512,700"
 TINY = dict(
@@ -162,11 +159,10 @@ def main(argv=None) -> dict:
 
     on_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if on_cuda else "cpu")
-    from hf_generate import kernels_taken, prepare_kernels
+    from benchmarks.common.hf_generate import kernels_taken, prepare_kernels
 
     not_fast = prepare_kernels(args.hf_kernels, on_cuda)  # before transformers' Mamba2
-    import precision_systems as ps
-
+    from benchmarks.accuracy import precision_systems as ps
     from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
     shape = dict(TINY) if args.tiny else {}
@@ -221,7 +217,7 @@ def main(argv=None) -> dict:
     if not kernels["fast_scan"]:
         target = "not judged (HF ran its PyTorch scan, not mamba_ssm's)"
     given = sys.argv[1:] if argv is None else argv
-    command = " ".join(["python benchmarks/benchmark_precision.py", *given])
+    command = " ".join(["python -m benchmarks.accuracy.benchmark_precision", *given])
     res = {
         "setup": {
             "model": "tiny" if args.tiny else "Mamba-Codestral-7B width",

@@ -1,10 +1,10 @@
-"""Run benchmark_serving.py over workloads and request rates against one `vllm serve` per conv
+"""Run `vllm bench serve` over workloads and request rates against one `vllm serve` per conv
 backend, one command per device call:
 
-    python benchmarks/serving_sweep.py --model MODEL_DIR --dataset-path sharegpt.json \
+    python -m benchmarks.serving.serving_sweep --model MODEL_DIR --dataset-path sharegpt.json \
         --out OUT --conv-backends 1,0 --runs sharegpt@inf:500,256@inf:500,1024@inf:500 \
         --offline sharegpt:500 --budget-s 520
-    python benchmarks/serving_sweep.py --model MODEL_DIR --dataset-path sharegpt.json \
+    python -m benchmarks.serving.serving_sweep --model MODEL_DIR --dataset-path sharegpt.json \
         --out OUT --runs sharegpt@inf:300 --repeats 3 --offline sharegpt:300 \
         --offline-repeats 2   # the server-vs-offline gap, with its spread
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import signal
@@ -56,8 +55,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from benchmarks.common import launch
+from benchmarks.common.launch import module_argv
+
 CLI = ["-m", "vllm.entrypoints.cli.main"]
 BACKEND_NAMES = {"1": "triton", "0": "cuda"}
 ENGINE_MODES = {"1": "proc", "0": "thread"}
@@ -148,7 +148,7 @@ def offline_command(args, workload: str, n: int, out: Path) -> list[str]:
         server.add_argument(opt)
     server.add_argument("--use-replayssm", action=argparse.BooleanOptionalAction)
     known, _ = server.parse_known_args(shlex.split(args.server_args))
-    cmd = [sys.executable, str(HERE / "benchmark_throughput.py"), "--model", args.model]
+    cmd = module_argv("benchmarks.engine.benchmark_throughput", "--model", args.model)
     for opt, value in vars(known).items():
         if isinstance(value, bool):
             cmd += [f"--{'' if value else 'no-'}{opt.replace('_', '-')}"]
@@ -164,8 +164,7 @@ def offline_command(args, workload: str, n: int, out: Path) -> list[str]:
 
 def tree_env(conv: str) -> dict:
     """The environment of every process of the sweep: this tree's vllm, the conv backend."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "VLLM_USE_TRITON_CONV1D": conv, "PYTHONPATH": path}
+    return launch.tree_env(VLLM_USE_TRITON_CONV1D=conv)
 
 
 def suffixes(n: int) -> list[str]:
@@ -220,7 +219,7 @@ def main(argv=None) -> None:
         default="--load-format dummy --dtype bfloat16 --max-num-seqs 256 "
         "--max-num-batched-tokens 4096",
     )
-    p.add_argument("--bench-args", default="", help="more benchmark_serving.py options")
+    p.add_argument("--bench-args", default="", help="more `vllm bench serve` options")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=float("inf"))
     p.add_argument("--startup-timeout-s", type=float, default=300.0)
@@ -289,9 +288,8 @@ def main(argv=None) -> None:
                 if (record := new_run(f"offline-conv{conv}-{workload}", i, suffix, n)) is not None:
                     cmd = offline_command(args, workload, n, out / record["result"])
                     run_one(cmd, env, out / f"{record['name']}.log", record)
-    sys.path.insert(0, str(HERE))
-    from run_info import git_sha
-    from sweep_summary import summarize
+    from benchmarks.common.run_info import git_sha
+    from benchmarks.serving.sweep_summary import summarize
 
     argv = sys.argv[1:] if argv is None else list(argv)
     (out / "sweep.json").write_text(

@@ -48,7 +48,7 @@ def prepare_kernels(choice: str, on_cuda: bool) -> str | None:
         return "--hf-kernels torch"
     if choice == "auto" and not on_cuda:
         return "not on CUDA (auto)"
-    from mamba_ssm_import import import_mamba_ssm_triton
+    from benchmarks.common.mamba_ssm_import import import_mamba_ssm_triton
 
     try:
         import_mamba_ssm_triton()

@@ -24,7 +24,8 @@ import inspect
 import os
 
 import torch
-from hf_generate import _HF_FUNCS, hf_config
+
+from benchmarks.common.hf_generate import _HF_FUNCS, hf_config
 
 
 def hf_norms_per_group() -> bool:

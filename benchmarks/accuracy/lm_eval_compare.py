@@ -1,9 +1,11 @@
 """The seed's accuracy protocol: lm-eval's vllm backend once per conv backend, per-sample agreement.
 
-    python benchmarks/lm_eval_compare.py run --model-dir DIR --out OUT [--load-format dummy]
-    python benchmarks/lm_eval_compare.py compare OUT/triton OUT/cuda [--json F --md F]
-    python benchmarks/lm_eval_compare.py pack-wheels .whl/lmeval .whl/lmeval.tar.xz
-    python benchmarks/lm_eval_compare.py unpack-wheels .whl/lmeval.tar.xz /tmp/lmeval_wheels
+    python -m benchmarks.accuracy.lm_eval_compare run --model-dir DIR --out OUT \
+        [--load-format dummy]
+    python -m benchmarks.accuracy.lm_eval_compare compare OUT/triton OUT/cuda [--json F --md F]
+    python -m benchmarks.accuracy.lm_eval_compare pack-wheels .whl/lmeval .whl/lmeval.tar.xz
+    python -m benchmarks.accuracy.lm_eval_compare unpack-wheels .whl/lmeval.tar.xz \
+        /tmp/lmeval_wheels
 
 ``run`` writes the local tasks (tests/lm_eval/tasks.py: gsm8k_local, generate-until, 5-shot,
 256 new tokens as gsm8k; mc_local, loglikelihood; ``--num-test`` documents each) into OUT/tasks and
@@ -37,11 +39,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))  # tests.lm_eval.tasks: the local tasks
-
-from run_info import cuda_skip_reason, git_sha  # noqa: E402
+from benchmarks.common.run_info import cuda_skip_reason, git_sha
 
 BACKENDS = {"triton": "1", "cuda": "0"}
 TASKS = ("gsm8k_local", "mc_local")

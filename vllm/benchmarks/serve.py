@@ -3,14 +3,14 @@
 vLLM's benchmark_serving options and result keys, so that the numbers compare:
 
     vllm serve MODEL_DIR --load-format dummy --dtype bfloat16 &
-    python benchmarks/benchmark_serving.py --model MODEL_DIR --dataset-name sharegpt \
+    vllm bench serve --model MODEL_DIR --dataset-name sharegpt \
         --dataset-path sharegpt.json --num-prompts 500 --request-rate 4 --save-result
-    vllm bench serve ...   # the same benchmark as a vllm subcommand
+    python -m vllm.benchmarks.serve ...   # the same, without the vllm command
 
-Requests (serving_datasets.py) are sent on a schedule: all at once at ``--request-rate
+Requests (datasets.py) are sent on a schedule: all at once at ``--request-rate
 inf``, else with gaps drawn from a gamma distribution of mean 1 / rate and shape
 ``--burstiness`` (1: a Poisson process), at most ``--max-concurrency`` in flight. Each is
-streamed and timed by serving_client.py; serving_metrics.py turns the timings into the
+streamed and timed by client.py; metrics.py turns the timings into the
 printed table and the result JSON. Before the timed run one short request (the first
 prompt, at most 16 output tokens) checks the server answers, retried while the server is
 not up yet for ``--ready-check-timeout-sec``, and the run stops if it fails; 0 skips that
@@ -41,10 +41,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 TEST_OUTPUT_TOKENS = 16
-# serving_client.BACKENDS' names, here so that building the parser (every `vllm` command
+# client.BACKENDS' names, here so that building the parser (every `vllm` command
 # does) imports no HTTP client.
 BACKEND_CHOICES = ("openai", "openai-chat")
 
@@ -88,7 +86,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
-    from serving_metrics import METRICS
+    from vllm.benchmarks.metrics import METRICS
 
     args.metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     unknown = [m for m in args.metrics if m not in METRICS]
@@ -115,7 +113,7 @@ def installed_sharegpt() -> Path | None:
 
 
 def load_requests(args, tokenizer) -> list:
-    from serving_datasets import read_sharegpt, sample_random, sample_sharegpt
+    from vllm.benchmarks.datasets import read_sharegpt, sample_random, sample_sharegpt
 
     if args.dataset_name == "random":
         return sample_random(
@@ -160,7 +158,7 @@ def first_model_id(url: str) -> str:
 
 async def wait_until_ready(session, backend: str, test_input, timeout_s: float):
     """Send the test request until the server takes connections; its outcome."""
-    from serving_client import send_request
+    from vllm.benchmarks.client import send_request
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -184,7 +182,7 @@ async def paced(requests, rate: float, burstiness: float, seed: int):
 
 async def scrape_step_totals(session, url: str, headers: dict) -> dict | None:
     """The engine step totals on the server's /metrics; None without them."""
-    import step_stats
+    from vllm.benchmarks import step_stats
 
     try:
         async with session.get(f"{url}/metrics", headers=headers) as r:
@@ -197,9 +195,10 @@ async def scrape_step_totals(session, url: str, headers: dict) -> dict | None:
 
 async def run(args, requests, tokenizer) -> dict:
     import aiohttp
-    from serving_client import BACKENDS, REQUEST_TIMEOUT, RequestInput, send_request
-    from serving_metrics import calculate_metrics
     from tqdm.asyncio import tqdm
+
+    from vllm.benchmarks.client import BACKENDS, REQUEST_TIMEOUT, RequestInput, send_request
+    from vllm.benchmarks.metrics import calculate_metrics
 
     api_url = base_url(args) + (args.endpoint or BACKENDS[args.backend][0])
     headers = auth_headers()
@@ -264,7 +263,7 @@ async def run(args, requests, tokenizer) -> dict:
     result["model_id"] = model
     result["client_setup_s"] = {"ready_check": ready_s}
     if totals_after is not None:
-        import step_stats
+        from vllm.benchmarks import step_stats
 
         totals = step_stats.diff(totals_after, totals_before)
         result["server_step_stats"] = step_stats.summarize(totals, duration)
@@ -274,8 +273,8 @@ async def run(args, requests, tokenizer) -> dict:
 
 
 def result_record(args, result: dict, argv: list[str] | None) -> dict:
-    from run_info import git_sha
-    from serving_metrics import DETAILED_KEYS
+    from vllm.benchmarks.metrics import DETAILED_KEYS
+    from vllm.benchmarks.utils import git_sha
 
     record = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -316,8 +315,9 @@ def result_path(args, record: dict) -> Path:
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     t_import = time.perf_counter()
-    from serving_metrics import format_table
     from transformers import AutoTokenizer
+
+    from vllm.benchmarks.metrics import format_table
 
     t0 = time.perf_counter()
     check_args(args)
@@ -341,7 +341,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     record = result_record(args, result, argv)
     print(format_table(record, args.metrics, args.percentiles))
     if "server_step_stats" in record:
-        from step_stats import format_block
+        from vllm.benchmarks.step_stats import format_block
 
         print(format_block(record["server_step_stats"], "Server engine steps (this run)"))
     if args.save_result:
@@ -356,7 +356,7 @@ def cli(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     args = add_cli_args(parser).parse_args(argv)
-    return main(args, ["benchmark_serving.py", *argv])
+    return main(args, ["python -m vllm.benchmarks.serve", *argv])
 
 
 if __name__ == "__main__":

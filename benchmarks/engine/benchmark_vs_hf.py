@@ -1,7 +1,7 @@
 """This project's engine against HF transformers on one workload: prefill and output tok/s.
 
-    python benchmarks/benchmark_vs_hf.py --out vs_hf.json --md vs_hf.md
-    python benchmarks/benchmark_vs_hf.py --model tiny --device cpu --num-prompts 2 \\
+    python -m benchmarks.engine.benchmark_vs_hf --out vs_hf.json --md vs_hf.md
+    python -m benchmarks.engine.benchmark_vs_hf --model tiny --device cpu --num-prompts 2 \\
         --input-len 8 --output-len 3 --systems ours-2048-fp32,hf
 
 Each system is one fresh process of ``benchmark_throughput.py`` on the same requests
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -35,11 +34,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common.launch import module_argv, tree_env
+from benchmarks.common.run_info import git_sha, write_results
 
-from run_info import git_sha, write_results  # noqa: E402
-
-THROUGHPUT = Path(__file__).resolve().parent / "benchmark_throughput.py"
+THROUGHPUT = "benchmarks.engine.benchmark_throughput"
 SYSTEMS = {
     f"ours-{n}-{dt}": ["--max-num-batched-tokens", str(n), "--mamba-ssm-cache-dtype", dtype]
     for n in (2048, 8192)
@@ -71,7 +69,7 @@ def parse_args(argv):
 
 
 def child_argv(args, system: str, out: Path) -> list[str]:
-    argv = [sys.executable, str(THROUGHPUT), *SYSTEMS[system]]
+    argv = module_argv(THROUGHPUT, *SYSTEMS[system])
     argv += ["--model", args.model, "--device", args.device, "--dtype", args.dtype]
     argv += ["--num-prompts", str(args.num_prompts), "--input-len", str(args.input_len)]
     argv += ["--output-len", str(args.output_len), "--temperature", "0", "--prefill-run"]
@@ -83,7 +81,7 @@ def child_argv(args, system: str, out: Path) -> list[str]:
 
 def run_system(args, system: str, work: Path, on_cuda: bool) -> dict:
     out = work / f"{system}.json"
-    env = dict(os.environ)
+    env = tree_env()
     if not on_cuda:
         env.setdefault("TRITON_INTERPRET", "1")
     argv = child_argv(args, system, out)
@@ -180,7 +178,10 @@ def main(argv=None) -> dict:
         "setup": {
             **{k: v for k, v in vars(args).items() if k not in ("out", "md")},
             "command": " ".join(
-                ["python benchmarks/benchmark_vs_hf.py", *(sys.argv[1:] if argv is None else argv)]
+                [
+                    "python -m benchmarks.engine.benchmark_vs_hf",
+                    *(sys.argv[1:] if argv is None else argv),
+                ]
             ),
             "git_sha": git_sha(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -1,11 +1,11 @@
 """Offline throughput: requests/s, total tokens/s and output tokens/s, from a cold start.
 
-    python benchmarks/benchmark_throughput.py --model tiny --num-prompts 32
-    python benchmarks/benchmark_throughput.py --model codestral-7b --dtype bfloat16 \
+    python -m benchmarks.engine.benchmark_throughput --model tiny --num-prompts 32
+    python -m benchmarks.engine.benchmark_throughput --model codestral-7b --dtype bfloat16 \
         --num-prompts 128 --input-len 512 --output-len 256 --prefill-run --out r.json
-    python benchmarks/benchmark_throughput.py --backend hf --model codestral-7b \
+    python -m benchmarks.engine.benchmark_throughput --backend hf --model codestral-7b \
         --dtype bfloat16 --num-prompts 128 --input-len 512 --output-len 256 --prefill-run
-    VLLM_USE_TRITON_CONV1D=0 python benchmarks/benchmark_throughput.py --model bamba-9b \
+    VLLM_USE_TRITON_CONV1D=0 python -m benchmarks.engine.benchmark_throughput --model bamba-9b \
         --dtype bfloat16 --num-prompts 200 --output-len 256 --out bamba_cuda_conv.json
 
 Named shapes (dummy weights; model_shapes.py): the Mamba2 ones of ``NAMED_CONFIGS``
@@ -27,10 +27,10 @@ the engine compiles its kernel variants and captures its decode CUDA graphs whil
 ``engine_startup``). Recorded: ``startup_s`` (script start to a ready engine) and
 ``first_token_s`` (script start to the end of a first 1-token generation of one prompt,
 done right after start-up; ``--no-first-token`` skips it), then the timed run.
-``step_stats`` (vllm backend; step_stats.py): the engine's step count, tokens per step,
-step times (with and without prefill, and their pieces) and the share of the timed run's
-wall time spent inside engine steps, for comparison with a server's (benchmark_serving.py's
-``server_step_stats``).
+``step_stats`` (vllm backend; vllm/benchmarks/step_stats.py): the engine's step count,
+tokens per step, step times (with and without prefill, and their pieces) and the share of
+the timed run's wall time spent inside engine steps, for comparison with a server's (`vllm
+bench serve`'s ``server_step_stats``).
 
 ``--prefill-run`` adds, after the timed run, a second timed run of the same prompts with
 one output token each: prompt tokens / its time is the prefill throughput
@@ -56,16 +56,13 @@ import sys  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 # None imports torch or triton: the Triton cache is set before either is loaded.
-import step_stats  # noqa: E402
-from bench_setup import make_requests, triton_cache  # noqa: E402
-from model_shapes import HYBRID_CONFIGS, NAMED_CONFIGS, named_config  # noqa: E402
-from run_info import git_sha, triton_version  # noqa: E402
-from step_profile import MARKDOWN_HEADER, kernel_records, markdown_rows, summarize  # noqa: E402
-
-PROFILE_PREFIX = "engine:"
+from benchmarks.common.bench_setup import make_requests, triton_cache  # noqa: E402
+from benchmarks.common.model_shapes import HYBRID_CONFIGS, NAMED_CONFIGS, named_config  # noqa: E402
+from benchmarks.common.run_info import git_sha, triton_version  # noqa: E402
+from benchmarks.common.step_profile import MARKDOWN_HEADER, markdown_rows  # noqa: E402
+from benchmarks.engine.engine_profile import profile_engine  # noqa: E402
+from vllm.benchmarks import step_stats  # noqa: E402
 
 
 def parse_args(argv):
@@ -174,7 +171,7 @@ def run(args, t_start: float, cache: dict) -> dict:
             raise SystemExit("--backend hf runs Mamba2 models only")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.backend == "hf":
-        from hf_generate import run_hf, versions
+        from benchmarks.common.hf_generate import run_hf, versions
 
         requests = make_requests(args, config.vocab_size)
         res = run_hf(args, model, config, requests, t_start)
@@ -341,63 +338,6 @@ def state_dtype(runner) -> str | None:
     pool = getattr(runner, "pool", None)
     state = getattr(pool, "ssm_state", None)
     return str(state.dtype) if state is not None else None
-
-
-def profile_engine(llm, requests, args) -> dict:
-    """Profile a short generation step by step (see the module docstring); the
-    ``step_profile`` summary per step kind: mixed, decode (eager) or decode_graph."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from vllm import SamplingParams
-
-    engine, runner = llm.engine, llm.engine.runner
-    on_cuda = runner.device.type == "cuda"
-    n = min(args.profile_prompts or len(requests), args.max_num_seqs, len(requests))
-    params = SamplingParams(max_tokens=args.profile_decode_steps + 1, ignore_eos=True)
-    for i, (ids, _) in enumerate(requests[:n]):
-        engine.add_request(f"profile-{i}", ids[: args.profile_prompt_len], params)
-
-    # The kind of a step is known once the scheduler has made its batch: the executor's
-    # execute_model is wrapped, for this run only, to note it from the step's inputs.
-    kinds: list[str] = []
-    executor = engine.engine_core.executor
-    execute = executor.execute_model
-
-    def noting_execute(inputs):
-        num_seqs = len(inputs.lens)
-        if inputs.num_decodes < num_seqs:
-            kinds.append("mixed")
-        elif runner.graphs is not None and runner.graphs.fits(num_seqs):
-            kinds.append("decode_graph")
-        else:
-            kinds.append("decode")
-        return execute(inputs)
-
-    executor.execute_model = noting_execute
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    walls = {}
-    # One engine step per profiled step: without async scheduling a step reads its own
-    # tokens, so each step's time (and its host part) is its own.
-    async_scheduling, engine.config.async_scheduling = engine.config.async_scheduling, False
-    try:
-        with profile(activities=activities) as prof:
-            while engine.has_unfinished_requests():
-                name = f"{PROFILE_PREFIX}#{len(walls)}"
-                t0 = time.perf_counter()
-                with record_function(name):
-                    engine.step()  # ends in a host sync: the sampled tokens
-                    if on_cuda:
-                        torch.cuda.synchronize()
-                walls[name] = (time.perf_counter() - t0) * 1e3
-    finally:
-        del executor.execute_model
-        engine.config.async_scheduling = async_scheduling
-    steps = {name: (kind, wall) for (name, wall), kind in zip(walls.items(), kinds, strict=True)}
-    records = kernel_records(prof.events(), PROFILE_PREFIX, on_cuda)
-    summary = summarize(records, steps, PROFILE_PREFIX, graphed_kinds=("decode_graph",))
-    summary["_requests"] = {"prompts": n, "prompt_len_max": args.profile_prompt_len}
-    return summary
 
 
 if __name__ == "__main__":

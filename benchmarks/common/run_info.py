@@ -1,41 +1,18 @@
-"""What the end-to-end and step benchmarks share: the code version a run names, the Triton
-version, why a run cannot use the CUDA conv backend, the median and p20/p80 of timing
-samples, and writing the results files.
-
-``VLLM_RUN_SHA``, when set, is taken as it is: a machine that gets a copy of the working
-tree may carry a stale ``.git`` (the GPU box's did), so whoever launches the run there
-passes the commit it really is, e.g. ``VLLM_RUN_SHA=$(git rev-parse --short HEAD)`` in
-the command line built on the development machine. Without it, a tree whose tracked
-files differ from its HEAD is named ``<sha>+modified``.
+"""What the benchmarks share: the code version a run names (``git_sha``, the one copy in
+vllm/benchmarks/utils.py, which the serving benchmark uses too; ``VLLM_RUN_SHA`` overrides
+it), the Triton version, why a run cannot use the CUDA conv backend, the median and p20/p80
+of timing samples, and writing the results files.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 from pathlib import Path
 
+from vllm.benchmarks.utils import git_sha
 
-def _git(cwd: Path, *args: str) -> str:
-    out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=cwd, check=True)
-    return out.stdout.strip()
-
-
-def git_sha(cwd: Path | None = None) -> str:
-    """``VLLM_RUN_SHA`` when set; else HEAD's short sha, with ``+modified`` when tracked
-    files differ from it (uncommitted changes, or a copied tree over a stale ``.git``)."""
-    given = os.environ.get("VLLM_RUN_SHA")
-    if given:
-        return given
-    cwd = cwd or Path(__file__).parent
-    try:
-        sha = _git(cwd, "rev-parse", "--short", "HEAD")
-        changed = _git(cwd, "status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("+modified" if changed else "")
+__all__ = ["cuda_skip_reason", "git_sha", "quantiles", "triton_version", "write_results"]
 
 
 def triton_version() -> str | None:

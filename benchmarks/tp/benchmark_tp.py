@@ -1,7 +1,7 @@
 """Tensor parallelism on the Codestral-7B shape: TP=N (default 2) against TP=1 (issue 16).
 
-    python benchmarks/benchmark_tp.py --out tp.json --md tp.md          # 2 GPUs, NCCL, bf16
-    python benchmarks/benchmark_tp.py --model tiny --device cpu --max-num-seqs 4 \
+    python -m benchmarks.tp.benchmark_tp --out tp.json --md tp.md          # 2 GPUs, NCCL, bf16
+    python -m benchmarks.tp.benchmark_tp --model tiny --device cpu --max-num-seqs 4 \
         --max-num-batched-tokens 32 --logits-len 8 --decode-batches 1,4 --prefill-len 16 \
         --num-prompts 2 --input-len 4 --output-len 3                     # 2 CPU ranks, gloo
 
@@ -51,13 +51,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import tp_bench_report as report  # noqa: E402
-from model_shapes import NAMED_CONFIGS, named_config  # noqa: E402
-from run_info import git_sha, write_results  # noqa: E402
-from tp_bench_run import logits_prompt_lens  # noqa: E402
+from benchmarks.common.launch import module_argv, tree_env
+from benchmarks.common.model_shapes import NAMED_CONFIGS, named_config
+from benchmarks.common.run_info import git_sha, write_results
+from benchmarks.tp import tp_bench_report as report
+from benchmarks.tp.tp_bench_run import logits_prompt_lens
 
 
 def _ints(text: str) -> list[int]:
@@ -149,10 +147,10 @@ def run_child(name: str, spec: dict, work: Path, timeout_s: float) -> tuple[dict
     is killed with the rank processes it started); its results, or None and why."""
     spec_path, out, logits = (work / f"{name}{ext}" for ext in (".spec.json", ".json", ".pt"))
     spec_path.write_text(json.dumps(spec))
-    argv = [sys.executable, str(HERE / "tp_bench_run.py"), str(spec_path), str(out), str(logits)]
+    argv = module_argv("benchmarks.tp.tp_bench_run", str(spec_path), str(out), str(logits))
     print(f"benchmark_tp: {name}: {' '.join(argv[1:])}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, start_new_session=True)
+    proc = subprocess.Popen(argv, env=tree_env(), start_new_session=True)
     try:
         rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

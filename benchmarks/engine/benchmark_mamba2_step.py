@@ -1,8 +1,8 @@
 """Forward time of one Mamba2 model step with each causal-conv1d backend.
 
-    python benchmarks/benchmark_mamba2_step.py                      # codestral-7b, bf16, GPU
-    python benchmarks/benchmark_mamba2_step.py --profile --out step.json
-    python benchmarks/benchmark_mamba2_step.py --model tiny --device cpu --prefill-len 32 \\
+    python -m benchmarks.engine.benchmark_mamba2_step                      # codestral-7b, bf16, GPU
+    python -m benchmarks.engine.benchmark_mamba2_step --profile --out step.json
+    python -m benchmarks.engine.benchmark_mamba2_step --model tiny --device cpu --prefill-len 32 \\
         --num-decodes 3 --decode-batch 4 --iters 2 --warmup 1
 
 Steps (rows in the engine's order: decodes first, then the prefill):
@@ -52,27 +52,14 @@ import gc
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
-
-from model_shapes import NAMED_CONFIGS  # noqa: E402
-from run_info import cuda_skip_reason, git_sha, quantiles  # noqa: E402
-from step_profile import (  # noqa: E402
-    MARKDOWN_HEADER,
-    host_records,
-    kernel_records,
-    markdown_rows,
-    summarize,
-    top_by_name,
-)
-
-STEP_PREFIX = "step:"
+from benchmarks.common.model_shapes import NAMED_CONFIGS
+from benchmarks.common.run_info import cuda_skip_reason, git_sha
+from benchmarks.engine.mamba2_step_report import markdown, profile_steps, timed
 
 
 def parse_args(argv):
@@ -99,16 +86,13 @@ def parse_args(argv):
     p.add_argument(
         "--use-replayssm",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="replayed decode (default: on for CUDA, off for CPU, as the engine)",
+        default=False,
+        help="replayed decode (default off, as the engine)",
     )
     p.add_argument("--replayssm-buffer-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    if args.use_replayssm is None:
-        on_cuda = args.device == "cuda" or (args.device == "auto" and _cuda_available())
-        args.use_replayssm = on_cuda
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backends) - {"triton", "cuda"}
     if unknown:
@@ -116,12 +100,6 @@ def parse_args(argv):
     if args.prefill_len < 1 or args.num_decodes < 0 or args.decode_batch < 1 or args.iters < 1:
         p.error("need --prefill-len >= 1, --num-decodes >= 0, --decode-batch >= 1, --iters >= 1")
     return args
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 class StepCase:
@@ -156,58 +134,6 @@ class StepCase:
         return model.compute_logits(hidden.index_select(0, self.rows))
 
 
-def timed(fn, iters: int, warmup: int, on_cuda: bool) -> dict:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    if on_cuda:
-        torch.cuda.synchronize()
-    walls, hosts = [], []
-    for _ in range(iters):
-        if on_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        fn()
-        host = time.perf_counter() - t0
-        if on_cuda:
-            end.record()
-            end.synchronize()
-            walls.append(start.elapsed_time(end))
-        else:
-            walls.append(host * 1e3)
-        hosts.append(host * 1e3)
-    return {"ms": quantiles(walls), "host_ms": statistics.median(hosts), "samples_ms": walls}
-
-
-def profile_steps(steps: dict, n: int, on_cuda: bool, graphed: tuple[str, ...]) -> dict:
-    """Run ``n`` of each step under the profiler; the step_profile summary per kind."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    walls = {}
-    with profile(activities=activities) as prof:
-        for kind, fn in steps.items():
-            for i in range(n):
-                name = f"{STEP_PREFIX}{kind}#{i}"
-                t0 = time.perf_counter()
-                with record_function(name):
-                    fn()
-                    if on_cuda:
-                        torch.cuda.synchronize()
-                walls[name] = (kind, (time.perf_counter() - t0) * 1e3)
-    events = prof.events()
-    records = kernel_records(events, STEP_PREFIX, on_cuda)
-    kernels = top_by_name(records, f"{STEP_PREFIX}decode_graph#", n)
-    host = host_records(events, STEP_PREFIX)
-    host_ops = {
-        kind: top_by_name(host, f"{STEP_PREFIX}{kind}#", n) for kind in steps if kind not in graphed
-    }
-    return summarize(records, walls, STEP_PREFIX, graphed), kernels, host_ops
-
-
 def decode_floor(model, pool, batch: int) -> dict:
     """The bytes a decode step of ``batch`` sequences must move, and their time at the
     measured copy bandwidth: every weight once (the embedding: ``batch`` rows), each
@@ -226,7 +152,7 @@ def decode_floor(model, pool, batch: int) -> dict:
         ssm = ssm / 2 * (1 + 1 / L) + layers * batch * entry * ((L - 1) / 2 + (L - 1) / L)
     conv = 2 * layers * batch * pool.conv_state[0, 0].numel() * pool.conv_state.element_size()
     total = weights + ssm + conv
-    from benchmark_utils import copy_gbps  # benchmarks/kernels: the kernels' "% of copy"
+    from benchmarks.kernels.benchmark_utils import copy_gbps  # the kernels' "% of copy"
 
     bw = copy_gbps()
     return {
@@ -312,70 +238,6 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
             steps, args.profile_steps, on_cuda, ("decode_graph",)
         )
     return out  # the pool and the graphs die here, before the next backend's are made
-
-
-def markdown(results: dict) -> str:
-    s = results["setup"]
-    lines = [
-        f"Mamba2 step, {s['model']} shape, {s['dtype']}, {s['device']}: mixed = "
-        f"{s['num_decodes']} decodes + 1 x {s['prefill_len']} prefill, decode = "
-        f"{s['decode_batch']} decodes (median of {s['iters']}, ms)",
-        "",
-        "| backend | step | tokens | ms (median) | p20 | p80 | host ms |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for name, res in results["backends"].items():
-        if "skipped" in res:
-            lines.append(f"| {name} | skipped: {res['skipped']} | | | | | |")
-            continue
-        for kind in ("mixed", "decode", "decode_graph"):
-            if kind in res:
-                r, tokens = res[kind], s["tokens"][kind.replace("_graph", "")]
-                lines.append(
-                    f"| {name} | {kind} | {tokens} | {r['ms']['median']:.2f} | "
-                    f"{r['ms']['p20']:.2f} | {r['ms']['p80']:.2f} | {r['host_ms']:.2f} |"
-                )
-    speedups = results.get("triton_over_cuda")
-    if speedups:
-        lines += [
-            "",
-            "Triton over CUDA (CUDA ms / Triton ms): "
-            + ", ".join(f"{k} {v:.3f}x" for k, v in speedups.items()),
-        ]
-    floors = [(n, r["decode_floor"]) for n, r in results["backends"].items() if "decode_floor" in r]
-    if floors:
-        lines += [
-            "",
-            "Decode graph step against its byte floor (weights + states read and written once, "
-            "at the measured copy bandwidth):",
-            "",
-            "| backend | batch | GB | copy GB/s | floor ms | graph ms | graph / floor |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for name, f in floors:
-            ms = results["backends"][name]["decode_graph"]["ms"]["median"]
-            lines.append(
-                f"| {name} | {f['batch']} | {f['bytes'] / 1e9:.2f} | {f['copy_gbps']:.0f} | "
-                f"{f['floor_ms']:.2f} | {ms:.2f} | {f['graph_over_floor']:.3f}x |"
-            )
-    for name, r in results["backends"].items():
-        if r.get("decode_graph_kernels"):
-            lines += ["", f"Kernels of the decode graph step ({name}):", ""]
-            lines += ["| kernel | us per step | launches per step |", "| --- | ---: | ---: |"]
-            for k in r["decode_graph_kernels"]:
-                lines.append(f"| `{k['name']}` | {k['us_per_step']:.1f} | {k['per_step']:.0f} |")
-    for name, r in results["backends"].items():
-        for kind, ops in r.get("host_ops", {}).items():
-            lines += ["", f"Host self time of the {kind} step by event ({name}):", ""]
-            lines += ["| event | us per step | calls per step |", "| --- | ---: | ---: |"]
-            for k in ops:
-                lines.append(f"| `{k['name']}` | {k['us_per_step']:.1f} | {k['per_step']:.1f} |")
-    profiles = [(n, r["profile"]) for n, r in results["backends"].items() if "profile" in r]
-    if profiles:
-        lines += ["", "Share of step wall time (profiled steps):", "", *MARKDOWN_HEADER]
-        for name, prof in profiles:
-            lines += markdown_rows(name, prof)
-    return "\n".join(lines)
 
 
 def main(argv=None) -> dict:

@@ -1,6 +1,6 @@
-"""Plot benchmark_serving.py results: TTFT and TPOT against request rate, one line per backend.
+"""Plot `vllm bench serve` results: TTFT and TPOT against request rate, one line per backend.
 
-    python benchmarks/plot_serving.py results/*.json --out serving.png --md serving.md
+    python -m benchmarks.serving.plot_serving results/*.json --out serving.png --md serving.md
 
 One column per workload (dataset and output length), rows TTFT and TPOT: the median as a
 solid line, p99 (when the results have it) dashed in the same colour. Rate ``inf`` (every
@@ -31,7 +31,7 @@ def load(paths: list[str]) -> list[dict]:
             record["_file"] = f.name
             results.append(record)
     if not results:
-        raise SystemExit(f"no benchmark_serving results in {paths}")
+        raise SystemExit(f"no `vllm bench serve` results in {paths}")
     return results
 
 

@@ -1,7 +1,7 @@
 """One configuration of benchmark_tp.py, in a process of its own: an engine at one
 tensor-parallel size and dtype, and what is measured through it.
 
-    python benchmarks/tp_bench_run.py SPEC.json OUT.json LOGITS.pt
+    python -m benchmarks.tp.tp_bench_run SPEC.json OUT.json LOGITS.pt
 
 benchmark_tp.py writes SPEC (its options plus ``tp``, ``dtype`` and ``role``) and reads
 OUT (JSON) and LOGITS (``torch.save`` of the logits steps' fp32 logits, on the CPU). A
@@ -31,10 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from model_shapes import named_config  # noqa: E402
-from run_info import quantiles, triton_version  # noqa: E402
+from benchmarks.common.model_shapes import named_config
+from benchmarks.common.run_info import quantiles, triton_version
 
 # The torch.distributed calls a step can make (communication_op's collectives).
 COLLECTIVES = ("all_reduce", "all_gather", "gather", "broadcast")

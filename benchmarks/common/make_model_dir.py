@@ -2,8 +2,8 @@
 SentencePiece tokenizer as a fast HF tokenizer, so prompts are real text with realistic
 token counts. Serve it with random weights:
 
-    python benchmarks/make_model_dir.py /tmp/codestral          # Mamba-Codestral-7B shape
-    python benchmarks/make_model_dir.py /tmp/tiny --tiny        # 2 layers, hidden 64 (CPU)
+    python -m benchmarks.common.make_model_dir /tmp/codestral          # Mamba-Codestral-7B shape
+    python -m benchmarks.common.make_model_dir /tmp/tiny --tiny        # 2 layers, hidden 64 (CPU)
     vllm serve /tmp/codestral --load-format dummy --dtype bfloat16
 
 The tokenizer is ``mistral_common/data/mistral_instruct_tokenizer_240323.model.v3`` from the
@@ -258,7 +258,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     texts = []
     if args.check_file:
-        from serving_datasets import read_sharegpt
+        from vllm.benchmarks.datasets import read_sharegpt
 
         for record in read_sharegpt(args.check_file).records:
             turns = record.get("conversations") if isinstance(record, dict) else None
@@ -276,7 +276,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

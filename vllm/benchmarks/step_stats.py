@@ -23,7 +23,8 @@ are the difference of two readings (``diff``); ``summarize`` turns them into:
 - server only: ``loop_wait_s`` and ``loop_other_s`` (the engine loop blocked waiting for
   work; its other time outside steps) and their shares of the wall time.
 
-No import of vllm or torch: benchmark_serving.py uses it as a plain HTTP client.
+No import of torch or of the engine: the serving benchmark (serve.py) uses it as a plain
+HTTP client.
 """
 
 from __future__ import annotations

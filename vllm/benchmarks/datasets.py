@@ -1,4 +1,4 @@
-"""The requests of benchmark_serving.py: ShareGPT conversations or random token prompts.
+"""The requests of the serving benchmark (serve.py): ShareGPT conversations or random token prompts.
 
 ShareGPT (``--dataset-name sharegpt``): a JSON array of ``{"conversations": [{"from": ...,
 "value": ...}, ...]}`` records. ``read_sharegpt`` decodes it record by record and stops at
