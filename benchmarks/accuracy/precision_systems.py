@@ -184,11 +184,17 @@ class OurSteps:
         qsl = lens.cumsum(0).to(torch.int32)
         md = self.builder.build(
             qsl,
-            torch.tensor([slot for slot, _, _ in rows], dtype=torch.int32),
+            # slot s is pool line s + 1 (line 0 is the null line)
+            torch.tensor([slot + 1 for slot, _, _ in rows], dtype=torch.int32),
             torch.tensor([cont for _, _, cont in rows], dtype=torch.bool),
         )
         ids = torch.tensor([t for _, tokens, _ in rows for t in tokens], device=self.device)
-        hidden = self.model(ids, md, self.pool)
+        from vllm.forward_context import ForwardContext, set_forward_context
+        from vllm.model_executor.models.utils import bind_state_pool
+
+        bind_state_pool(self.model, self.pool)
+        with set_forward_context(ForwardContext(mamba2_metadata=md)):
+            hidden = self.model(ids, None)
         last = (qsl[1:] - 1).long().to(self.device)
         logits = self.model.compute_logits(hidden.index_select(0, last)).cpu()
         return {slot: logits[i] for i, (slot, _, _) in enumerate(rows)}

@@ -125,7 +125,12 @@ class StepCase:
         self.slots = slots
 
     def run(self, model, pool):
-        hidden = model(self.ids, self.md, pool)
+        from vllm.forward_context import ForwardContext, set_forward_context
+        from vllm.model_executor.models.utils import bind_state_pool
+
+        bind_state_pool(model, pool)
+        with set_forward_context(ForwardContext(mamba2_metadata=self.md)):
+            hidden = model(self.ids, None)
         return model.compute_logits(hidden.index_select(0, self.rows))
 
 
@@ -165,6 +170,7 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
     import torch
 
     from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend
+    from vllm.model_executor.models.utils import bind_state_pool
 
     os.environ["VLLM_USE_TRITON_CONV1D"] = "1" if name == "triton" else "0"
     model.set_conv_backend(ConvBackend(name))
@@ -189,7 +195,8 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
         torch.cuda.synchronize()
         reserved = torch.cuda.memory_reserved()
         t0 = time.perf_counter()
-        graphs = DecodeGraphs(model, pool, args.decode_batch)
+        bind_state_pool(model, pool)
+        graphs = DecodeGraphs(model, args.decode_batch)
         sizes = graphs.capture()
         torch.cuda.synchronize()
         out["graph_capture"] = {
@@ -256,8 +263,9 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     n_dec = args.num_decodes
     mixed = [(slot, 1, True) for slot in range(1, n_dec + 1)]
-    mixed.append((0, args.prefill_len, args.prefill_has_initial_state))
-    decode = [(slot, 1, True) for slot in range(args.decode_batch)]
+    # Slots are pool lines 1 .. num_slots (line 0 is the null line).
+    mixed.append((n_dec + 1, args.prefill_len, args.prefill_has_initial_state))
+    decode = [(slot, 1, True) for slot in range(1, args.decode_batch + 1)]
     vocab = config.vocab_size
     cases = {
         "mixed": StepCase(model, device, mixed, vocab, gen),

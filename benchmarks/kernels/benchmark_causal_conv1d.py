@@ -197,7 +197,7 @@ def build_inputs(case: Case, seed: int) -> Inputs:
     bias = (0.2 * torch.randn(dim, device=DEVICE, generator=g)).to(DTYPE)
     pool_w = torch.randn(NUM_LINES, dim, WIDTH - 1, device=DEVICE, generator=g).to(DTYPE)
     pool_f = pool_w.transpose(1, 2).contiguous().transpose(1, 2)
-    perm = torch.randperm(NUM_LINES, device=DEVICE, generator=g)[: case.seqs]
+    perm = 1 + torch.randperm(NUM_LINES - 1, device=DEVICE, generator=g)[: case.seqs]
     idx = perm.to(torch.int32)
     qsl_cpu = torch.tensor([0] + list(_cumsum(case.lens)), dtype=torch.int32)
     qsl = qsl_cpu.to(DEVICE)

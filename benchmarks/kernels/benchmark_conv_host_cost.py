@@ -242,7 +242,7 @@ def update_case(s: Setup, batch: int) -> OpCase:
     g = _gen(s, "update", batch)
     weight, bias, pool = _params(s, g)
     x = _rand((batch, s.dim), g, s)
-    lines = torch.randperm(s.num_lines, generator=g)[:batch]
+    lines = 1 + torch.randperm(s.num_lines - 1, generator=g)[:batch]
     idx = lines.to(torch.int32).to(s.device)
 
     def check():
@@ -267,7 +267,7 @@ def _step_inputs(s: Setup, step: str):
     weight, bias, pool = _params(s, g)
     x = _rand((sum(lens), s.dim), g, s).t()
     qsl_cpu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    lines = torch.randperm(s.num_lines, generator=g)[: len(lens)]
+    lines = 1 + torch.randperm(s.num_lines - 1, generator=g)[: len(lens)]
     idx = lines.to(torch.int32).to(s.device)
     flags = torch.tensor(init, device=s.device)
     return x, weight, bias, pool, qsl_cpu, idx, flags

@@ -102,7 +102,7 @@ class Step:
         self.bias = (0.2 * torch.randn(dim, device=device, generator=g)).to(dtype)
         pool = torch.randn(lines, dim, W - 1, device=device, generator=g).to(dtype)
         self.pool = pool.transpose(1, 2).contiguous().transpose(1, 2)  # feature-contiguous
-        perm = torch.randperm(lines, device=device, generator=g)[: self.batch]
+        perm = 1 + torch.randperm(lines - 1, device=device, generator=g)[: self.batch]
         self.idx = perm.to(torch.int32)
         qsl_cpu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
         self.qsl = qsl_cpu.to(device)

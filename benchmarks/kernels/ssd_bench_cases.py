@@ -143,7 +143,7 @@ def build_inputs(case: Case, dtype, state_dtype, device, seed: int) -> Inputs:
         D=1.0 + randn(s.nheads, scale=0.1),
         dt_bias=dt_target + torch.log(-torch.expm1(-dt_target)),  # softplus^-1
         pool=randn(lines, s.nheads, s.headdim, s.dstate).to(state_dtype),
-        idx=torch.randperm(lines, device=device, generator=g)[: case.seqs].to(torch.int32),
+        idx=(1 + torch.randperm(lines - 1, device=device, generator=g))[: case.seqs].int(),
         init=torch.tensor(case.init, device=device),
         qsl_cpu=torch.tensor([0, *torch.tensor(case.lens).cumsum(0).tolist()], dtype=torch.int32),
     )

@@ -58,7 +58,7 @@ def make_fn_case(dim, lens, n_decode=0, init_prefill=False, lines=1024):
     w = (0.5 * torch.randn(dim, WIDTH, device="cuda")).to(DTYPE)
     b = (0.2 * torch.randn(dim, device="cuda")).to(DTYPE)
     states = torch.randn(lines, WIDTH - 1, dim, device="cuda", dtype=DTYPE).transpose(1, 2)
-    idx = torch.randperm(lines, device="cuda")[:batch].int()
+    idx = (1 + torch.randperm(lines - 1, device="cuda")[:batch]).int()
     init = torch.zeros(batch, dtype=torch.bool, device="cuda")
     init[len(lens) - n_decode :] = True
     if init_prefill:
@@ -202,7 +202,7 @@ def main():
         w = (0.5 * torch.randn(dim, WIDTH, device="cuda")).to(DTYPE)
         b = (0.2 * torch.randn(dim, device="cuda")).to(DTYPE)
         st = torch.randn(1024, WIDTH - 1, dim, device="cuda", dtype=DTYPE).transpose(1, 2)
-        idx = torch.randperm(1024, device="cuda")[:B].int()
+        idx = (1 + torch.randperm(1023, device="cuda")[:B]).int()
         row = {}
         pairs = itertools.product((64, 128, 256, 512, 1024), (1, 2, 4))
         dec_configs = [(bd, nw) for bd, nw in pairs if bd >= 32 * nw]

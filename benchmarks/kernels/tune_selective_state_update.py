@@ -38,7 +38,7 @@ def make_case(batch: int, state_dtype: torch.dtype, gen: torch.Generator):
     A = -torch.rand(H, generator=gen).add(0.5).cuda()
     D = torch.rand(H, generator=gen).cuda()
     dt_bias = torch.rand(H, generator=gen).cuda() - 3
-    idx = torch.randperm(lines, generator=gen)[:batch].to("cuda", torch.int32)
+    idx = (1 + torch.randperm(lines - 1, generator=gen)[:batch]).to("cuda", torch.int32)
     kwargs = dict(D=D, dt_bias=dt_bias, dt_softplus=True, state_batch_indices=idx)
     nbytes = 2 * batch * H * P * N * state.element_size() + 2 * x.numel() * 2
     return state, (x, dt, A, B, C), kwargs, nbytes

@@ -14,9 +14,11 @@ from tests.distributed.utils import TOL, run_ranks
 from tests.distributed.utils import dummy_config as _dummy_config
 from tests.tiny_model import make_tiny_model_dir
 from vllm.distributed import get_tp_group
+from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.model_loader import get_model
 
-# (tokens, slot, continues its state) per row, one list per step.
+# (tokens, slot, continues its state) per row, one list per step; slot s is pool line s + 1
+# (line 0 is the null line).
 STEPS = [
     [(5, 0, False), (3, 1, False)],
     [(1, 0, True), (4, 1, True), (6, 2, False)],
@@ -26,7 +28,7 @@ STEPS = [
 def _run_steps(model) -> list[torch.Tensor | None]:
     """Logits of every row of every step (None off rank 0 under tensor parallelism)."""
     builder = model.metadata_builder("cpu")
-    pool = model.allocate_state_pool(4)
+    model.allocate_state_pool(4)  # bound to the layers
     gen = torch.Generator().manual_seed(7)
     out = []
     for rows in STEPS:
@@ -35,12 +37,12 @@ def _run_steps(model) -> list[torch.Tensor | None]:
         torch.cumsum(lens, 0, out=qsl[1:])
         md = builder.build(
             qsl,
-            torch.tensor([s for _, s, _ in rows], dtype=torch.int32),
+            torch.tensor([s + 1 for _, s, _ in rows], dtype=torch.int32),
             torch.tensor([init for _, _, init in rows]),
         )
         ids = torch.randint(0, model.config.vocab_size, (int(lens.sum()),), generator=gen)
-        with torch.no_grad():
-            out.append(model.compute_logits(model(ids, md, pool)))
+        with torch.no_grad(), set_forward_context(ForwardContext(mamba2_metadata=md)):
+            out.append(model.compute_logits(model(ids, None)))
     return out
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.distributed.utils import GPU2_SKIP_REASON, run_ranks
+from tests.models.mamba2_utils import run_mixer
 from vllm.distributed import get_tp_group
 from vllm.model_executor.layers.layernorm import rms_norm_gated_ref
 from vllm.model_executor.layers.linear import RowShards
@@ -25,6 +26,7 @@ from vllm.model_executor.layers.mamba.mamba_tp import (
 )
 from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
+    PAD_SLOT_ID,
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
@@ -168,7 +170,9 @@ def mixer_steps(p, in_proj, norm, out_proj, heads, groups, conv_state, ssm_state
     w, b = p["conv1d.weight"].squeeze(1), p["conv1d.bias"]
     A = -torch.exp(p["A_log"])
     scan = dict(D=p["D"], dt_bias=p["dt_bias"], dt_softplus=True)
+    # Sequence i on line i, line 0 included: the references get pad_slot_id=PAD_SLOT_ID.
     slots = torch.arange(len(SEQ_LENS), dtype=torch.int32, device=conv_state.device)
+    pad = dict(pad_slot_id=PAD_SLOT_ID)
 
     def split(xbc, dt):
         x, B, C = xbc.split([inter, gn, gn], dim=-1)
@@ -185,7 +189,7 @@ def mixer_steps(p, in_proj, norm, out_proj, heads, groups, conv_state, ssm_state
     z, xbc, dt = in_proj(prefill).split([inter, inter + 2 * gn, heads], dim=-1)
     qsl = torch.tensor([0, SEQ_LENS[0], sum(SEQ_LENS)], dtype=torch.int32, device=slots.device)
     no_init = torch.zeros(len(SEQ_LENS), dtype=torch.bool, device=slots.device)
-    xbc = causal_conv1d_ref(xbc.t(), w, b, conv_state, qsl, slots, no_init, "silu").t()
+    xbc = causal_conv1d_ref(xbc.t(), w, b, conv_state, qsl, slots, no_init, "silu", **pad).t()
     x, B, C, dt = split(xbc, dt)
     layout = plan_chunked_scan(torch.tensor(SEQ_LENS), CHUNK).to(slots.device)
     y, final = chunk_scan_varlen(x, dt, A, B, C, layout, **scan)
@@ -193,9 +197,11 @@ def mixer_steps(p, in_proj, norm, out_proj, heads, groups, conv_state, ssm_state
     outs.append(out_proj(norm(y.flatten(1), z)))
 
     z, xbc, dt = in_proj(decode).split([inter, inter + 2 * gn, heads], dim=-1)
-    xbc = causal_conv1d_update_ref(xbc, conv_state, w, b, "silu", slots)
+    xbc = causal_conv1d_update_ref(xbc, conv_state, w, b, "silu", slots, **pad)
     x, B, C, dt = split(xbc, dt)
-    y = selective_state_update_torch(ssm_state, x, dt, A, B, C, state_batch_indices=slots, **scan)
+    y = selective_state_update_torch(
+        ssm_state, x, dt, A, B, C, state_batch_indices=slots, **scan, **pad
+    )
     outs.append(out_proj(norm(y.flatten(1), z)))
     return outs
 
@@ -306,18 +312,16 @@ def test_the_composed_reference_is_the_real_mixer():
     load_mixer(mixer, full_params(n_groups, "cpu"))
     pool = MambaStatePool(mixer.spec, 1, len(SEQ_LENS), mixer.backend, torch.float32)
     builder = Mamba2MetadataBuilder(CHUNK, "cpu")
-    slots = torch.arange(len(SEQ_LENS), dtype=torch.int32)
+    slots = torch.arange(1, len(SEQ_LENS) + 1, dtype=torch.int32)  # line 0: the null line
     prefill, decode = _inputs("cpu")
     qsl = torch.tensor([0, SEQ_LENS[0], sum(SEQ_LENS)], dtype=torch.int32)
     md = builder.build(qsl, slots, torch.zeros(len(SEQ_LENS), dtype=torch.bool))
-    got = [mixer(prefill, *pool.layer(0), md)]
+    got = [run_mixer(mixer, prefill, pool.layer(0), md)]
     md = builder.build(torch.arange(3, dtype=torch.int32), slots, torch.ones(2, dtype=torch.bool))
-    got.append(mixer(decode, *pool.layer(0), md))
+    got.append(run_mixer(mixer, decode, pool.layer(0), md))
     # the kernels sum in another order than the references: a looser bound than TOL
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
     conv, ssm = pool.layer(0)
-    torch.testing.assert_close(conv[: len(SEQ_LENS)], conv_want[: len(SEQ_LENS)], **TOL)
-    torch.testing.assert_close(
-        ssm[: len(SEQ_LENS)], ssm_want[: len(SEQ_LENS)], atol=1e-4, rtol=1e-4
-    )
+    torch.testing.assert_close(conv[1:], conv_want[: len(SEQ_LENS)], **TOL)
+    torch.testing.assert_close(ssm[1:], ssm_want[: len(SEQ_LENS)], atol=1e-4, rtol=1e-4)

@@ -10,12 +10,14 @@ import torch
 
 from tests.distributed.utils import TOL, dummy_config, run_ranks
 from vllm.distributed import get_tp_group
+from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.model_loader import get_model
 
 L = 3
 # (tokens, slot, continues its state) per row, one list per step: prompts, L + 1 decodes
 # (a flush, then one step in the rings), a decode beside a 3-token continuation of slot 1
-# and a fresh prompt, then a decode of each.
+# and a fresh prompt, then a decode of each. Slot s is pool line s + 1 (line 0 is the null
+# line).
 MIXED = L + 2
 STEPS = (
     [[(5, 0, False), (2, 1, False)]]
@@ -37,14 +39,14 @@ def _run(model, replayssm_buffer_len: int) -> tuple[list, torch.Tensor, object]:
         torch.cumsum(lens, 0, out=qsl[1:])
         md = builder.build(
             qsl,
-            torch.tensor([s for _, s, _ in rows], dtype=torch.int32),
+            torch.tensor([s + 1 for _, s, _ in rows], dtype=torch.int32),
             torch.tensor([init for _, _, init in rows]),
         )
         ids = torch.randint(0, model.config.vocab_size, (int(lens.sum()),), generator=gen)
-        with torch.no_grad():
-            logits.append(model.compute_logits(model(ids, md, pool)))
+        with torch.no_grad(), set_forward_context(ForwardContext(mamba2_metadata=md)):
+            logits.append(model.compute_logits(model(ids, None)))
         if pool.rings:
-            counts.append(pool.rings["count"][:, :3].amax(dim=(0, 2, 3)))
+            counts.append(pool.rings["count"][:, 1:4].amax(dim=(0, 2, 3)))
     return logits, counts, pool
 
 
@@ -58,10 +60,10 @@ def _sharded_replay_equals(n_groups: int, expected: list, expected_states: torch
     assert [int(c[0]) for c in counts[1:]] == [s % L for s in range(1, len(STEPS))]
     assert int(counts[MIXED - 1][1]) == 1 and int(counts[MIXED][1]) == 0  # folded in
     mixers = [layer.mixer for layer in model.backbone.layers]
-    for k, mixer in enumerate(mixers):  # the hook, on this rank's heads
-        mixer.materialise(pool.layer(k)[1], torch.tensor([0, 1, 2], dtype=torch.int32))
+    for mixer in mixers:  # the hook, on this rank's heads
+        mixer.materialise(torch.tensor([1, 2, 3], dtype=torch.int32))
     heads = slice(4 * tp.rank, 4 * tp.rank + 4)
-    torch.testing.assert_close(pool.ssm_state[:, :3], expected_states[:, :3, heads], **TOL)
+    torch.testing.assert_close(pool.ssm_state[:, 1:4], expected_states[:, 1:4, heads], **TOL)
     if tp.rank != 0:
         assert all(g is None for g in got)
         return

@@ -100,8 +100,9 @@ def test_outputs_equal_every_step(device, monkeypatch):
 
 
 def test_flushed_and_hooked_states_equal_every_step(device):
-    """One request alone (slot 0): 2L decode steps end on a flush; then a second request's
-    L + 1 decodes end one step into the ring, and the hook folds it in."""
+    """One request alone (slot 1, the first: line 0 is the null line): 2L decode steps end
+    on a flush; then a second request's L + 1 decodes end one step into the ring, and the
+    hook folds it in."""
     engines = {r: make_llm(device, r) for r in (False, True)}
     misses = launch_misses()
     for tokens, want_count in ((2 * L + 1, 0), (L + 2, 1)):
@@ -111,13 +112,13 @@ def test_flushed_and_hooked_states_equal_every_step(device):
         }
         assert outs[True][0].outputs[0].token_ids == outs[False][0].outputs[0].token_ids
         pools = {r: llm.engine.runner.pool for r, llm in engines.items()}
-        count = pools[True].rings["count"][:, 0]
+        count = pools[True].rings["count"][:, 1]
         assert set(count.unique().tolist()) == {want_count}, "decodes - 1 = steps in the ring"
         if want_count:
-            engines[True].engine.engine_core.materialise([0])
-            assert set(pools[True].rings["count"][:, 0].unique().tolist()) == {0}
+            engines[True].engine.engine_core.materialise([1])
+            assert set(pools[True].rings["count"][:, 1].unique().tolist()) == {0}
         torch.testing.assert_close(
-            pools[True].ssm_state[:, 0], pools[False].ssm_state[:, 0], atol=2e-5, rtol=2e-5
+            pools[True].ssm_state[:, 1], pools[False].ssm_state[:, 1], atol=2e-5, rtol=2e-5
         )
     assert launch_misses() == misses, "the warm-up missed a replayed kernel variant"
 

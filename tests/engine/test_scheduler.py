@@ -15,7 +15,7 @@ from vllm.engine.state_manager import SlotManager
 def test_slot_manager_hands_out_each_slot_once():
     slots = SlotManager(3)
     got = [slots.allocate() for _ in range(3)]
-    assert sorted(got) == [0, 1, 2]
+    assert sorted(got) == [1, 2, 3]  # line 0 of the state pool is the null line
     with pytest.raises(RuntimeError):
         slots.allocate()
     slots.free(got[1])
@@ -50,7 +50,7 @@ def test_random_workload_budgets_fcfs_no_leak(max_seqs, budget):
         if sched.waiting and not newly and sched.slots.num_free == 0:
             assert len(sched.running) == max_seqs  # waits only when every slot is taken
         slots = [s.slot for s in sched.running]
-        assert len(set(slots)) == len(slots) and all(0 <= s < max_seqs for s in slots)
+        assert len(set(slots)) == len(slots) and all(1 <= s <= max_seqs for s in slots)
         assert sched.slots.num_used == len(sched.running)
         assert steps < 200_000
     assert admitted == sorted(admitted) == list(range(2000))
@@ -86,4 +86,4 @@ def test_request_waits_for_a_slot_and_gets_it_when_one_finishes():
     assert batch.seqs == [a, b] and list(sched.waiting) == [c]
     assert a.is_finished  # max_tokens=1: done after its prefill, slot freed at once
     batch = fake_step(sched)
-    assert batch.seqs == [b, c] and batch.num_decodes == 1 and c.slot == 0  # a's slot
+    assert batch.seqs == [b, c] and batch.num_decodes == 1 and c.slot == 1  # a's slot

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID, PAD_SLOT_ID
 
-PAD = PAD_SLOT_ID
+PAD = NULL_BLOCK_ID  # slots are lines >= 1: line 0 is the null line
 
 
 def build(builder, lens, slots, init):
@@ -22,12 +22,12 @@ def test_canonical_batch_needs_no_permutation():
     # decodes, a one-token pad (CUDA-graph padding), prefills, then a longer pad row
     b = Mamba2MetadataBuilder(chunk_size=4, device="cpu")
     md = build(
-        b, [1, 1, 1, 5, 1, 3], [2, 0, PAD, 1, 3, PAD], [True, True, False, True, False, False]
+        b, [1, 1, 1, 5, 1, 3], [2, 5, PAD, 1, 3, PAD], [True, True, False, True, False, False]
     )
     assert md.token_perm is None
     assert (md.num_decode_tokens, md.num_prefills, md.num_prefill_tokens) == (3, 2, 6)
     assert md.num_tokens == 12 and md.batch_size == 6 and not md.decode_only
-    assert md.decode_state_indices.tolist() == [2, 0, PAD]
+    assert md.decode_state_indices.tolist() == [2, 5, PAD]
     assert md.prefill_state_indices.tolist() == [1, 3]
     assert md.prefill_has_initial_state.tolist() == [True, False]
     assert md.prefill_query_start_loc.tolist() == [0, 5, 6]
@@ -39,12 +39,12 @@ def test_canonical_batch_needs_no_permutation():
 def test_mixed_order_is_permuted_to_canonical():
     # prefill(3) | decode | pad(2) | fresh one-token prompt | decode
     lens = [3, 1, 2, 1, 1]
-    slots = [4, 1, PAD, 0, 2]
+    slots = [4, 1, PAD, 5, 2]
     init = [True, True, False, False, True]
     b = Mamba2MetadataBuilder(chunk_size=2, device="cpu")
     md = build(b, lens, slots, init)
-    # canonical rows: decodes (slots 1, 2), prefills (4 then the fresh prompt 0), pad
-    assert md.state_indices.tolist() == [1, 2, 4, 0, PAD]
+    # canonical rows: decodes (slots 1, 2), prefills (4 then the fresh prompt 5), pad
+    assert md.state_indices.tolist() == [1, 2, 4, 5, PAD]
     assert md.has_initial_state.tolist() == [True, True, True, False, False]
     assert md.query_start_loc_cpu.tolist() == [0, 1, 2, 5, 6, 8]
     # input tokens: row0 0..2, row1 3, row2 4..5, row3 6, row4 7
@@ -61,22 +61,22 @@ def test_decode_only_step():
 
 def test_fresh_one_token_prompt_is_a_prefill():
     b = Mamba2MetadataBuilder(chunk_size=8, device="cpu")
-    md = build(b, [1], [0], [False])
+    md = build(b, [1], [1], [False])
     assert md.num_decode_tokens == 0 and md.num_prefills == 1 and not md.decode_only
 
 
 def test_device_buffer_is_reused_and_grown():
     b = Mamba2MetadataBuilder(chunk_size=4, device="cpu")
-    build(b, [9, 1], [0, 1], [False, True])
+    build(b, [9, 1], [1, 2], [False, True])
     buf = b.staging.device_buffer
     ptr, grows = buf.data_ptr(), b.staging.num_grows
     for lens in ([3, 1], [1, 1], [20, 1, 1]):
-        md = build(b, lens, list(range(len(lens))), [False] + [True] * (len(lens) - 1))
+        md = build(b, lens, list(range(1, len(lens) + 1)), [False] + [True] * (len(lens) - 1))
         assert b.staging.device_buffer.data_ptr() == ptr, "reallocated without need"
         assert md.state_indices.untyped_storage().data_ptr() == ptr
     assert b.staging.num_grows == grows
     big = 3000
-    build(b, [big], [0], [False])
+    build(b, [big], [1], [False])
     assert b.staging.num_grows == grows + 1 and b.staging.capacity >= 8 * big
     assert b.num_builds == 5
 
@@ -106,7 +106,7 @@ def test_ssd_layout_has_absolute_rows_in_the_staged_upload():
     # 3-7, 8 and 9-17; a padded row of 3 tokens last.
     b = Mamba2MetadataBuilder(chunk_size=4, device="cpu", triton_ssd=True)
     init = [True, True, False, False, False, False, False]
-    md = build(b, [1, 1, 1, 5, 1, 9, 3], [2, 0, PAD, 1, 3, 4, PAD], init)
+    md = build(b, [1, 1, 1, 5, 1, 9, 3], [2, 5, PAD, 1, 3, 4, PAD], init)
     assert md.scan is None and md.ssd is not None
     assert (md.num_decode_tokens, md.num_prefills) == (3, 3)
     lay = md.ssd
@@ -120,5 +120,15 @@ def test_ssd_layout_has_absolute_rows_in_the_staged_upload():
         assert t.untyped_storage().data_ptr() == ptr, f"{name} is not in the staged upload"
         assert t.data_ptr() % 16 == 0
     # A decode-only step carries an empty layout.
-    md = build(b, [1, 1], [0, 1], [True, True])
+    md = build(b, [1, 1], [1, 2], [True, True])
     assert md.ssd.num_seqs == 0 and md.ssd.num_chunks == 0
+
+
+def test_pad_slot_id_rows_go_to_the_null_line():
+    """A row padded with PAD_SLOT_ID (-1, upstream's 2025 marker) is a padded row like one
+    on NULL_BLOCK_ID: the metadata sends both to the null line, so every op sees one
+    marker, and no real slot may be the null line's."""
+    b = Mamba2MetadataBuilder(chunk_size=4, device="cpu")
+    md = build(b, [1, 1, 1, 2], [3, PAD_SLOT_ID, NULL_BLOCK_ID, 1], [True, False, False, True])
+    assert md.state_indices.tolist() == [3, NULL_BLOCK_ID, NULL_BLOCK_ID, 1]
+    assert (md.num_decode_tokens, md.num_prefills) == (3, 1)

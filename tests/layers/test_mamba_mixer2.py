@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from tests.models.mamba2_utils import fake_cuda_ops, gen_for, install_custom_ops
+from tests.models.mamba2_utils import fake_cuda_ops, gen_for, install_custom_ops, run_mixer
 from vllm.model_executor.layers.layernorm import RMSNorm, RMSNormGated
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
@@ -17,7 +17,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStatePool,
     mamba2_state_spec,
 )
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID, PAD_SLOT_ID
 
 MIXER = Mamba2Shape(
     hidden_size=32,
@@ -48,7 +48,7 @@ def test_state_spec_is_shared_by_layer_and_pool():
     assert conv.shape == (6, *spec.conv_shape) and ssm.shape == (6, *spec.ssm_shape)
     assert conv.stride(1) == 1, "Triton layout is feature-contiguous"
     assert conv.dtype == torch.float16 and ssm.dtype == torch.float32
-    assert pool.pad_line == 5
+    assert pool.pad_line == 0 and pool.slots == range(1, 6)
 
 
 def test_cuda_layout_is_width_contiguous(monkeypatch):
@@ -77,19 +77,22 @@ def test_mixer_rejects_a_pool_of_the_other_layout(monkeypatch):
     builder = Mamba2MetadataBuilder(chunk_size=4, device="cpu")
     md = builder.build(
         torch.tensor([0, 3], dtype=torch.int32),
-        torch.tensor([0], dtype=torch.int32),
+        torch.tensor([1], dtype=torch.int32),
         torch.tensor([False]),
     )
     hidden = torch.randn(3, 32, generator=gen_for("h"))
     cuda_pool = MambaStatePool(mixer.spec, 1, 2, ConvBackend.CUDA, torch.float32)
     with pytest.raises(ValueError, match="feature-contiguous"):
-        mixer(hidden, *cuda_pool.layer(0), md)
+        run_mixer(mixer, hidden, cuda_pool.layer(0), md)
     pool = MambaStatePool(mixer.spec, 1, 2, ConvBackend.TRITON, torch.float32)
     conv, ssm = pool.layer(0)
     with pytest.raises(ValueError, match="ssm_state must be"):
-        mixer(hidden, conv, ssm[:, :, :, :4], md)
+        run_mixer(mixer, hidden, (conv, ssm[:, :, :, :4]), md)
     with pytest.raises(ValueError, match="built for 3 tokens"):
-        mixer(hidden[:2], conv, ssm, md)
+        run_mixer(mixer, hidden[:2], (conv, ssm), md)
+    mixer.kv_cache = None
+    with pytest.raises(RuntimeError, match="no state is bound"):
+        mixer(hidden)
 
 
 def test_bad_backend_variable_is_an_error(monkeypatch):
@@ -134,7 +137,8 @@ def test_rms_norm_casts_once_to_the_weight_dtype():
 def _mixed_step_through_both_scans(device):
     """One mixed step (decodes, a padded decode row, prefills with and without initial
     states, a chunked-prefill continuation, a trailing pad) through the mixer twice: with
-    the Triton SSD's layout and with the PyTorch scan's. Returns both (y, pool) pairs."""
+    the Triton SSD's layout and with the PyTorch scan's; the null line and a line no row
+    names keep every bit. Returns both (y, pool) pairs."""
     mixer = MambaMixer2(MIXER).to(device)
     gen = gen_for("mixer-ssd")
     with torch.no_grad():
@@ -142,7 +146,7 @@ def _mixed_step_through_both_scans(device):
             p.copy_(0.3 * torch.randn(p.shape, generator=gen))
         mixer.A_log.copy_(torch.empty(4).uniform_(-1.0, 1.0, generator=gen))
     lens = [1, 1, 1, 9, 5, 13, 2]
-    slots = [3, 0, PAD_SLOT_ID, 1, 4, 2, PAD_SLOT_ID]
+    slots = [3, 5, NULL_BLOCK_ID, 1, 4, 2, PAD_SLOT_ID]
     init = [True, True, False, False, True, True, False]
     qsl = torch.tensor([0, *lens], dtype=torch.int32).cumsum(0).to(torch.int32)
     hidden = torch.randn(int(qsl[-1]), 32, generator=gen).to(device)
@@ -161,7 +165,10 @@ def _mixed_step_through_both_scans(device):
         pool.conv_state.copy_(base.conv_state)
         pool.ssm_state.copy_(base.ssm_state)
         with torch.no_grad():
-            y = mixer(hidden, *pool.layer(0), md)
+            y = run_mixer(mixer, hidden, pool.layer(0), md)
+        for line in (NULL_BLOCK_ID, 6):  # the null line, and a line no row names
+            assert torch.equal(pool.conv_state[:, line], base.conv_state[:, line])
+            assert torch.equal(pool.ssm_state[:, line], base.ssm_state[:, line])
         results.append((y, pool.ssm_state))
     return results
 
@@ -171,7 +178,7 @@ def test_mixer_triton_ssd_equals_pytorch_scan():
     SSD gives the same outputs and states."""
     (y_ssd, ssm_ssd), (y_torch, ssm_torch) = _mixed_step_through_both_scans(torch.device("cpu"))
     torch.testing.assert_close(y_ssd, y_torch, atol=2e-5, rtol=2e-5)
-    torch.testing.assert_close(ssm_ssd[:, :6], ssm_torch[:, :6], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(ssm_ssd, ssm_torch, atol=2e-5, rtol=2e-5)
 
 
 def test_builder_picks_the_scan_by_device():
@@ -184,4 +191,4 @@ def test_gpu_mixer_uses_the_triton_ssd_by_default():
     assert Mamba2MetadataBuilder(chunk_size=4, device="cuda").triton_ssd
     (y_ssd, ssm_ssd), (y_torch, ssm_torch) = _mixed_step_through_both_scans(torch.device("cuda"))
     torch.testing.assert_close(y_ssd, y_torch, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(ssm_ssd[:, :6], ssm_torch[:, :6], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ssm_ssd, ssm_torch, atol=1e-4, rtol=1e-4)

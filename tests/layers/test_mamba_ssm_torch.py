@@ -78,7 +78,7 @@ def test_chunk_scan_matches_reference(case: ScanCase):
     inp = make_inputs(case, T, case.id)
     gen = gen_for("state", case.id)
     pool = torch.randn(n + 2, case.heads, HEADDIM, DSTATE, generator=gen)
-    slots = torch.randperm(n + 2, generator=gen)[:n]
+    slots = 1 + torch.randperm(n + 1, generator=gen)[:n]  # line 0 is the null line
     init = torch.rand(n, generator=gen) < 0.6
     qsl = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
     scan_args = dict(D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True, dt_limit=case.limit)
@@ -174,7 +174,7 @@ def test_plan_rejects_bad_input():
 
 @pytest.mark.parametrize("groups", [1, 2], ids=lambda g: f"G{g}")
 def test_selective_state_update_matches_reference_with_pads(groups):
-    heads, lines = 4, 6  # lines 0..4 are slots, line 5 the pad sink
+    heads, lines = 4, 6  # line 0 is the null line, lines 1..5 are slots
     case = ScanCase((1,) * 5, 1, groups=groups, heads=heads)
     inp = make_inputs(case, 5, f"update-{groups}")
     pool = torch.randn(lines, heads, HEADDIM, DSTATE, generator=gen_for("pool", groups))
@@ -208,7 +208,7 @@ def test_selective_state_update_matches_reference_with_pads(groups):
     assert_close(y, y_ref, "scan")
     assert torch.equal(y[1], torch.zeros_like(y[1])) and torch.equal(y[3], torch.zeros_like(y[3]))
     assert_close(work[[3, 2, 4]], ref_pool[[3, 2, 4]], "scan")
-    for untouched in (0, 1):
+    for untouched in (0, 1, 5):
         assert torch.equal(work[untouched], pool[untouched])
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.models.mamba2_utils import BF16, FP16, FP32, assert_close, gen_for
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID, PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_ref import ssm_scan_ref
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     selective_state_update,
@@ -69,14 +69,14 @@ class Case:
 
     @property
     def num_lines(self) -> int:
-        return self.batch + 3  # some lines no row names, and the last one is the sink
+        return self.batch + 3  # the null line 0, and some lines no row names
 
 
 @dataclass
 class Inputs:
     state: torch.Tensor
     kwargs: dict  # everything else selective_state_update takes
-    lines: list[int]  # the line of each row; PAD_SLOT_ID for a padded row
+    lines: list[int]  # the line of each row; NULL_BLOCK_ID (the null line 0) for a padded row
 
 
 def build(case: Case, device, key=None) -> Inputs:
@@ -108,8 +108,8 @@ def build(case: Case, device, key=None) -> Inputs:
     else:
         dt = (0.1 + dt_raw.float().abs()).to(case.dtype)  # the step itself: positive
 
-    lines = torch.randperm(case.num_lines - 1, generator=gen)[:b]
-    lines[torch.randperm(b, generator=gen)[: case.pads]] = PAD_SLOT_ID
+    lines = 1 + torch.randperm(case.num_lines - 1, generator=gen)[:b]  # line 0: null line
+    lines[torch.randperm(b, generator=gen)[: case.pads]] = NULL_BLOCK_ID
     if case.indices is None:
         assert case.pads == 0, "padded rows need indices"
         lines = torch.arange(b)
@@ -145,15 +145,17 @@ def check_against_torch(case: Case, inp: Inputs, run=selective_state_update_trit
     assert y.dtype == case.dtype and y.shape == (case.batch, case.heads, case.headdim)
     assert not torch.isnan(y).any(), "an output element was not written"
     assert_close(y, y_ref, "scan", case.dtype)
-    live = [line for line in inp.lines if line != PAD_SLOT_ID]
-    pad_rows = [r for r, line in enumerate(inp.lines) if line == PAD_SLOT_ID]
+    indexed = inp.kwargs["state_batch_indices"] is not None  # without indices none is padded
+    live = [line for line in inp.lines if line != NULL_BLOCK_ID or not indexed]
+    pad_rows = [r for r, line in enumerate(inp.lines) if line == NULL_BLOCK_ID and indexed]
     assert not y[pad_rows].any(), "padded rows must give y = 0"
     if live:
         assert_close(inp.state[live], ref_pool[live], "scan", case.state_dtype)
-    # Every other line, the sink included, is bit-identical: the kernel skips padded rows
-    # (the PyTorch path drops their state in the sink, whose content means nothing).
+    # Every other line, the null line included, is bit-identical on both paths: padded rows
+    # read and write no line.
     for line in sorted(set(range(case.num_lines)) - set(live)):
         assert torch.equal(inp.state[line], before[line]), f"line {line} was touched"
+        assert torch.equal(ref_pool[line], before[line]), f"line {line} was touched (torch)"
 
 
 CPU_CASES = [
@@ -198,7 +200,7 @@ def test_kernel_matches_per_token_reference(device):
     )
     y = selective_state_update_triton(inp.state, **kw)
     assert_close(y, y_ref, "scan")
-    live = [line for line in inp.lines if line != PAD_SLOT_ID]
+    live = [line for line in inp.lines if line != NULL_BLOCK_ID]
     assert_close(inp.state[live], ref_pool[live], "scan")
 
 
@@ -236,15 +238,19 @@ def test_softplus_keeps_its_relative_accuracy(device):
 
 
 def test_pad_slot_id_matters_only_with_indices(device):
-    """Without indices row b uses line b, even when b equals pad_slot_id."""
+    """Without indices row b uses line b, even when b equals pad_slot_id (or is line 0,
+    the default marker's)."""
     case = Case(3, indices=None)
-    inp = build(case, device)
-    ref_pool = inp.state.clone()
-    y = selective_state_update_triton(inp.state, **inp.kwargs, pad_slot_id=1)
-    y_ref = selective_state_update_torch(ref_pool, **inp.kwargs, pad_slot_id=1)
-    assert y[1].abs().sum() > 0
-    assert_close(y, y_ref, "scan")
-    assert_close(inp.state, ref_pool, "scan")
+    for marker in (1, NULL_BLOCK_ID):
+        inp = build(case, device, key=marker)
+        ref_pool = inp.state.clone()
+        y = selective_state_update_triton(inp.state, **inp.kwargs, pad_slot_id=marker)
+        y_ref = selective_state_update_torch(ref_pool, **inp.kwargs, pad_slot_id=marker)
+        assert y[marker].abs().sum() > 0
+        assert_close(y, y_ref, "scan")
+        assert_close(inp.state, ref_pool, "scan")
+    y = selective_state_update_triton(inp.state, **inp.kwargs)
+    assert y[0].abs().sum() > 0
 
 
 def test_empty_batch(device):
@@ -260,18 +266,21 @@ def test_empty_batch(device):
 
 def test_dispatch(device, monkeypatch):
     """selective_state_update runs the kernel on CUDA tensors, and on CPU ones only under the
-    interpreter; a padded row tells them apart (only the PyTorch path writes the sink)."""
-    case = Case(2, pads=1)
+    interpreter (the two paths agree on every line, so the test asks which one ran)."""
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm_torch
 
-    def sink_written() -> bool:
-        inp = build(case, device)
-        sink = inp.state[-1].clone()
-        selective_state_update(inp.state, **inp.kwargs)
-        return not torch.equal(inp.state[-1], sink)
-
-    assert not sink_written()
+    ran = []
+    for name in ("selective_state_update_triton", "selective_state_update_torch"):
+        real = getattr(mamba_ssm_torch, name)
+        monkeypatch.setattr(
+            mamba_ssm_torch, name, lambda *a, _n=name, _f=real: ran.append(_n) or _f(*a)
+        )
+    inp = build(Case(2, pads=1), device)
+    selective_state_update(inp.state, **inp.kwargs)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert sink_written() == (device.type == "cpu")
+    selective_state_update(inp.state, **inp.kwargs)
+    on_cpu = "selective_state_update_torch" if device.type == "cpu" else ran[0]
+    assert ran == ["selective_state_update_triton", on_cpu]
 
 
 def _errors_of(fn, state, **kwargs) -> str:
@@ -420,8 +429,8 @@ def test_cuda_graph_replay_equals_eager(dtype, nan_poison):
         fresh = build(case, device, key=("graph-replay", replay))
         for name in ("x", "dt", "B", "C"):
             kw[name].copy_(fresh.kwargs[name])
-        lines = torch.randperm(num_lines - 1, generator=g)[: case.batch]
-        lines[n_real:] = PAD_SLOT_ID
+        lines = 1 + torch.randperm(num_lines - 1, generator=g)[: case.batch]
+        lines[n_real:] = NULL_BLOCK_ID
         kw["state_batch_indices"].copy_(lines)
         before, ref_pool = pool.clone(), pool.clone()
         y_ref = selective_state_update_torch(ref_pool, **dict(kw, out=None))

@@ -17,6 +17,7 @@ from tests.tiny_model import save_tiny_tokenizer
 from vllm import LLM, SamplingParams
 from vllm.distributed import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
+from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
 from vllm.worker.cache_engine import CacheEngine
 
 VOCAB = 320  # the tiny tokenizer's size: every id the model can sample decodes
@@ -103,7 +104,7 @@ class HybridDriver:
         self.attn = AttentionMetadataBuilder(block_size, num_slots, 512, 64, self.device)
         self.free = list(range(num_blocks))
         random.Random(num_blocks).shuffle(self.free)
-        self.free_slots = list(range(num_slots))
+        self.free_slots = list(range(1, num_slots + 1))  # line 0 is the null line
         self.seqs: dict[str, dict] = {}
 
     @torch.no_grad()
@@ -128,12 +129,11 @@ class HybridDriver:
         assert md.token_perm is None, "rows must come in canonical order"
         attn_md = self.attn.build(lens, contexts, tables, md.num_decode_tokens)
         ids = torch.tensor([t for _, toks in rows for t in toks], device=self.device)
+        # Drivers may share a model: this one's caches go back to the layers first.
+        bind_state_pool(self.model, self.cache.mamba_pool)
+        bind_kv_cache(self.model, self.cache.kv_caches)
         with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
-            hidden = self.model(
-                ids,
-                state=self.cache.mamba_pool,
-                positions=torch.tensor(positions, device=self.device),
-            )
+            hidden = self.model(ids, torch.tensor(positions, device=self.device))
         logits = self.model.compute_logits(hidden)
         out, start = [], 0
         for (sid, _), n in zip(rows, lens, strict=True):

@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 
 import vllm
+from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     causal_conv1d_ref,
     causal_conv1d_update_ref,
 )
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_ref import ssm_scan_ref
+from vllm.model_executor.models.utils import bind_state_pool
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -204,8 +206,8 @@ def hf_prefill_then_decode(hf, prompt: list[int], decode_tokens: list[int]):
 
 @dataclass
 class Row:
-    """One row of a step: a sequence's slot (or PAD_SLOT_ID), its tokens, and whether it
-    continues the state already in its slot."""
+    """One row of a step: a sequence's slot (a pool line >= 1; NULL_BLOCK_ID or PAD_SLOT_ID
+    for a padded row), its tokens, and whether it continues the state already in its slot."""
 
     slot: int
     tokens: list[int]
@@ -213,7 +215,8 @@ class Row:
 
 
 class Driver:
-    """Our model with its metadata builder and state pool, run one step at a time."""
+    """Our model with its metadata builder and state pool (bound to its layers), run one
+    step at a time."""
 
     def __init__(self, model, num_slots: int = 8):
         self.model = model
@@ -229,17 +232,34 @@ class Driver:
         return self.builder.build(qsl, slots, init)
 
     @torch.no_grad()
+    def forward(self, ids: torch.Tensor, md) -> torch.Tensor:
+        """The model's forward over ``ids`` with ``md`` in the forward context, this
+        driver's pool bound to the layers (drivers may share a model)."""
+        bind_state_pool(self.model, self.pool)
+        with set_forward_context(ForwardContext(mamba2_metadata=md)):
+            return self.model(ids, None)
+
+    @torch.no_grad()
     def step(self, rows: list[Row]) -> list[torch.Tensor]:
         """Per-row fp32 logits, (len(row.tokens), vocab) each, in the rows' order."""
         md = self.build(rows)
         ids = torch.tensor([t for r in rows for t in r.tokens], dtype=torch.long)
-        hidden = self.model(ids.to(self.device), md, self.pool)
+        hidden = self.forward(ids.to(self.device), md)
         logits = self.model.compute_logits(hidden).cpu()
         out, start = [], 0
         for r in rows:
             out.append(logits[start : start + len(r.tokens)])
             start += len(r.tokens)
         return out
+
+
+def run_mixer(mixer, hidden: torch.Tensor, state, metadata) -> torch.Tensor:
+    """One step of a bare mixer as a model runs it: ``state`` (conv_state, ssm_state) bound
+    to ``kv_cache``, as the engine binds a layer's views, and ``metadata`` in the forward
+    context."""
+    mixer.kv_cache = tuple(state)
+    with set_forward_context(ForwardContext(mamba2_metadata=metadata)):
+        return mixer(hidden)
 
 
 # --------------------------------------------------------------------------------------

@@ -29,8 +29,8 @@ def test_switch_backend_on_one_model(monkeypatch):
     def toks(n, key):
         return torch.randint(0, TINY["vocab_size"], (n,), generator=gen_for(key)).tolist()
 
-    prefill = [Row(0, toks(11, "p0")), Row(1, toks(6, "p1"))]
-    mixed = [Row(1, toks(1, "d1"), True), Row(0, toks(5, "c0"), True), Row(2, toks(9, "p2"))]
+    prefill = [Row(3, toks(11, "p0")), Row(1, toks(6, "p1"))]
+    mixed = [Row(1, toks(1, "d1"), True), Row(3, toks(5, "c0"), True), Row(2, toks(9, "p2"))]
 
     triton = Driver(model, num_slots=4)
     expected = [triton.step(prefill), triton.step(mixed)]
@@ -48,7 +48,7 @@ def test_switch_backend_on_one_model(monkeypatch):
         for a, b in zip(step_got, step_expected, strict=True):
             assert_close(a, b, "backends")
 
-    with pytest.raises(ValueError, match="triton conv layout"):
+    with pytest.raises(ValueError, match="width-contiguous"):
         triton.step(mixed)
     model.set_conv_backend(ConvBackend.TRITON)
     assert all(torch.isfinite(t).all() for t in triton.step([Row(2, toks(1, "d2"), True)]))

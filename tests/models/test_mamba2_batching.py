@@ -26,12 +26,13 @@ from tests.models.mamba2_utils import (
     install_custom_ops,
     reference_logits,
 )
+from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.layers.mamba import mamba2_metadata, mamba_mixer2
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
-PAD = PAD_SLOT_ID
+PAD = NULL_BLOCK_ID  # padded rows point at the null line
 
 
 def config(**overrides) -> Mamba2ModelConfig:
@@ -73,7 +74,7 @@ def test_chunked_prefill_equals_one_prefill(device):
 # The mixed step: history first (each sequence alone), then one step with all rows.
 HISTORY = {"cont": (1, 7), "dec_a": (2, 5), "dec_b": (4, 9)}  # name: (slot, prefix length)
 MIXED = {  # name: (slot, new tokens, has_initial_state)
-    "fresh": (0, 11, False),
+    "fresh": (6, 11, False),
     "cont": (1, 6, True),
     "dec_a": (2, 1, True),
     "dec_b": (4, 1, True),
@@ -117,27 +118,28 @@ def test_mixed_step_equals_each_sequence_alone(order, backend, device):
     for layer in range(model.config.num_hidden_layers):
         (conv, ssm), (conv_alone, ssm_alone) = mixed.pool.layer(layer), alone.pool.layer(layer)
         (conv_before, ssm_before) = before.layer(layer)
-        for slot in (0, 1, 2, 4):
+        for slot in (6, 1, 2, 4):
             assert_close(conv[slot], conv_alone[slot], "batching")
             assert_close(ssm[slot], ssm_alone[slot], "batching")
-        assert torch.equal(conv[3], conv_before[3]) and torch.equal(ssm[3], ssm_before[3])
-        assert torch.equal(conv[5], conv_before[5]) and torch.equal(ssm[5], ssm_before[5])
+        for line in (0, 3, 5):  # the null line padded rows point at, and free slots
+            assert torch.equal(conv[line], conv_before[line])
+            assert torch.equal(ssm[line], ssm_before[line])
 
 
 def test_grouped_model_matches_independent_reference(device):
     model = get_model(config(n_groups=2, num_heads=4), load_format="dummy", seed=3, device=device)
     seq = tokens(14, "grouped")
     drv = Driver(model)
-    got = [drv.step([Row(0, seq[:11])])[0]]
+    got = [drv.step([Row(1, seq[:11])])[0]]
     for t in seq[11:]:
-        got.append(drv.step([Row(0, [t], True)])[0])
+        got.append(drv.step([Row(1, [t], True)])[0])
     assert_close(torch.cat(got), reference_logits(model, seq), "reference")
 
 
 def test_metadata_built_once_and_shared_by_every_layer(monkeypatch, device):
     model = get_model(config(num_hidden_layers=3), load_format="dummy", seed=4, device=device)
     drv = Driver(model)
-    drv.step([Row(0, tokens(4, "warm"))])
+    drv.step([Row(1, tokens(4, "warm"))])
 
     conv_meta_builds = []
     real_compute = mamba2_metadata.compute_causal_conv1d_metadata
@@ -165,11 +167,11 @@ def test_metadata_built_once_and_shared_by_every_layer(monkeypatch, device):
     monkeypatch.setattr(mamba_mixer2, "causal_conv1d_update", spy_update)
 
     builds = drv.builder.num_builds
-    rows = [Row(0, tokens(1, "d"), True), Row(1, tokens(6, "p")), Row(PAD, [3], False)]
+    rows = [Row(1, tokens(1, "d"), True), Row(2, tokens(6, "p")), Row(PAD, [3], False)]
     md = drv.build(rows)
     ids = torch.tensor([t for r in rows for t in r.tokens], device=device)
-    with torch.no_grad():
-        model(ids, md, drv.pool)
+    with torch.no_grad(), set_forward_context(ForwardContext(mamba2_metadata=md)):
+        model(ids, None)
     assert drv.builder.num_builds == builds + 1 and len(conv_meta_builds) == 1
     assert len(fn_calls) == 3 and not update_calls, "one launch per layer for the whole batch"
     for (x, meta), proj in zip(fn_calls, proj_outputs, strict=True):
@@ -179,7 +181,7 @@ def test_metadata_built_once_and_shared_by_every_layer(monkeypatch, device):
 
     # a decode-only step goes through the update op, once per layer
     fn_calls.clear()
-    md = drv.build([Row(0, [5], True), Row(PAD, [0], False)])
-    with torch.no_grad():
-        model(torch.tensor([5, 0], device=device), md, drv.pool)
+    md = drv.build([Row(1, [5], True), Row(PAD, [0], False)])
+    with torch.no_grad(), set_forward_context(ForwardContext(mamba2_metadata=md)):
+        model(torch.tensor([5, 0], device=device), None)
     assert not fn_calls and len(update_calls) == 3

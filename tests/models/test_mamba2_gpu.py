@@ -34,16 +34,16 @@ def toks(n, key, vocab=TINY["vocab_size"]):
 
 # Steps of several sequences at different stages, rows deliberately out of canonical order.
 STEPS = [
-    [Row(0, toks(37, "a")), Row(3, toks(5, "b")), Row(PAD, toks(1, "p"))],
-    [Row(3, toks(1, "c"), True), Row(0, toks(9, "d"), True), Row(5, toks(300, "e"))],
+    [Row(7, toks(37, "a")), Row(3, toks(5, "b")), Row(PAD, toks(1, "p"))],
+    [Row(3, toks(1, "c"), True), Row(7, toks(9, "d"), True), Row(5, toks(300, "e"))],
     [
         Row(PAD, toks(4, "q")),
         Row(5, toks(1, "f"), True),
-        Row(0, toks(1, "g"), True),
+        Row(7, toks(1, "g"), True),
         Row(3, toks(1, "h"), True),
         Row(PAD, toks(1, "r")),
     ],
-    [Row(0, toks(1, "i"), True), Row(3, toks(1, "j"), True), Row(5, toks(1, "k"), True)],
+    [Row(7, toks(1, "i"), True), Row(3, toks(1, "j"), True), Row(5, toks(1, "k"), True)],
 ]
 
 
@@ -87,8 +87,7 @@ def test_no_host_sync_during_a_step(backend, monkeypatch):
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            with torch.no_grad():
-                model(ids, md, drv.pool)
+            drv.forward(ids, md)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -100,11 +99,11 @@ def _time_step(model, rows, pool_slots, repeats=5):
     ids = torch.tensor([t for r in rows for t in r.tokens], device="cuda")
     times = []
     with torch.no_grad():
-        logits = model.compute_logits(model(ids, md, drv.pool)[-1:]).float().cpu()
+        logits = model.compute_logits(drv.forward(ids, md)[-1:]).float().cpu()
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            model(ids, md, drv.pool)
+            drv.forward(ids, md)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
@@ -119,7 +118,7 @@ def test_codestral_7b_shaped_mixed_step_both_backends(monkeypatch, capsys):
     under gpu_check's 8 pytest workers the H200 ran out of memory.)"""
     cfg = Mamba2ModelConfig()
     prompt = toks(2048, "7b-prompt", cfg.vocab_size)
-    rows = [Row(0, prompt)] + [
+    rows = [Row(64, prompt)] + [
         Row(s, toks(1, ("7b", s), cfg.vocab_size), True) for s in range(1, 64)
     ]
     results = {}

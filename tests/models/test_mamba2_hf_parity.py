@@ -53,7 +53,7 @@ def test_prefill_logits_match_hf(hf_and_dir, device):
     model = get_model(path, dtype="float32", device=device)
     prompts = [tokens(21, "p0"), tokens(6, "p1"), tokens(1, "p2")]
     driver = Driver(model)
-    ours = driver.step([Row(slot, p) for slot, p in zip((3, 0, 5), prompts, strict=True)])
+    ours = driver.step([Row(slot, p) for slot, p in zip((3, 7, 5), prompts, strict=True)])
     for prompt, logits in zip(prompts, ours, strict=True):
         expected, _ = hf_prefill_then_decode(hf, prompt, [])
         assert_close(logits, expected, "vs_hf", msg=f"prompt of {len(prompt)} tokens")
@@ -99,9 +99,9 @@ def test_bf16_logits_track_hf(where, monkeypatch, tmp_path):
     model = get_model(tmp_path, dtype="bfloat16", device="cuda" if where == "cuda" else "cpu")
     prompt, nexts = tokens(19, "bf16-prompt"), tokens(3, "bf16-next")
     driver = Driver(model)
-    got = [driver.step([Row(0, prompt)])[0]]
+    got = [driver.step([Row(1, prompt)])[0]]
     for t in nexts:
-        got.append(driver.step([Row(0, [t], True)])[0])
+        got.append(driver.step([Row(1, [t], True)])[0])
     got = torch.cat(got)
     expected, _ = hf_prefill_then_decode(hf32, prompt, nexts)
     hf_bf16, _ = hf_prefill_then_decode(hf16, prompt, nexts)

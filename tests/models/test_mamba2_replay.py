@@ -28,9 +28,10 @@ from tests.models.mamba2_utils import (
     hf_oracle_groups,
     make_hf_model,
 )
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.model_executor.models.utils import bind_state_pool
 
 L = 3  # a short ring: flushes every third decode step
 
@@ -64,50 +65,51 @@ def step_both(every: Driver, replayed: Driver, rows: list[Row], what: str) -> No
 
 def test_steps_through_a_slots_life(tiny_model):
     every, replayed = drivers(tiny_model)
-    step_both(every, replayed, [Row(0, toks(5, 0)), Row(1, toks(3, 1)), Row(2, toks(1, 2))], "p")
+    step_both(every, replayed, [Row(5, toks(5, 0)), Row(1, toks(3, 1)), Row(2, toks(1, 2))], "p")
     for s in range(L + 1):  # flush boundaries: counters 1, 2, then 0 (flushed), then 1
-        rows = [Row(slot, toks(1, (slot, s)), True) for slot in (0, 1, 2)]
-        rows.insert(1, Row(PAD_SLOT_ID, [0]))
+        rows = [Row(slot, toks(1, (slot, s)), True) for slot in (5, 1, 2)]
+        rows.insert(1, Row(NULL_BLOCK_ID, [0]))
         step_both(every, replayed, rows, f"decode {s}")
-        assert counters(replayed, 0) == {(s + 1) % L}, f"decode {s}"
-    # Mixed: decodes of 0 and 1, slot 2 continues with a chunk of 3 tokens (its ring, one
+        assert counters(replayed, 5) == {(s + 1) % L}, f"decode {s}"
+    # Mixed: decodes of 5 and 1, slot 2 continues with a chunk of 3 tokens (its ring, one
     # step deep, folded in first), a fresh prompt in slot 3.
-    rows = [Row(0, [7], True), Row(1, [8], True), Row(2, toks(3, "c"), True), Row(3, toks(4, 3))]
+    rows = [Row(5, [7], True), Row(1, [8], True), Row(2, toks(3, "c"), True), Row(3, toks(4, 3))]
     step_both(every, replayed, rows, "mixed")
     assert counters(replayed, 2) == {0} and counters(replayed, 3) == {0}
-    assert counters(replayed, 0) == {(L + 2) % L}
-    # Slot 1 finishes here, mid-ring; slot 0 decodes until its ring is full (right before a
-    # flush), then both are reused by fresh prompts: slot 1 mid-ring, slot 0 before a flush.
-    while counters(replayed, 0) != {L - 1}:
-        step_both(every, replayed, [Row(0, [9], True), Row(3, [4], True)], "decode 0, 3")
-    rows = [Row(3, [5], True), Row(0, toks(2, "new0")), Row(1, toks(6, "new1"))]
+    assert counters(replayed, 5) == {(L + 2) % L}
+    # Slot 1 finishes here, mid-ring; slot 5 decodes until its ring is full (right before a
+    # flush), then both are reused by fresh prompts: slot 1 mid-ring, slot 5 before a flush.
+    while counters(replayed, 5) != {L - 1}:
+        step_both(every, replayed, [Row(5, [9], True), Row(3, [4], True)], "decode 0, 3")
+    rows = [Row(3, [5], True), Row(5, toks(2, "new0")), Row(1, toks(6, "new1"))]
     step_both(every, replayed, rows, "reuse")
-    assert counters(replayed, 0) == {0} and counters(replayed, 1) == {0}
+    assert counters(replayed, 5) == {0} and counters(replayed, 1) == {0}
     # Slot 3 has just flushed (or not): reuse it right after its flush.
     while counters(replayed, 3) != {0}:
-        step_both(every, replayed, [Row(3, [6], True), Row(0, [1], True)], "decode 3, 0")
-    step_both(every, replayed, [Row(3, toks(3, "new3")), Row(0, [2], True)], "reuse after flush")
+        step_both(every, replayed, [Row(3, [6], True), Row(5, [1], True)], "decode 3, 0")
+    step_both(every, replayed, [Row(3, toks(3, "new3")), Row(5, [2], True)], "reuse after flush")
     for s in range(L):
-        rows = [Row(slot, [s], True) for slot in (0, 1, 3)]
+        rows = [Row(slot, [s], True) for slot in (5, 1, 3)]
         step_both(every, replayed, rows, f"tail {s}")
 
 
 def test_materialise_hook_gives_whole_states(tiny_model):
     every, replayed = drivers(tiny_model)
-    prompts = [Row(0, toks(4, "m0")), Row(2, toks(6, "m2"))]
+    prompts = [Row(5, toks(4, "m0")), Row(2, toks(6, "m2"))]
     step_both(every, replayed, prompts, "prefill")
     for s in range(L + 1):
-        step_both(every, replayed, [Row(0, [s], True), Row(2, [s + 1], True)], f"decode {s}")
-    assert counters(replayed, 0) == {1}  # one step buffered: the pool line is behind
+        step_both(every, replayed, [Row(5, [s], True), Row(2, [s + 1], True)], f"decode {s}")
+    assert counters(replayed, 5) == {1}  # one step buffered: the pool line is behind
     mixers = [layer.mixer for layer in tiny_model.backbone.layers]
-    slots = torch.tensor([0, 2], dtype=torch.int32)
-    for k, mixer in enumerate(mixers):  # ModelRunner.materialise does this per layer
-        mixer.materialise(replayed.pool.layer(k)[1], slots)
-    assert counters(replayed, 0) == {0} and counters(replayed, 2) == {0}
+    slots = torch.tensor([5, 2], dtype=torch.int32)
+    bind_state_pool(tiny_model, replayed.pool)
+    for mixer in mixers:  # ModelRunner.materialise does this per layer
+        mixer.materialise(slots)
+    assert counters(replayed, 5) == {0} and counters(replayed, 2) == {0}
     for k in range(len(mixers)):
-        got, want = replayed.pool.ssm_state[k, [0, 2]], every.pool.ssm_state[k, [0, 2]]
+        got, want = replayed.pool.ssm_state[k, [5, 2]], every.pool.ssm_state[k, [5, 2]]
         assert_close(got, want, "batching", msg=f"layer {k}")
-    step_both(every, replayed, [Row(0, [3], True), Row(2, [4], True)], "after the hook")
+    step_both(every, replayed, [Row(5, [3], True), Row(2, [4], True)], "after the hook")
 
 
 def greedy(driver: Driver, prompts: dict[int, list[int]], steps: int) -> dict[int, list[int]]:
@@ -141,9 +143,9 @@ def test_greedy_1000_steps_codestral_shape_cuda():
     config = Mamba2ModelConfig(num_hidden_layers=2)  # the Codestral-7B layer shape
     model = get_model(config, load_format="dummy", dtype="float32", device="cuda", seed=0)
     every, replayed = drivers(model, num_slots=4, buffer_len=16)
-    prompts = {0: toks(37, "c0"), 2: toks(9, "c2")}
+    prompts = {4: toks(37, "c0"), 2: toks(9, "c2")}
     want, got = greedy(every, prompts, 1000), greedy(replayed, prompts, 1000)
-    assert counters(replayed, 0) == {1000 % 16}
+    assert counters(replayed, 4) == {1000 % 16}
     assert got == want
 
 
@@ -157,7 +159,8 @@ def test_cuda_graph_decode_replayed():
     every, replayed = drivers(model, num_slots=8)
     prompts = [Row(slot, toks(3 + slot, ("cg", slot))) for slot in (1, 4, 6)]
     step_both(every, replayed, prompts, "prefill")
-    graphs = DecodeGraphs(model, replayed.pool, 8)
+    bind_state_pool(model, replayed.pool)
+    graphs = DecodeGraphs(model, 8)
     for s in range(2 * L + 1):  # 3 rows in the graph of 4: one padded row
         ids = [int(t) for t in toks(3, ("cg-step", s))]
         got = graphs.run(ids, [1, 4, 6])

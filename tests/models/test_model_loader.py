@@ -70,7 +70,7 @@ def test_dummy_weights_for_any_config_without_disk():
             assert not torch.equal(pa, pc), name
     mixer = a.backbone.layers[0].mixer
     assert (mixer.A_log.exp() >= 1).all() and (mixer.A_log.exp() <= 16).all()
-    logits = Driver(a).step([Row(0, [1, 2, 3, 4, 5])])[0]
+    logits = Driver(a).step([Row(1, [1, 2, 3, 4, 5])])[0]
     assert torch.isfinite(logits).all() and logits.std() > 0
 
 

@@ -1,7 +1,8 @@
 """SlotManager: hands out the state pool's slots, one per running sequence.
 
-The model's ``MambaStatePool`` has ``num_slots + 1`` lines per layer; the last line is the
-sink of padded rows, so only slots ``0 .. num_slots - 1`` are ever handed out. A freed slot
+The model's ``MambaStatePool`` has ``num_slots + 1`` lines per layer; line 0 is the null
+line padded rows point at (``NULL_BLOCK_ID``), so the slots handed out are the lines
+``1 .. num_slots``. A freed slot
 needs no clearing: the next sequence in it starts with ``has_initial_state`` False, which
 makes the kernels ignore the line's old contents.
 """
@@ -15,7 +16,7 @@ class SlotManager:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.num_slots = num_slots
         # Lowest slots first (popped from the end), so a quiet engine touches few cache lines.
-        self._free = list(range(num_slots - 1, -1, -1))
+        self._free = list(range(num_slots, 0, -1))
         self._used: set[int] = set()
 
     @property

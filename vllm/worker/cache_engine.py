@@ -4,8 +4,9 @@ The model gives per-layer specs (``model.get_cache_specs(block_size, ssm_dtype)`
 name -> ``MambaStateSpec`` | ``AttentionSpec``, in layer order); the engine allocates:
 
 - the Mamba state pool: every Mamba layer's conv and SSM state for ``max_num_seqs`` slots
-  (+ the pad sink line), one ``MambaStatePool`` in the conv backend's layout, layer i of
-  the pool being the i-th Mamba spec's; the runner passes it to the model each step. With
+  on lines 1 .. max_num_seqs (line 0 is the null line padded rows point at), one
+  ``MambaStatePool`` in the conv backend's layout, layer i of the pool being the i-th Mamba
+  spec's; each layer gets its views bound to ``kv_cache`` (``bind_kv_cache``). With
   ``replayssm_buffer_len`` L > 0 (replayed decode) every Mamba spec carries the ring of L-1
   buffered steps, so the pool's size (and what the KV cache is sized after) includes it;
 - the paged KV cache: per attention layer a (2, num_blocks, block_size, num_kv_heads,
@@ -28,6 +29,7 @@ import torch
 
 from vllm.cache_spec import AttentionSpec, MambaStateSpec
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStatePool
+from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
 
 # CPU KV cache budget when neither the override nor a GPU sizes it (vLLM's CPU default).
 CPU_KV_CACHE_BYTES = 4 << 30
@@ -65,6 +67,7 @@ class CacheEngine:
             self.mamba_pool = MambaStatePool.from_specs(
                 list(self.mamba_specs.values()), num_slots, model.conv_backend, device
             )
+            bind_state_pool(model, self.mamba_pool, list(self.mamba_specs))
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.num_blocks = 0
 
@@ -90,16 +93,15 @@ class CacheEngine:
             return
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
-        for name in self.kv_caches:
-            self.model.get_submodule(name).kv_cache = None
+        bind_kv_cache(self.model, dict.fromkeys(self.kv_caches))
         self.kv_caches = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         for name, spec in self.attn_specs.items():
             shape = (num_blocks, 2, spec.block_size, spec.num_kv_heads, spec.head_size)
             cache = torch.zeros(shape, dtype=spec.dtype, device=self.device).transpose(0, 1)
-            self.model.get_submodule(name).kv_cache = cache
             self.kv_caches[name] = cache
+        bind_kv_cache(self.model, self.kv_caches)
         self.num_blocks = num_blocks
 
     def num_kv_blocks(

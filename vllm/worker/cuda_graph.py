@@ -1,12 +1,13 @@
 """DecodeGraphs: CUDA graphs of decode-only steps, one per batch-size bucket.
 
 A decode-only step of ``b`` sequences runs the graph of the smallest bucket >= b; rows past
-``b`` are padding (``PAD_SLOT_ID``: the conv leaves every cache line alone and the scan
-writes the pool's sink line). Each bucket owns its metadata builder, so the metadata tensors
-the graph captured stay where they are: a replay only copies the step's input ids and
-slots into them. Graphs are captured on first use, with every row padded, so capturing
-never touches a sequence's state; ``capture`` takes them ahead of time (a benchmark does, so
-that no capture falls inside its timed run).
+``b`` are padding (on the null line, ``NULL_BLOCK_ID``: the conv and the scan leave every
+state line alone). The layers' states are their bound views of the pool, which never move,
+so a graph replays against the same lines it captured. Each bucket owns its metadata
+builder, so the metadata tensors the graph captured stay where they are: a replay only
+copies the step's input ids and slots into them. Graphs are captured on first use, with
+every row padded, so capturing never touches a sequence's state; ``capture`` takes them
+ahead of time (a benchmark does, so that no capture falls inside its timed run).
 
 With attention layers (``attn_builder``: the runner's ``AttentionMetadataBuilder``, whose
 device buffers persist across builds) a graph also captures the attention metadata built
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from vllm.forward_context import ForwardContext, set_forward_context
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -37,13 +38,13 @@ def buckets_covering(buckets: list[int], max_batch: int) -> list[int]:
 
 
 class _Graph:
-    def __init__(self, model, pool, size: int, mempool, attn_builder=None):
+    def __init__(self, model, size: int, mempool, attn_builder=None):
         self.size = size
         self.builder = model.metadata_builder()
         device = self.builder.device
         self.md = self.builder.build(
             torch.arange(size + 1, dtype=torch.int32),
-            torch.full((size,), PAD_SLOT_ID, dtype=torch.int32),
+            torch.full((size,), NULL_BLOCK_ID, dtype=torch.int32),
             torch.ones(size, dtype=torch.bool),
         )
         self.input_ids = torch.zeros(size, dtype=torch.int64, device=device)
@@ -56,7 +57,7 @@ class _Graph:
 
         def step():
             with set_forward_context(context):
-                hidden = model(self.input_ids, state=pool, positions=self.positions)
+                hidden = model(self.input_ids, self.positions)
             return model.compute_logits(hidden)
 
         side = torch.cuda.Stream()
@@ -70,9 +71,8 @@ class _Graph:
 
 
 class DecodeGraphs:
-    def __init__(self, model, pool, max_batch: int, attn_builder=None):
+    def __init__(self, model, max_batch: int, attn_builder=None):
         self.model = model
-        self.pool = pool
         self.attn_builder = attn_builder
         self.buckets = graph_buckets(max_batch)
         self._graphs: dict[int, _Graph] = {}
@@ -100,9 +100,7 @@ class DecodeGraphs:
         size = next(b for b in self.buckets if b >= batch_size)
         graph = self._graphs.get(size)
         if graph is None:
-            graph = self._graphs[size] = _Graph(
-                self.model, self.pool, size, self._mempool, self.attn_builder
-            )
+            graph = self._graphs[size] = _Graph(self.model, size, self._mempool, self.attn_builder)
         return graph
 
     @torch.no_grad()
@@ -125,7 +123,7 @@ class DecodeGraphs:
         fill_at = 3 * g.size if attn is not None else 2 * g.size
         host = self._host[: fill_at + 2 * n_fill]
         host[: g.size] = 0
-        host[g.size : 2 * g.size] = PAD_SLOT_ID
+        host[g.size : 2 * g.size] = NULL_BLOCK_ID
         host[:b] = torch.tensor(input_ids)
         host[g.size : g.size + b] = torch.tensor(slots)
         if attn is not None:

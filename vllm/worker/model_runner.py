@@ -113,7 +113,7 @@ class ModelRunner:
         t3 = time.perf_counter()
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
-            self.graphs = DecodeGraphs(self.model, self.pool, n_seq, self.attn_builder)
+            self.graphs = DecodeGraphs(self.model, n_seq, self.attn_builder)
             self.graphs.capture()
             self._sync()
         t4 = time.perf_counter()
@@ -196,13 +196,13 @@ class ModelRunner:
         from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
         idx = torch.as_tensor(slots, dtype=torch.int32).to(self.device)
-        mixers = [m for m in self.model.modules() if isinstance(m, MambaMixer2)]
-        for k, mixer in enumerate(mixers):  # pool layer k is the k-th mixer's
-            mixer.materialise(self.pool.layer(k)[1], idx)
+        for mixer in self.model.modules():
+            if isinstance(mixer, MambaMixer2):
+                mixer.materialise(idx)
 
     def dummy_step(self, rows: list[tuple[int, bool]]) -> torch.Tensor:
-        """One forward over (tokens, has_initial_state) rows in state slots 0 ..
-        len(rows) - 1 and distinct KV blocks from 0 (a row with an initial state has
+        """One forward over (tokens, has_initial_state) rows in state slots 1 ..
+        len(rows) and distinct KV blocks from 0 (a row with an initial state has
         ``_DUMMY_CONTEXT`` cached tokens); the logits of the last row."""
         lens = [n for n, _ in rows]
         contexts = [_DUMMY_CONTEXT if init else 0 for _, init in rows]
@@ -210,7 +210,7 @@ class ModelRunner:
         torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
         md = self.builder.build(
             qsl,
-            torch.arange(len(rows), dtype=torch.int32),
+            torch.arange(1, len(rows) + 1, dtype=torch.int32),
             torch.tensor([init for _, init in rows]),
         )
         positions, attn_md = None, None
@@ -222,7 +222,7 @@ class ModelRunner:
             )
         ids = torch.zeros(sum(lens), dtype=torch.int64, device=self.device)
         with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
-            hidden = self.model(ids, state=self.pool, positions=positions)
+            hidden = self.model(ids, positions)
         return self.model.compute_logits(hidden[-1:])
 
     # -- steps ---------------------------------------------------------------------------
@@ -281,9 +281,7 @@ class ModelRunner:
         if attention:
             attn_md = self.attn_builder.build(lens, contexts, inp.block_tables, inp.num_decodes)
         with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
-            hidden = self.model(
-                input_ids, state=self.pool, positions=self._dev[num_tokens:tail] if n_pos else None
-            )
+            hidden = self.model(input_ids, self._dev[num_tokens:tail] if n_pos else None)
         rows = self._dev[tail : tail + num_rows]
         result = StepResult(self.model.compute_logits(hidden.index_select(0, rows)))
         if inp.prompt_rows:

@@ -59,7 +59,7 @@ def compile_kernels(
     dummy step for real; leaves the state lines it used as it found them (zeros).
 
     ``run_step(rows)`` runs one forward over (tokens, has_initial_state) rows in state
-    slots 0 .. len(rows) - 1 (the runner's dummy step: its metadata, its forward context);
+    slots 1 .. len(rows) (the runner's dummy step: its metadata, its forward context);
     ``zero_state(n)`` zeroes the first n state slots.
     """
     steps = dummy_steps(max_num_seqs, max_num_batched_tokens)

@@ -35,7 +35,7 @@ def fn_kwargs(device) -> dict:
         bias=make_bias(DIM, FP32, device, g),
         conv_states=make_pool(LINES, DIM, STATE_LEN, FP32, device, g),
         query_start_loc=qsl_from_lens(seqlens, device),
-        cache_indices=_i32([3, 0, 1], device),
+        cache_indices=_i32([3, 2, 1], device),
         has_initial_state=torch.tensor([True, False, True], device=device),
         activation="silu",
     )
@@ -49,7 +49,7 @@ def update_kwargs(device) -> dict:
         weight=make_weight(DIM, WIDTH, FP32, device, g),
         bias=make_bias(DIM, FP32, device, g),
         activation="silu",
-        conv_state_indices=_i32([3, 0, 1], device),
+        conv_state_indices=_i32([3, 2, 1], device),
     )
 
 

@@ -165,12 +165,6 @@ FN_ERRORS = [
         True,
     ),
     (
-        "cache_indices_negative",
-        _set(cache_indices=lambda kw, d: _i32([3, -2, 1], d)),
-        r"cache_indices",
-        True,
-    ),
-    (
         "cache_indices_duplicate",
         _set(cache_indices=lambda kw, d: _i32([3, 1, 3], d)),
         r"cache_indices",
@@ -303,7 +297,7 @@ UPDATE_ERRORS = [
     ),
     (
         "conv_state_indices_duplicate",
-        _set(conv_state_indices=lambda kw, d: _i32([1, 0, 1], d)),
+        _set(conv_state_indices=lambda kw, d: _i32([1, 2, 1], d)),
         r"conv_state_indices",
         True,
     ),

@@ -128,7 +128,8 @@ def build(case: Case, device, key=None) -> Inputs:
     if not case.softplus:  # dt is the step itself: positive
         dt.copy_((0.05 + 0.3 * torch.rand(T, H, generator=gen)).to(case.dtype))
 
-    lines = torch.randperm(case.num_lines, generator=gen)[:n]
+    perm = torch.randperm(case.num_lines, generator=gen)
+    lines = perm[perm != 0][:n]  # line 0 is the null line
     lines[torch.randperm(n, generator=gen)[: case.pads]] = PAD_SLOT_ID
     init = {
         "mixed": [i % 2 == 0 for i in range(n)],

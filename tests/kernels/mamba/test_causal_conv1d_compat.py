@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    NULL_BLOCK_ID,
     PAD_SLOT_ID,
     causal_conv1d_fn,
     causal_conv1d_ref,
@@ -400,13 +401,13 @@ def test_update_null_block_id(mode, dtype, device, nan_poison):
 
 
 def test_pad_slot_id_default_is_recognisable():
-    """The default is PAD_SLOT_ID (== -1, shown as PAD_SLOT_ID), and passing PAD_SLOT_ID
+    """The default is NULL_BLOCK_ID (== 0, shown as NULL_BLOCK_ID), and passing it
     explicitly counts as giving it: with a different null_block_id that is an error."""
     import inspect
 
     for op in (causal_conv1d_fn, causal_conv1d_update):
         default = inspect.signature(op).parameters["pad_slot_id"].default
-        assert default == PAD_SLOT_ID and repr(default) == "PAD_SLOT_ID"
+        assert default == NULL_BLOCK_ID == 0 and repr(default) == "NULL_BLOCK_ID"
         assert inspect.signature(op).parameters["null_block_id"].kind == (
             inspect.Parameter.KEYWORD_ONLY
         )

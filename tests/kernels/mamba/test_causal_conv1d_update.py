@@ -154,7 +154,8 @@ def run_spec_steps(steps, init_accepted, width, dtype, state_dtype, device, key,
     bias = make_bias(dim, dtype, device, g)
     num_lines = batch + 2
     pool = make_pool(num_lines, dim, state_len, state_dtype, device, g)
-    lines = torch.randperm(num_lines, generator=g)[:batch].tolist()
+    perm = torch.randperm(num_lines, generator=g)
+    lines = perm[perm != 0][:batch].tolist()  # line 0 is the null line
     spare_lines = [i for i in range(num_lines) if i not in lines]
     pool_before = pool.clone()
     ref_pool = pool.clone()

@@ -108,7 +108,7 @@ def draw(case: Case, device, gen) -> tuple:
 
 
 def indices(case: Case, lines: int, device, gen) -> torch.Tensor:
-    real = torch.randperm(lines - 1, generator=gen)[: case.batch - case.pads]
+    real = 1 + torch.randperm(lines - 1, generator=gen)[: case.batch - case.pads]  # 0: null
     idx = torch.cat([real, torch.full((case.pads,), PAD_SLOT_ID)])
     idx = idx[torch.randperm(case.batch, generator=gen)]
     return idx.to(device, torch.int64 if case.idx64 else torch.int32)

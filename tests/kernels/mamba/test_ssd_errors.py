@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.kernels.mamba.ssd_utils import Case, build, run_ssd
+from vllm.model_executor.layers.mamba.ops import NULL_BLOCK_ID
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     mamba_chunk_scan_combined_varlen,
     plan_ssd_chunks,
@@ -104,7 +105,7 @@ def _op_args(case: Case, device):
     return (kw["x"], None, kw["dt"], kw["A"], kw["B"], kw["C"], lay.chunk_starts,
             lay.chunk_seqs, lay.seq_chunk_starts, lay.chunk_size, inp.pool,
             kw["state_indices"], kw["has_initial_state"], None, kw["D"], kw["dt_bias"],
-            kw["dt_softplus"], lo, hi, kw["out"])  # fmt: skip
+            kw["dt_softplus"], lo, hi, kw["out"], NULL_BLOCK_ID)  # fmt: skip
 
 
 _CPU_KERNEL = pytest.param(

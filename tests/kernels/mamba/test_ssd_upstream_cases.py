@@ -47,20 +47,22 @@ def upstream_call(x, dt, A, B, C, chunk_size, cu_seqlens, initial_states=None, D
     dstate = B.shape[-1]
     batch = cu_seqlens.numel() - 1
     layout = plan_ssd_chunks(cu_seqlens.cpu().to(torch.int32), chunk_size)
-    pool = torch.zeros(batch + layout.num_chunks, nheads, headdim, dstate, device=x.device)
+    # Line 0 is the null line; the sequences' lines follow, then the chunks'.
+    pool = torch.zeros(1 + batch + layout.num_chunks, nheads, headdim, dstate, device=x.device)
     has_init = None
     if initial_states is not None:
-        pool[:batch] = initial_states.float()
+        pool[1 : batch + 1] = initial_states.float()
         has_init = torch.ones(batch, dtype=torch.bool, device=x.device)
-    lines = torch.arange(batch, dtype=torch.int32, device=x.device)
+    lines = torch.arange(1, batch + 1, dtype=torch.int32, device=x.device)
     chunk_lines = None
     if return_intermediate_states:
-        chunk_lines = batch + torch.arange(layout.num_chunks, dtype=torch.int32, device=x.device)
+        chunk_lines = torch.arange(layout.num_chunks, dtype=torch.int32, device=x.device)
+        chunk_lines += 1 + batch
     y = mamba_chunk_scan_combined_varlen(
         x, dt, A, B, C, layout.to(x.device), pool, lines, has_init, D=D, z=z,
         chunk_state_indices=chunk_lines,
     )  # fmt: skip
-    return y, (pool[batch:] if return_intermediate_states else pool[:batch])
+    return y, (pool[1 + batch :] if return_intermediate_states else pool[1 : batch + 1])
 
 
 def recurrence(x, dt, A, B, C, cu_seqlens, chunk_size, initial_states=None, D=None, z=None):

@@ -49,7 +49,6 @@ from vllm.model_executor.models.hybrid_base import (
     AttentionProjections,
     MambaHybridForCausalLM,
     residual_norm,
-    with_layer_states,
 )
 
 
@@ -105,10 +104,10 @@ class BambaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
 
-    def forward(self, hidden, residual, positions, layer_state, metadata):
+    def forward(self, hidden, residual, positions):
         normed, residual = residual_norm(self.input_layernorm, hidden, residual)
         if self.layer_type == "mamba":
-            out = self.mamba(normed, *layer_state, metadata)
+            out = self.mamba(normed)
         else:
             out = self.self_attn(normed, positions)
         normed, residual = self.pre_ff_layernorm(out, residual)
@@ -125,10 +124,10 @@ class BambaModel(nn.Module):
         )
         self.final_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
 
-    def forward(self, input_ids, positions, state, metadata):
+    def forward(self, input_ids, positions):
         hidden, residual = self.embed_tokens(input_ids), None
-        for layer, layer_state in with_layer_states(self.layers, state):
-            hidden, residual = layer(hidden, residual, positions, layer_state, metadata)
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, positions)
         return self.final_layernorm(hidden, residual)[0]
 
 

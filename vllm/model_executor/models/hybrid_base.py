@@ -1,10 +1,11 @@
 """The face the hybrid models (Bamba, NemotronH, Zamba2) share with ``Mamba2ForCausalLM``.
 
 A subclass builds its layers (``_set_model``, or its own ``self.model`` and ``lm_head``)
-and may override ``_run(input_ids, positions, state, metadata)`` (final hidden states);
-this base checks a step's inputs, reads the Mamba2 metadata from the forward context, and
-gives the engine the rest of the registry's interface: ``get_cache_specs``,
-``metadata_builder``, ``set_conv_backend``, ``compute_logits`` and ``load_weights``
+and may override ``_run(input_ids, positions)`` (final hidden states); this base's
+``forward(input_ids, positions)`` checks a step's inputs against the Mamba2 metadata of the
+forward context, and it gives the engine the rest of the registry's interface:
+``get_cache_specs``, ``metadata_builder``, ``set_conv_backend``, ``compute_logits``,
+``allocate_state_pool`` and ``load_weights``
 (through the subclass's ``hf_to_param_name`` and ``stacked_params_mapping``). Every layer
 is a parallel one, so a model is one rank's part of it at every tensor-parallel size.
 
@@ -22,16 +23,17 @@ from torch import nn
 
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
-from vllm.model_executor.layers.mamba.mamba2_metadata import (
-    Mamba2Metadata,
-    Mamba2MetadataBuilder,
-)
+from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend, MambaStatePool
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.model_loader.weight_utils import load_model_weights
 from vllm.model_executor.models.config_utils import AttentionShape
-from vllm.model_executor.models.utils import cache_specs, check_step_inputs
+from vllm.model_executor.models.utils import (
+    allocate_state_pool,
+    cache_specs,
+    check_step_inputs,
+)
 
 
 class AttentionProjections(nn.Module):
@@ -90,8 +92,8 @@ class MambaHybridForCausalLM(nn.Module):
     def _lm_head(self) -> ParallelLMHead:
         return ParallelLMHead(self.config.vocab_size, self.config.hidden_size, dtype=self.dtype)
 
-    def _run(self, input_ids, positions, state: MambaStatePool, metadata: Mamba2Metadata):
-        return self.model(input_ids, positions, state, metadata)
+    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        return self.model(input_ids, positions)
 
     def head_weight(self) -> torch.Tensor:
         return self.lm_head.weight
@@ -114,34 +116,19 @@ class MambaHybridForCausalLM(nn.Module):
         return self.mixers()[0].backend
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        metadata: Mamba2Metadata | None = None,
-        state: MambaStatePool | None = None,
-        positions: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) in the model dtype.
 
-        ``metadata`` None: the forward context's ``mamba2_metadata``; attention layers read
-        the context's ``attn_metadata``. ``positions`` (num_tokens,) int64: each token's
-        position in its sequence, for models whose attention uses RoPE (the runner passes
-        them whenever the model has attention layers). ``state``: the engine's pool of the
-        Mamba layers.
+        The Mamba layers read the forward context's ``mamba2_metadata`` and their bound
+        states, the attention layers its ``attn_metadata`` and their bound KV caches.
+        ``positions`` (num_tokens,) int64: each token's position in its sequence, for
+        models whose attention uses RoPE (the runner passes them whenever the model has
+        attention layers).
         """
-        if metadata is None:
-            metadata = get_forward_context().mamba2_metadata
+        metadata = get_forward_context().mamba2_metadata
         name = type(self).__name__
-        mixers = self.mixers()
-        check_step_inputs(
-            name,
-            input_ids,
-            positions,
-            metadata,
-            state,
-            num_layers=len(mixers),
-            spec=mixers[0].spec,
-            backend=self.conv_backend,
-        )
+        check_step_inputs(name, input_ids, positions, metadata)
         if metadata.token_perm is not None:
             raise ValueError(
                 f"{name}: the step's rows are not in canonical order (decode rows first); "
@@ -151,7 +138,7 @@ class MambaHybridForCausalLM(nn.Module):
             return torch.empty(
                 0, self.config.hidden_size, dtype=self.dtype, device=input_ids.device
             )
-        return self._run(input_ids, positions, state, metadata)
+        return self._run(input_ids, positions)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """fp32 logits (rows, vocab) of final hidden states, the ranks' vocabulary parts
@@ -161,6 +148,19 @@ class MambaHybridForCausalLM(nn.Module):
     def get_cache_specs(self, block_size: int, mamba_ssm_dtype: torch.dtype) -> dict:
         """Per-layer specs (module name -> ``MambaStateSpec`` | ``AttentionSpec``), layer order."""
         return cache_specs(self, block_size, mamba_ssm_dtype)
+
+    def allocate_state_pool(
+        self,
+        num_slots: int,
+        device: torch.device | str | None = None,
+        ssm_dtype: torch.dtype = torch.float32,
+        replayssm_buffer_len: int = 0,
+    ) -> MambaStatePool:
+        """A state pool bound to the Mamba layers, for callers without the engine
+        (``utils.allocate_state_pool``)."""
+        if device is None:
+            device = self.head_weight().device
+        return allocate_state_pool(self, num_slots, device, ssm_dtype, replayssm_buffer_len)
 
     def metadata_builder(self, device: torch.device | str | None = None) -> Mamba2MetadataBuilder:
         if device is None:
@@ -186,14 +186,3 @@ def residual_norm(norm, hidden: torch.Tensor, residual: torch.Tensor | None):
     if residual is None:
         return norm(hidden), hidden
     return norm(hidden, residual)
-
-
-def with_layer_states(layers, state: MambaStatePool):
-    """Each of ``layers`` with its pool states: ``state.layer(k)`` for the k-th layer whose
-    ``layer_type`` is "mamba" (the pool's layer order, ``mixers()``'), None for the others."""
-    k = 0
-    for layer in layers:
-        layer_state = None
-        if layer.layer_type == "mamba":
-            layer_state, k = state.layer(k), k + 1
-        yield layer, layer_state

@@ -2,18 +2,17 @@
 
 One forward step runs a whole continuous-batching step: the tokens of every sequence,
 concatenated, with the step's ``Mamba2Metadata`` (built once by the runner through
-``metadata_builder``, passed in or read from the forward context) and the
-``MambaStatePool`` the engine allocated from ``get_cache_specs``::
+``metadata_builder``) in the forward context. Each mixer reads its own state, the views of
+the pool the engine allocated from ``get_cache_specs`` and bound to it::
 
     builder = model.metadata_builder(device)
-    pool = model.allocate_state_pool(num_slots)  # = MambaStatePool.from_specs(specs, ...)
+    pool = model.allocate_state_pool(num_slots)  # allocates from the specs and binds
     md = builder.build(query_start_loc_cpu, state_indices_cpu, has_initial_state_cpu)
-    hidden = model(input_ids, md, pool)          # (num_tokens, hidden), input order
+    with set_forward_context(ForwardContext(mamba2_metadata=md)):
+        hidden = model(input_ids, positions)     # (num_tokens, hidden), input order
     logits = model.compute_logits(hidden[last_token_rows])
 
-The engine runs ``model(input_ids, state=pool, positions=positions)`` inside
-``set_forward_context(ForwardContext(mamba2_metadata=md))``, as it runs every model of the
-registry (``registry.py``).
+as the engine runs every model of the registry (``registry.py``).
 
 The residual stream is fp32 when ``residual_in_fp32`` (as in HF transformers). Parameter
 names are HF transformers' (``backbone.layers.{i}.mixer.in_proj.weight``, ...), with the
@@ -25,7 +24,6 @@ the same model runs on one rank or as one rank's part of a tensor-parallel group
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
 import torch
 from torch import nn
@@ -48,7 +46,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 from vllm.model_executor.model_loader.weight_utils import load_model_weights
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-from vllm.model_executor.models.utils import cache_specs, check_step_inputs
+from vllm.model_executor.models.utils import (
+    allocate_state_pool,
+    cache_specs,
+    check_step_inputs,
+)
 
 
 class Mamba2DecoderLayer(nn.Module):
@@ -58,7 +60,7 @@ class Mamba2DecoderLayer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
         self.mixer = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
 
-    def forward(self, hidden_states, residual, conv_state, ssm_state, metadata):
+    def forward(self, hidden_states, residual):
         """(mixer output, residual stream): the residual add of a layer is fused into the
         next layer's norm (and the final one's), so ``residual`` is None at layer 0 only."""
         if residual is None:
@@ -66,7 +68,7 @@ class Mamba2DecoderLayer(nn.Module):
             normed = self.norm(hidden_states)
         else:
             normed, residual = self.norm(hidden_states, residual)
-        return self.mixer(normed, conv_state, ssm_state, metadata), residual
+        return self.mixer(normed), residual
 
 
 class Mamba2Model(nn.Module):
@@ -78,17 +80,14 @@ class Mamba2Model(nn.Module):
         )
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
 
-    def forward(
-        self, input_ids: torch.Tensor, metadata: Mamba2Metadata, state: MambaStatePool
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, metadata: Mamba2Metadata) -> torch.Tensor:
         perm = metadata.token_perm
         if perm is not None:
             input_ids = input_ids.index_select(0, perm)
         hidden = self.embeddings(input_ids)
         residual = None
-        for i, layer in enumerate(self.layers):
-            conv_state, ssm_state = state.layer(i)
-            hidden, residual = layer(hidden, residual, conv_state, ssm_state, metadata)
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual)
         hidden = self.norm_f(hidden) if residual is None else self.norm_f(hidden, residual)[0]
         if perm is not None:
             hidden = torch.empty_like(hidden).index_copy_(0, perm, hidden)
@@ -110,34 +109,21 @@ class Mamba2ForCausalLM(nn.Module):
         self.conv_backend = self.backbone.layers[0].mixer.backend
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        metadata: Mamba2Metadata | None = None,
-        state: MambaStatePool | None = None,
-        positions: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Final hidden states (num_tokens, hidden) in the model dtype, in input order.
 
-        ``metadata`` None: the forward context's ``mamba2_metadata``. ``positions`` is not
-        read (Mamba2 has no position input); the runner passes it to every model alike.
+        The step's metadata comes from the forward context, each layer's state from its
+        bound views. ``positions`` is not read (Mamba2 has no position input); the runner
+        passes it to every model alike.
         """
-        if metadata is None:
-            metadata = get_forward_context().mamba2_metadata
-        check_step_inputs(
-            "Mamba2ForCausalLM",
-            input_ids,
-            None,
-            metadata,
-            state,
-            num_layers=self.config.num_hidden_layers,
-            spec=self.state_spec(),
-            backend=self.conv_backend,
-        )
+        metadata = get_forward_context().mamba2_metadata
+        check_step_inputs("Mamba2ForCausalLM", input_ids, None, metadata)
         if metadata.num_tokens == 0:
             return torch.empty(
                 0, self.config.hidden_size, dtype=self.dtype, device=input_ids.device
             )
-        return self.backbone(input_ids, metadata, state)
+        return self.backbone(input_ids, metadata)
 
     def set_conv_backend(self, backend: ConvBackend) -> None:
         """Switch every layer's conv backend (a benchmark compares both on one set of
@@ -166,15 +152,12 @@ class Mamba2ForCausalLM(nn.Module):
         ssm_dtype: torch.dtype = torch.float32,
         replayssm_buffer_len: int = 0,
     ) -> MambaStatePool:
-        """A pool for ``num_slots`` sequences from this model's cache specs, in its conv
-        backend's layout, for callers that drive the model without the engine (tests,
-        benchmarks); the engine allocates from ``get_cache_specs`` itself.
-        ``replayssm_buffer_len`` L > 0 adds the replay rings (replayed decode)."""
+        """A pool for ``num_slots`` sequences from this model's cache specs, bound to its
+        layers (``utils.allocate_state_pool``), for callers that drive the model without
+        the engine (tests, benchmarks); the engine allocates and binds itself."""
         if device is None:
             device = self.backbone.embeddings.weight.device
-        specs = self.get_cache_specs(block_size=1, mamba_ssm_dtype=ssm_dtype).values()
-        specs = [replace(s, replay_len=replayssm_buffer_len) for s in specs]
-        return MambaStatePool.from_specs(specs, num_slots, self.conv_backend, device)
+        return allocate_state_pool(self, num_slots, device, ssm_dtype, replayssm_buffer_len)
 
     def metadata_builder(self, device: torch.device | str | None = None) -> Mamba2MetadataBuilder:
         if device is None:

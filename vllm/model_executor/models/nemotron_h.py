@@ -46,7 +46,6 @@ from vllm.model_executor.models.hybrid_base import (
     AttentionProjections,
     MambaHybridForCausalLM,
     residual_norm,
-    with_layer_states,
 )
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 
@@ -92,10 +91,8 @@ class NemotronHBlock(nn.Module):
         else:
             self.mixer = NemotronHMLP(config, dtype)
 
-    def forward(self, hidden, residual, layer_state, metadata):
+    def forward(self, hidden, residual):
         normed, residual = residual_norm(self.norm, hidden, residual)
-        if self.layer_type == "mamba":
-            return self.mixer(normed, *layer_state, metadata), residual
         return self.mixer(normed), residual
 
 
@@ -109,10 +106,10 @@ class NemotronHModel(nn.Module):
         )
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
 
-    def forward(self, input_ids, state, metadata):
+    def forward(self, input_ids):
         hidden, residual = self.embeddings(input_ids), None
-        for layer, layer_state in with_layer_states(self.layers, state):
-            hidden, residual = layer(hidden, residual, layer_state, metadata)
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual)
         return self.norm_f(hidden, residual)[0]
 
 
@@ -122,8 +119,8 @@ class NemotronHForCausalLM(MambaHybridForCausalLM):
         self.model = NemotronHModel(config, dtype)
         self.lm_head = self._lm_head()  # never tied
 
-    def _run(self, input_ids, positions, state, metadata):
-        return self.model(input_ids, state, metadata)
+    def _run(self, input_ids, positions):
+        return self.model(input_ids)
 
     def hf_to_param_name(self, name: str) -> str | None:
         if name.startswith("mtp."):

@@ -130,9 +130,9 @@ class Zamba2MambaLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
         self.mamba = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
 
-    def forward(self, hidden, layer_state, metadata, transformer_out=None):
+    def forward(self, hidden, transformer_out=None):
         x = hidden if transformer_out is None else hidden + transformer_out
-        return hidden + self.mamba(self.input_layernorm(x), *layer_state, metadata)
+        return hidden + self.mamba(self.input_layernorm(x))
 
 
 class Zamba2HybridLayer(nn.Module):
@@ -204,18 +204,18 @@ class Zamba2Model(nn.Module):
             self.rotary_emb = RotaryEmbedding(d, d, config.rope_positions, config.rope_theta)
         self.act_fn = get_act_fn(config.hidden_act)
 
-    def forward(self, input_ids, positions, state, metadata):
+    def forward(self, input_ids, positions):
         embeds = self.embed_tokens(input_ids)
         hidden = embeds
-        for k, layer in enumerate(self.layers):
+        for layer in self.layers:
             if isinstance(layer, Zamba2HybridLayer):
                 block = self.blocks[layer.block_id]
                 t = layer.transformer(
                     block, hidden, embeds, positions, self.rotary_emb, self.act_fn
                 )
-                hidden = layer.mamba_decoder(hidden, state.layer(k), metadata, t)
+                hidden = layer.mamba_decoder(hidden, t)
             else:
-                hidden = layer(hidden, state.layer(k), metadata)
+                hidden = layer(hidden)
         return self.final_layernorm(hidden)
 
 

@@ -9,7 +9,8 @@ reallocated otherwise). A metadata object is valid until the builder's next ``bu
 Rows of a step fall in three groups, and the layers see them in this canonical order:
 
 1. the decode stream: one-token rows that continue a sequence (real slot, initial state),
-   and one-token padded rows (``PAD_SLOT_ID``; CUDA-graph padding of a decode batch);
+   and one-token padded rows (on the null line, ``NULL_BLOCK_ID``; CUDA-graph padding of a
+   decode batch);
 2. prefills: real rows that are not decodes (fresh prompts, chunked-prefill continuations,
    one-token fresh prompts);
 3. other padded rows (zero or several tokens).
@@ -27,7 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
-    PAD_SLOT_ID,
+    NULL_BLOCK_ID,
     CausalConv1dMetadata,
     compute_causal_conv1d_metadata,
 )
@@ -53,7 +54,7 @@ class Mamba2Metadata:
     [num_decode_tokens, num_decode_tokens + num_prefill_tokens)); later tokens are padding.
 
     Device tensors: ``query_start_loc`` (batch+1,) int32, ``state_indices`` (batch,) int32
-    (``PAD_SLOT_ID`` for padded rows), ``has_initial_state`` (batch,) bool,
+    (``NULL_BLOCK_ID`` for padded rows), ``has_initial_state`` (batch,) bool,
     ``prefill_query_start_loc`` (num_prefills+1,) int32 relative to the first prefill token,
     ``token_perm`` (num_tokens,) int64 or None. ``conv`` is the conv kernels' metadata for
     the whole canonical batch. The prefills' chunk layout is ONE of ``ssd`` (for the Triton
@@ -196,7 +197,8 @@ class Mamba2MetadataBuilder:
         """The step's metadata from host tensors.
 
         ``query_start_loc_cpu`` (batch+1,) int32 offsets from 0; ``state_indices_cpu``
-        (batch,) int32 slots, ``PAD_SLOT_ID`` for padded rows, distinct otherwise;
+        (batch,) int32 slots (pool lines >= 1), ``NULL_BLOCK_ID`` (line 0) or
+        ``PAD_SLOT_ID`` for padded rows (both become ``NULL_BLOCK_ID``), distinct otherwise;
         ``has_initial_state_cpu`` (batch,) bool: the row continues its slot's state.
         """
         qsl = _check_host("query_start_loc_cpu", query_start_loc_cpu, torch.int32, None)
@@ -208,13 +210,16 @@ class Mamba2MetadataBuilder:
         lens = qsl[1:] - qsl[:-1]
         if bool((lens < 0).any()):
             raise ValueError("query_start_loc_cpu must be non-decreasing")
-        is_pad = slots == PAD_SLOT_ID
+        # A negative slot (PAD_SLOT_ID) names no line: a padded row, sent to the null line
+        # like the others, so every op sees one marker.
+        is_pad = (slots == NULL_BLOCK_ID) | (slots < 0)
         real = slots[~is_pad]
-        if bool((real < 0).any()) or real.unique().numel() != real.numel():
+        if real.unique().numel() != real.numel():
             raise ValueError(
-                "state_indices_cpu must hold distinct non-negative slots (PAD_SLOT_ID for "
-                f"padded rows), got {slots.tolist()}"
+                "state_indices_cpu must hold distinct slots >= 1 (NULL_BLOCK_ID = 0, the null "
+                f"line, or PAD_SLOT_ID for padded rows), got {slots.tolist()}"
             )
+        slots = torch.where(is_pad, NULL_BLOCK_ID, slots)
 
         one = lens == 1
         in_decode_stream = one & (is_pad | init)

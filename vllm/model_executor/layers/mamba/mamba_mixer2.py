@@ -4,9 +4,12 @@
             -> selective scan (state per sequence) -> RMSNormGated(y, z) per group -> out_proj
 
 Tokens of all sequences come concatenated, (num_tokens, hidden), in the canonical order of
-``Mamba2Metadata`` (decode stream, prefills, other padding). The layer reads and updates
-its conv- and SSM-state lines in place; padded rows (``PAD_SLOT_ID``) leave every slot as
-it was and get y = 0 before the norm.
+``Mamba2Metadata`` (decode stream, prefills, other padding), which the layer reads from the
+forward context. The layer owns its state: it declares it (``get_state_spec``), the engine
+allocates it and binds the layer's views of the pool to ``kv_cache`` = (conv_state,
+ssm_state) (``bind_kv_cache``), and the layer reads and updates its lines in place; padded
+rows (on the null line, ``NULL_BLOCK_ID``, passed to every op) leave every line as it was
+and get y = 0 before the norm.
 
 Conv backend, read at construction from ``VLLM_USE_TRITON_CONV1D`` (``set_conv_backend``
 switches it; the state pool must then be allocated in the new backend's layout):
@@ -25,13 +28,12 @@ Triton kernel of ``ops.mamba_ssm_triton``), or, when the pool hands the layer a
 ``ops.mamba_ssm_replay``, which writes a line's state every L-th step only; then, before
 any prefill row reads or replaces its line, ``replay_ssm_materialise`` folds those lines'
 buffered steps in (one launch; mixed steps keep their decodes replayed). The prefills go
-through the chunked scan the
-metadata carries a layout for. With ``metadata.ssd`` (CUDA by default) that is the Triton
-SSD of ``ops.ssd_combined``: it takes the step-wide x, B, C, dt and y (the layout's rows are
-absolute), reads each sequence's initial state from its pool line and writes the final
-state back, and writes y of the prefill rows in place. With ``metadata.scan`` (CPU) it is
-``mamba_ssm_torch.chunk_scan_varlen`` on the prefill rows, initial states gathered from the
-pool and final states scattered back.
+through the chunked scan the metadata carries a layout for. With ``metadata.ssd`` (CUDA by
+default) that is the Triton SSD of ``ops.ssd_combined``: it takes the step-wide x, B, C, dt
+and y (the layout's rows are absolute), reads each sequence's initial state from its pool
+line and writes the final state back, and writes y of the prefill rows in place. With
+``metadata.scan`` (CPU) it is ``mamba_ssm_torch.chunk_scan_varlen`` on the prefill rows,
+initial states gathered from the pool and final states scattered back.
 
 Tensor parallelism (``mamba_tp``): the layer is built from a ``Mamba2Shape`` (the whole
 layer's sizes) as this rank's part, cut by heads: in_proj a ``MergedColumnParallelLinear``
@@ -42,8 +44,7 @@ local ones, so the forward is the same code at every world size; at world size 1
 part is the whole layer and no collective runs.
 
 While the torch profiler records, the conv and the scan run inside the ranges
-``mamba2::conv`` and ``mamba2::ssm_scan``, so a profile can tell the scan's kernels (generic
-elementwise, gather and batched-matmul kernels) from the rest of the layer's.
+``mamba2::conv`` and ``mamba2::ssm_scan`` (a profile tells the scan's kernels apart).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ import torch
 from torch import nn
 
 from vllm.cache_spec import MambaStateSpec
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
@@ -76,7 +78,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     mamba2_state_spec,
 )
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
-    PAD_SLOT_ID,
+    NULL_BLOCK_ID,
     causal_conv1d_fn,
     causal_conv1d_update,
 )
@@ -153,6 +155,8 @@ class MambaMixer2(nn.Module):
             conv_kernel=shape.conv_kernel,
         )
         self.set_conv_backend(conv_backend_from_env())
+        # (conv_state, ssm_state): this layer's views of the state pool, bound by the engine.
+        self.kv_cache: tuple[torch.Tensor, torch.Tensor | ReplayedSSMState] | None = None
 
     def get_state_spec(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> MambaStateSpec:
         """What one state slot of this layer holds, for the engine to allocate: the conv
@@ -166,19 +170,16 @@ class MambaMixer2(nn.Module):
         self._cuda_ops = load_cuda_conv_ops() if backend is ConvBackend.CUDA else None
         self.backend = backend
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        conv_state: torch.Tensor,
-        ssm_state: torch.Tensor,
-        metadata: Mamba2Metadata,
-    ) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states (num_tokens, hidden) -> (num_tokens, hidden); updates the states.
 
-        ``conv_state`` (lines, conv_dim, W-1) in the backend's layout and ``ssm_state``
-        (lines, nheads, headdim, dstate) are this layer's views of the state pool; a
-        ``ReplayedSSMState`` in place of the latter selects the replayed decode.
+        The step's ``Mamba2Metadata`` comes from the forward context; the states are the
+        bound ``kv_cache``: ``conv_state`` (lines, conv_dim, W-1) in the backend's layout
+        and ``ssm_state`` (lines, nheads, headdim, dstate), or a ``ReplayedSSMState`` in its
+        place, which selects the replayed decode.
         """
+        conv_state, ssm_state = self._bound_state()
+        metadata = get_forward_context().mamba2_metadata
         self._check_inputs(hidden_states, conv_state, ssm_state, metadata)
         num_tokens = hidden_states.shape[0]
         num_dec, num_pre = metadata.num_decode_tokens, metadata.num_prefill_tokens
@@ -207,10 +208,20 @@ class MambaMixer2(nn.Module):
         y = self.norm(y.view(num_tokens, self.intermediate_size), gate)
         return self.out_proj(y)
 
-    def materialise(self, ssm_state, slots: torch.Tensor) -> None:
-        """Fold the replayed steps of lines ``slots`` into their states (``ssm_state`` as
-        ``forward`` takes it; nothing to do without replay): for readers of a state other
-        than this layer's forward (prefix caching, speculative decoding)."""
+    def _bound_state(self):
+        if self.kv_cache is None:
+            raise RuntimeError(
+                f"MambaMixer2 (layer {self.layer_idx}): no state is bound; the engine binds "
+                "(conv_state, ssm_state), the layer's views of the state pool, to kv_cache "
+                "(bind_kv_cache; model.allocate_state_pool does it for callers without one)"
+            )
+        return self.kv_cache
+
+    def materialise(self, slots: torch.Tensor) -> None:
+        """Fold the replayed steps of lines ``slots`` into the bound states (nothing to do
+        without replay): for readers of a state other than this layer's forward (prefix
+        caching, speculative decoding)."""
+        ssm_state = self._bound_state()[1]
         if isinstance(ssm_state, ReplayedSSMState):
             # All continuing: the prefills' launch variant, which the warm-up compiled.
             init = torch.ones(slots.shape, dtype=torch.bool, device=slots.device)
@@ -236,7 +247,7 @@ class MambaMixer2(nn.Module):
                 B,
                 C,
                 state_batch_indices=md.decode_state_indices,
-                pad_slot_id=PAD_SLOT_ID,
+                pad_slot_id=NULL_BLOCK_ID,
                 out=y[:num_dec],
                 **scan_args,
             )
@@ -302,7 +313,7 @@ class MambaMixer2(nn.Module):
                 b,
                 activation="silu",
                 conv_state_indices=md.state_indices,
-                pad_slot_id=PAD_SLOT_ID,
+                pad_slot_id=NULL_BLOCK_ID,
             )
         else:
             out = causal_conv1d_fn(
@@ -314,7 +325,7 @@ class MambaMixer2(nn.Module):
                 cache_indices=md.state_indices,
                 has_initial_state=md.has_initial_state,
                 activation="silu",
-                pad_slot_id=PAD_SLOT_ID,
+                pad_slot_id=NULL_BLOCK_ID,
                 metadata=md.conv,
             ).t()
         num_dec = md.num_decode_tokens
@@ -337,7 +348,7 @@ class MambaMixer2(nn.Module):
         dec = xbc[:0]
         if num_dec:
             dec = ops.causal_conv1d_update_cuda(
-                xbc[:num_dec], conv_state, w, b, True, md.decode_state_indices, PAD_SLOT_ID,
+                xbc[:num_dec], conv_state, w, b, True, md.decode_state_indices, NULL_BLOCK_ID,
                 **({} if step is None else {"out": step[:num_dec]}),
             )  # fmt: skip
         pre = xbc[:0]
@@ -351,13 +362,18 @@ class MambaMixer2(nn.Module):
                 md.prefill_state_indices,
                 md.prefill_has_initial_state,
                 True,
-                PAD_SLOT_ID,
+                NULL_BLOCK_ID,
                 **({} if step is None else {"out": step[num_dec : num_dec + num_pre].t()}),
             ).t()
         return _ConvOut(dec, pre, step)
 
     def _check_inputs(self, hidden_states, conv_state, ssm_state, md) -> None:
         where = f"MambaMixer2 (layer {self.layer_idx})"
+        if not isinstance(md, Mamba2Metadata):
+            raise RuntimeError(
+                f"{where}: the forward context carries no Mamba2Metadata (got "
+                f"{type(md).__name__}); the model runner builds one per step"
+            )
         if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
             raise ValueError(
                 f"{where}: hidden_states must be (num_tokens, {self.hidden_size}), "

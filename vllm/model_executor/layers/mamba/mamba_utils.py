@@ -10,10 +10,13 @@ The conv-state layout follows the conv backend (``VLLM_USE_TRITON_CONV1D``):
   as (lines, W-1, dim) and transposed), which the Triton kernels read coalesced;
 - CUDA: width-contiguous, (lines, dim, W-1) contiguous, as the CUDA ops expect.
 
-A pool has ``num_slots + 1`` lines per layer. Slots 0 .. num_slots - 1 belong to sequences;
-the last line is the sink where padded rows (``PAD_SLOT_ID``) of a decode batch drop their
-SSM state on the PyTorch path (``selective_state_update_torch``; the Triton kernel skips
-them), so no real slot is ever written by a pad.
+A pool has ``num_slots + 1`` lines per layer. Line 0 is the null line (upstream's
+``NULL_BLOCK_ID``): padded rows point there, the ops' default marker makes them read and
+write no line, and nothing reads it back. Sequences own lines 1 .. num_slots (a slot is its
+line's number), so the null line costs one line, never a slot.
+
+The engine binds each Mamba layer's views of the pool to the layer (``bind_kv_cache``:
+``layer.kv_cache = pool.layer(i)``); a model's forward never sees the pool.
 
 With replayed decode (``replay_len`` L > 0, ``use_replayssm``) the pool also holds, per
 layer and line, the ring of L-1 buffered decode steps and its counters
@@ -30,6 +33,7 @@ import torch
 
 from vllm import envs
 from vllm.cache_spec import MambaStateSpec
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import ReplayedSSMState
 
 # The replay buffers, in ``ReplayedSSMState``'s order after the state.
@@ -170,7 +174,8 @@ def check_conv_state_layout(conv_state: torch.Tensor, backend: ConvBackend) -> N
 
 
 class MambaStatePool:
-    """Conv and SSM state of every Mamba layer for ``num_slots`` sequences (+ the pad sink).
+    """Conv and SSM state of every Mamba layer for ``num_slots`` sequences, on lines 1 ..
+    num_slots, line 0 being the null line.
 
     ``conv_state``: (num_layers, num_slots + 1, dim, W-1) in the backend's layout;
     ``ssm_state``: (num_layers, num_slots + 1, nheads, headdim, dstate); with ``replay_len``
@@ -250,8 +255,13 @@ class MambaStatePool:
 
     @property
     def pad_line(self) -> int:
-        """The sink line of padded rows (not a slot)."""
-        return self.num_slots
+        """The null line padded rows point at (not a slot): ``NULL_BLOCK_ID``."""
+        return NULL_BLOCK_ID
+
+    @property
+    def slots(self) -> range:
+        """The lines sequences may own: 1 .. num_slots."""
+        return range(NULL_BLOCK_ID + 1, self.num_slots + 1)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor | ReplayedSSMState]:
         if not self.rings:
@@ -260,11 +270,13 @@ class MambaStatePool:
         return self.conv_state[i], ReplayedSSMState(self.ssm_state[i], *rings)
 
     def zero_slots(self, num_slots: int) -> None:
-        """Zero the states of slots 0 .. num_slots - 1 and empty their rings."""
-        self.conv_state[:, :num_slots].zero_()
-        self.ssm_state[:, :num_slots].zero_()
+        """Zero the states of the first ``num_slots`` slots (lines 1 .. num_slots) and empty
+        their rings."""
+        lines = slice(1, num_slots + 1)
+        self.conv_state[:, lines].zero_()
+        self.ssm_state[:, lines].zero_()
         if self.rings:
-            self.rings["count"][:, :num_slots].zero_()
+            self.rings["count"][:, lines].zero_()
 
     def clone(self) -> MambaStatePool:
         """A deep copy with the same layout (strides kept)."""

@@ -36,7 +36,12 @@ any accepted prefix. Later columns are left as they are.
 Padded rows (cache index == ``pad_slot_id``, or ``null_block_id``: upstream's
 later name for the same marker, a keyword of both ops; both given with different
 values is a ValueError) get zero outputs; their cache lines, and every line no
-sequence names, are not touched.
+sequence names, are not touched. The default marker is ``NULL_BLOCK_ID`` = 0:
+line 0 of a pool is the null line, which padded rows point at; with
+``pad_slot_id=PAD_SLOT_ID`` (-1) line 0 is a line like the others. A negative index
+names no line, so it marks a padded row whatever the marker (upstream's 2025
+callers pad with -1). Without an index array (sequence b on line b) no row is
+padded.
 
 ``causal_conv1d_fn`` handles a whole continuous-batching step (fresh prefills,
 chunked-prefill continuations and one-token decodes) in one launch, parallel
@@ -107,6 +112,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_kernels import (  # noqa
     _fwd_piece,
 )
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import (
+    NULL_BLOCK_ID,
     PAD_SLOT_ID,
     _is_silu,
     causal_conv1d_ref,
@@ -117,6 +123,7 @@ from vllm.triton_utils import HAS_TRITON
 from vllm.triton_utils.host import cdiv, next_power_of_2
 
 __all__ = [
+    "NULL_BLOCK_ID",
     "PAD_SLOT_ID",
     "clear_host_caches",
     "host_path_pieces",
@@ -253,7 +260,8 @@ def causal_conv1d_fn(
     ``conv_states`` may have any strides; feature-contiguous (``stride(1) == 1``)
     is the fast layout. A sequence whose cache index equals ``pad_slot_id`` (or
     ``null_block_id``, upstream's later name for the same marker; giving both
-    with different values is an error) is a padded row.
+    with different values is an error; by default ``NULL_BLOCK_ID``, line 0) is a
+    padded row.
 
     ``metadata`` from ``compute_causal_conv1d_metadata`` (built once per step)
     lets the kernel map tokens to sequences with one load. Without it the
@@ -286,7 +294,7 @@ def causal_conv1d_fn(
             f"got strides {x.stride()}"
         )
     check_common(x, weight, bias, conv_states, dim, "conv_states")
-    pad_slot_id = pad_marker(pad_slot_id, null_block_id)
+    pad_slot_id = pad_marker(pad_slot_id, null_block_id, cache_indices)
     batch = check_qsl(query_start_loc, x.device)
     check_index("cache_indices", cache_indices, x.device, batch)
     check_index("has_initial_state", has_initial_state, x.device, batch, torch.bool)
@@ -500,7 +508,8 @@ def causal_conv1d_update(
     ``conv_state_indices`` and ``num_accepted_tokens`` may be longer than the
     batch (padded buffers): only their first ``batch`` entries are read. A row
     whose index equals ``pad_slot_id`` (or ``null_block_id``, upstream's later
-    name; both with different values is an error) is padding.
+    name; both with different values is an error; by default ``NULL_BLOCK_ID``,
+    line 0) is padding.
 
     A call whose arguments have the layout of an earlier call skips the checks and launch
     decisions (see ``causal_conv1d_host.py``).
@@ -543,7 +552,7 @@ def causal_conv1d_update(
         raise ValueError(f"x must be feature-contiguous (stride 1 along dim), got {x.stride()}")
     width = check_common(x, weight, bias, conv_state, dim, "conv_state")
     silu = _is_silu(activation)
-    pad_slot_id = pad_marker(pad_slot_id, null_block_id)
+    pad_slot_id = pad_marker(pad_slot_id, null_block_id, conv_state_indices)
     check_index("conv_state_indices", conv_state_indices, x.device, batch)
     if metadata is not None:
         if not isinstance(metadata, CausalConv1dMetadata):
@@ -579,9 +588,10 @@ def causal_conv1d_update(
             acc = num_accepted_tokens[:batch].cpu()
             if lens is None:
                 lens = torch.full((batch,), seqlen)
+            idx = None if conv_state_indices is None else conv_state_indices[:batch].cpu()
             live = (
-                conv_state_indices[:batch].cpu() != pad_slot_id
-                if conv_state_indices is not None
+                (idx != pad_slot_id) & (idx >= 0)
+                if idx is not None
                 else torch.ones(batch, dtype=torch.bool)
             )
             # History [acc-1, acc-1+W-1) and the written window must fit in the line.

@@ -34,7 +34,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d_kernels import (
     _LAUNCH_FWD,
     _LAUNCH_UPDATE,
 )
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID, marker_for
 from vllm.tensor_checks import FLOAT_DTYPES, check_conv_weight_bias, check_tensor
 from vllm.triton_utils import configs
 from vllm.triton_utils.host import (
@@ -113,24 +113,26 @@ def check_qsl(qsl, device) -> int:
 
 
 class DefaultPadSlotId(int):
-    """``PAD_SLOT_ID`` as the default of ``pad_slot_id``: equal to it, and recognisable,
+    """``NULL_BLOCK_ID`` as the default of ``pad_slot_id``: equal to it, and recognisable,
     so that a ``null_block_id`` next to an explicit, different ``pad_slot_id`` is an
     error rather than a silent choice of one of them."""
 
     def __repr__(self) -> str:
-        return "PAD_SLOT_ID"
+        return "NULL_BLOCK_ID"
 
 
-PAD_DEFAULT = DefaultPadSlotId(PAD_SLOT_ID)
+PAD_DEFAULT = DefaultPadSlotId(NULL_BLOCK_ID)
 
 
-def pad_marker(pad_slot_id, null_block_id) -> int:
+def pad_marker(pad_slot_id, null_block_id, indices) -> int:
     """The index that marks a padded row: ``null_block_id`` (upstream's 2026 name) or
-    ``pad_slot_id``; both given with different values is a ValueError."""
+    ``pad_slot_id`` (by default ``NULL_BLOCK_ID``, line 0; ``PAD_SLOT_ID`` when a caller
+    pads with -1); both given with different values is a ValueError. Without ``indices``
+    (sequence b on line b) no row is padded, whatever the marker."""
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
         raise ValueError(f"pad_slot_id must be an int, got {pad_slot_id!r}")
     if null_block_id is None:
-        return int(pad_slot_id)
+        return marker_for(pad_slot_id, indices)
     if isinstance(null_block_id, bool) or not isinstance(null_block_id, int):
         raise ValueError(f"null_block_id must be an int or None, got {null_block_id!r}")
     if type(pad_slot_id) is not DefaultPadSlotId and pad_slot_id != null_block_id:
@@ -138,17 +140,18 @@ def pad_marker(pad_slot_id, null_block_id) -> int:
             f"pad_slot_id={pad_slot_id} and null_block_id={null_block_id} both name the "
             "padded-row index, with different values; give one of them"
         )
-    return int(null_block_id)
+    return marker_for(null_block_id, indices)
 
 
 def check_cache_indices_data(name, indices, num_lines, batch, pad_slot_id) -> None:
-    """Reads the first ``batch`` indices: real lines in range, none twice."""
+    """Reads the first ``batch`` indices: real lines in range, none twice (a negative index
+    names no line: a padded row, as ``pad_slot_id``'s are)."""
     if indices is None:
         return
     idx = indices[:batch].cpu()
-    real = idx[idx != pad_slot_id]
-    if bool(((real < 0) | (real >= num_lines)).any()):
-        raise ValueError(f"{name} has entries outside [0, {num_lines}) that are not pad_slot_id")
+    real = idx[(idx != pad_slot_id) & (idx >= 0)]
+    if bool((real >= num_lines).any()):
+        raise ValueError(f"{name} has entries past the {num_lines} cache lines")
     if real.unique().numel() != real.numel():
         raise ValueError(f"{name} has duplicate cache lines among non-padded sequences")
 

@@ -86,7 +86,7 @@ def _fwd_piece(
     The W-1 rows before t0 are tokens (a tile) or the cache line's history or zeros
     (a head, t0 == start). A head then writes the sequence's final state.
     """
-    live = line != pad_slot_id
+    live = (line != pad_slot_id) & (line >= 0)
     p_line = state_ptr + line * stride_state_line
     if HAS_BIAS:
         b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
@@ -247,8 +247,8 @@ def _causal_conv1d_fwd_kernel(
                     use_hist = False
                 _fwd_piece(
                     x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, start, end, start, head_end,
-                    line, use_hist & (line != pad_slot_id), o_d, o_sd, m_d, stride_x_t,
-                    stride_w_d,
+                    line, use_hist & (line != pad_slot_id) & (line >= 0), o_d, o_sd, m_d,
+                    stride_x_t, stride_w_d,
                     stride_state_line, stride_state_col, stride_out_t, pad_slot_id,
                     KERNEL_WIDTH, HAS_BIAS, SILU, True, BLOCK_G,
                 )  # fmt: skip
@@ -295,7 +295,7 @@ def _fwd_decodes(
         else:
             line = seq
         one = valid & (end - start == 1)
-        live = one & (line != pad_slot_id)
+        live = one & (line != pad_slot_id) & (line >= 0)
         if HAS_INITIAL_STATE:
             hist = live & tl.load(has_init_ptr + seq, mask=valid, other=0).to(tl.int1)
         else:
@@ -375,7 +375,7 @@ def _causal_conv1d_update_kernel(
         line = tl.load(idx_ptr + i_b).to(tl.int64)
     else:
         line = i_b
-    live = line != pad_slot_id
+    live = (line != pad_slot_id) & (line >= 0)
     if IS_VARLEN:
         tok0 = tl.load(qsl_ptr + i_b).to(tl.int64)
         n_tok = tl.load(qsl_ptr + i_b + 1).to(tl.int64) - tok0
@@ -479,7 +479,7 @@ def _causal_conv1d_decode_kernel(
     # The token row exists for every program (a padded row's output is zeroed below), so
     # its load does not wait for the index load; only the state's loads and stores do.
     b_x = tl.load(x_ptr + i_b * stride_x_seq + o_d, mask=m_d, other=0.0)
-    live = line != pad_slot_id
+    live = (line != pad_slot_id) & (line >= 0)
     p_line = state_ptr + line * stride_state_line
     b_win = ()
     for j in tl.static_range(KERNEL_WIDTH - 1):

@@ -22,7 +22,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# The padded-row markers of the state ops (upstream's names). Line 0 of every state pool is
+# the null line (upstream's null block): padded rows point there, and the ops' default
+# marker is NULL_BLOCK_ID, so a padded row reads and writes no line. PAD_SLOT_ID, the older
+# marker, names no line: with ``pad_slot_id=PAD_SLOT_ID`` line 0 is a sequence's like any
+# other. A negative index names no line, so every op treats it as a padded row too.
+NULL_BLOCK_ID = 0
 PAD_SLOT_ID = -1
+
+
+def marker_for(pad_slot_id: int, indices) -> int:
+    """The marker the ops compare indices with: ``pad_slot_id``, or, with ``indices`` None
+    (sequence b on line b), -1, which no line has, so line 0 is a sequence's there."""
+    return int(pad_slot_id) if indices is not None else PAD_SLOT_ID
 
 
 def _is_silu(activation) -> bool:
@@ -55,7 +67,7 @@ def causal_conv1d_ref(
     cache_indices: torch.Tensor | None = None,
     has_initial_state: torch.Tensor | None = None,
     activation: str | None = "silu",
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = NULL_BLOCK_ID,
 ) -> torch.Tensor:
     """Reference of ``causal_conv1d_fn``: x (dim, num_tokens) -> out (dim, num_tokens).
 
@@ -67,11 +79,12 @@ def causal_conv1d_ref(
     out = torch.empty(num_tokens, dim, dtype=x.dtype, device=x.device).t()
     qsl = query_start_loc.tolist()
     lines = cache_indices.tolist() if cache_indices is not None else list(range(len(qsl) - 1))
+    pad_slot_id = marker_for(pad_slot_id, cache_indices)
     init = has_initial_state.tolist() if has_initial_state is not None else [False] * len(lines)
     for b in range(len(qsl) - 1):
         start, end = qsl[b], qsl[b + 1]
         line = lines[b]
-        if line == pad_slot_id:
+        if line == pad_slot_id or line < 0:
             out[:, start:end] = 0
             continue
         if init[b]:
@@ -93,7 +106,7 @@ def causal_conv1d_update_ref(
     conv_state_indices: torch.Tensor | None = None,
     num_accepted_tokens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = NULL_BLOCK_ID,
 ) -> torch.Tensor:
     """Reference of ``causal_conv1d_update``.
 
@@ -118,10 +131,11 @@ def causal_conv1d_update_ref(
         outs = [out[b] for b in range(x.shape[0])]
     batch = len(seqs)
     lines = conv_state_indices.tolist() if conv_state_indices is not None else list(range(batch))
+    pad_slot_id = marker_for(pad_slot_id, conv_state_indices)
     accepted = num_accepted_tokens.tolist() if num_accepted_tokens is not None else None
     for b in range(batch):
         xb, ob, line = seqs[b], outs[b], lines[b]
-        if line == pad_slot_id:
+        if line == pad_slot_id or line < 0:
             ob.zero_()
             continue
         seqlen = xb.shape[1]

@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID, marker_for
 
 
 def ssm_scan_ref(
@@ -29,7 +29,7 @@ def ssm_scan_ref(
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = (0.0, math.inf),
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = NULL_BLOCK_ID,
 ) -> torch.Tensor:
     """Scan each sequence of a varlen batch; returns y (num_tokens, nheads, headdim) in fp32.
 
@@ -42,11 +42,12 @@ def ssm_scan_ref(
     qsl = query_start_loc.tolist()
     batch = len(qsl) - 1
     lines = state_indices.tolist() if state_indices is not None else list(range(batch))
+    pad_slot_id = marker_for(pad_slot_id, state_indices)
     init = has_initial_state.tolist() if has_initial_state is not None else [False] * batch
     head_group = [h * ngroups // nheads for h in range(nheads)]
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for b in range(batch):
-        if lines[b] == pad_slot_id:
+        if lines[b] == pad_slot_id or lines[b] < 0:
             continue
         if init[b]:
             s = ssm_states[lines[b]].float().clone()

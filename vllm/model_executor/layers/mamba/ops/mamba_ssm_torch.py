@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import (
     selective_state_update_triton,
     use_ssm_kernel,
@@ -253,7 +253,7 @@ def selective_state_update(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = _NO_LIMIT,
     state_batch_indices: torch.Tensor | None = None,
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = NULL_BLOCK_ID,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One recurrence step for each of ``batch`` sequences; updates ``state`` in place.
@@ -286,13 +286,16 @@ def selective_state_update_torch(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = _NO_LIMIT,
     state_batch_indices: torch.Tensor | None = None,
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = NULL_BLOCK_ID,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``selective_state_update`` in PyTorch: the CPU path, and the GPU kernel's reference.
 
-    A padded row's state goes to the pool's last line (the sink), so the work stays fixed by
-    shapes (CUDA-graph safe) with no host sync; the sink's content means nothing.
+    A padded row writes no line. When the marker is a line of ``state`` (the null line 0,
+    ``NULL_BLOCK_ID``), padded rows gather that line and store it back unchanged, so the
+    work stays fixed by shapes with no host sync; any other marker (``PAD_SLOT_ID``) names
+    no line, and only the real rows are stored (a data-dependent selection: a host sync,
+    which the CPU path does not mind).
     """
     check_state_update_shapes(state, x, dt, A, B, C, D, dt_bias, state_batch_indices, out)
     batch, nheads, headdim = x.shape
@@ -305,8 +308,9 @@ def selective_state_update_torch(
         is_pad = None
     else:
         idx = state_batch_indices.long()
-        is_pad = idx == pad_slot_id
-        lines = torch.where(is_pad, state.shape[0] - 1, idx)
+        is_pad = (idx == pad_slot_id) | (idx < 0)
+        marker_is_line = 0 <= pad_slot_id < state.shape[0]
+        lines = torch.where(is_pad, pad_slot_id if marker_is_line else 0, idx)
 
     s = state.index_select(0, lines).float().view(batch, ngroups, hpg, headdim, dstate)
     dtp = _discretize_dt(dt, dt_bias, dt_softplus, dt_limit).view(batch, ngroups, hpg)
@@ -318,6 +322,13 @@ def selective_state_update_torch(
         y = y + D.float().view(ngroups, hpg, 1) * xf
     if is_pad is not None:
         y = torch.where(is_pad[:, None, None, None], 0.0, y)
-    state.index_copy_(0, lines, s.view(batch, nheads, headdim, dstate).to(state.dtype))
+    new = s.view(batch, nheads, headdim, dstate).to(state.dtype)
+    if is_pad is None:
+        state.index_copy_(0, lines, new)
+    elif marker_is_line:
+        state.index_copy_(0, lines, torch.where(is_pad[:, None, None, None], state[lines], new))
+    else:
+        real = (~is_pad).nonzero().squeeze(1)
+        state.index_copy_(0, lines[real], new[real])
     out.copy_(y.view(batch, nheads, headdim))
     return out

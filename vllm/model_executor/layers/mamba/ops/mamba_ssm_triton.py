@@ -21,9 +21,9 @@ Tensors (logical shapes; any strides, every one honoured; lines addressed in int
   Lines of real rows must be distinct.
 - ``out``: (batch, nheads, headdim), written in full.
 
-Padded rows (index == ``pad_slot_id``) get y = 0 and neither read nor write any line; the
-PyTorch path drops their state in the pool's last line (the sink) instead, which no slot
-owns, so the two paths agree on every line but the sink. The grid, (batch, nheads,
+Padded rows (index == ``pad_slot_id``; by default ``NULL_BLOCK_ID`` = 0, the pool's null
+line; ``PAD_SLOT_ID`` = -1 when passed) get y = 0 and neither read nor write any line, on
+this path and on the PyTorch one alike. The grid, (batch, nheads,
 headdim blocks), depends on shapes only and nothing syncs with the host, so the call can be
 captured in a CUDA graph.
 
@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID
 from vllm.tensor_checks import FLOAT_DTYPES, check_state_update_shapes, check_tensor
 from vllm.triton_utils import HAS_TRITON, tl, triton
 from vllm.triton_utils.launch import CachedLauncher
@@ -130,7 +130,7 @@ def _selective_state_update_kernel(
     m_n = o_n < dstate
     if HAS_INDICES:
         line = tl.load(idx_ptr + i_b * stride_idx_b).to(tl.int64)
-        live = line != pad_slot_id
+        live = (line != pad_slot_id) & (line >= 0)
     else:
         line = i_b
         live = i_b >= 0
@@ -288,7 +288,7 @@ def selective_state_update_triton(
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = _NO_LIMIT,
     state_batch_indices: torch.Tensor | None = None,
-    pad_slot_id: int = PAD_SLOT_ID,
+    pad_slot_id: int = NULL_BLOCK_ID,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fused kernel behind ``selective_state_update`` (same arguments and result); see

@@ -9,8 +9,8 @@ For chunk c (rows ``t0 + l``, sequence i), head h (group g), with ``dt``, ``cs``
 
 Both sums are tensor-core dots per block of BLOCK_T rows: C (T x N) @ S^T (N x P), and the
 causal weights (T x T) @ x (T x P) over the blocks s <= l. The first chunk of a sequence
-without an initial state has S = 0 and skips the first dot. A sequence on ``PAD_SLOT_ID``
-gets y = 0, as in the reference. Only the rows of the chunks are written.
+without an initial state has S = 0 and skips the first dot. A sequence on the padded-row
+marker (``pad_slot_id``) gets y = 0, as in the reference. Only the rows of the chunks are written.
 
 One program per (chunk, group, head of the group, headdim block), heads of a group next to
 each other so that the group's CB and C blocks are read from L2 while they are hot; each
@@ -19,7 +19,6 @@ program walks its chunk's block rows.
 
 from __future__ import annotations
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.ssd_bmm import _dot_lhs_f32, _dot_rhs_f32
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
@@ -100,7 +99,8 @@ def _ssd_chunk_scan_kernel(
         return
     row0 = start.to(tl.int64)
     i_seq = tl.load(chunk_seqs_ptr + i_c).to(tl.int64)
-    live = tl.load(state_indices_ptr + i_seq * stride_idx).to(tl.int64) != pad_slot_id
+    line = tl.load(state_indices_ptr + i_seq * stride_idx).to(tl.int64)
+    live = (line != pad_slot_id) & (line >= 0)
     first = tl.load(seq_chunk_starts_ptr + i_seq).to(tl.int64) == i_c
     if HAS_INIT:
         has_start = (~first) | (tl.load(has_init_ptr + i_seq * stride_init) != 0)
@@ -196,7 +196,7 @@ def chunk_scan_programs(num_chunks: int, nheads: int, headdim: int, chunk_size: 
 
 
 def launch_chunk_scan(x, z, C, D, layout, state_indices, has_initial_state, ws, out,
-                      cfg: dict) -> tuple:  # fmt: skip
+                      cfg: dict, pad_slot_id: int) -> tuple:  # fmt: skip
     """Launch 3 over ``ws`` (the call's ``SSDWorkspace``): y of every chunk into ``out``.
     Returns what it launched: (launcher, grid, args, constexprs)."""
     _, nheads, headdim = x.shape
@@ -219,7 +219,7 @@ def launch_chunk_scan(x, z, C, D, layout, state_indices, has_initial_state, ws, 
         layout.seq_chunk_starts,
         state_indices,
         state_indices if init is None else init,
-        PAD_SLOT_ID,
+        pad_slot_id,
         *x.stride(),
         *((0, 0, 0) if z is None else z.stride()),
         *C.stride(),

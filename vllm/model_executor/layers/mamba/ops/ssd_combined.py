@@ -24,8 +24,10 @@ Tensors (logical shapes; views with any strides, every stride honoured; int64 ad
 - ``ssm_states`` (num_lines, nheads, headdim, dstate): the layer's state pool, fp32, fp16 or
   bf16, read and written in its dtype (math in fp32). Sequence i starts from line
   ``state_indices[i]`` when ``has_initial_state[i]`` (zeros otherwise; None: none has one)
-  and leaves its final state there. A sequence on ``PAD_SLOT_ID`` reads and writes no line,
-  and its rows get y = 0; lines no sequence names stay bit-identical.
+  and leaves its final state there. A sequence on the padded-row marker ``pad_slot_id``
+  (by default ``NULL_BLOCK_ID`` = 0, the pool's null line; ``PAD_SLOT_ID`` = -1 when passed)
+  reads and writes no line, and its rows get y = 0; lines no sequence names stay
+  bit-identical.
 - ``out`` (num_tokens, nheads, headdim), any float dtype: only the chunks' rows are written.
 
 ``plan_ssd_chunks`` builds the layout on the host (once per step, shared by every layer).
@@ -48,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID
 from vllm.model_executor.layers.mamba.ops.ssd_chunk_scan import _LAUNCH as _SCAN_LAUNCH
 from vllm.model_executor.layers.mamba.ops.ssd_launch import (
     KEY_ERRORS,
@@ -280,6 +283,7 @@ def _launch(
     dt_lo: float,
     dt_hi: float,
     out: torch.Tensor,
+    pad_slot_id: int,
 ) -> None:
     chunks = Chunks(chunk_size, chunk_starts, chunk_seqs, seq_chunk_starts)
     if chunks.num_seqs == 0:
@@ -293,24 +297,24 @@ def _launch(
     # Triton takes a bool tensor as i1 pointers; bytes are plainer.
     init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
     launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init, chunk_state_indices,
-               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg, ws)  # fmt: skip
+               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg, ws, pad_slot_id)  # fmt: skip
 
 
 def _plan_for(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
-              chunk_state_indices, D, dt_bias, dt_softplus, dt_limit,
-              out) -> SSDPlan | None:  # fmt: skip
+              chunk_state_indices, D, dt_bias, dt_softplus, dt_limit, out,
+              pad_slot_id) -> SSDPlan | None:  # fmt: skip
     """The plan of these arguments' layout (made, after the full checks, on its first
     call), or None when the call must take the full checks (which then name what is
     wrong): arguments that are not tensors, or counts that do not fit."""
     args = (x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
             chunk_state_indices, D, dt_bias)  # fmt: skip
     try:
-        key = plan_key(*args, dt_softplus, dt_limit, out)
+        key = plan_key(*args, dt_softplus, dt_limit, out, pad_slot_id)
         plan = PLANS.get(key)
         if plan is None:
             _check_args(*args, out)
             cfg = _cfg(x, B, layout.chunk_size, x.dtype if out is None else out.dtype)
-            plan = SSDPlan(x, B, layout.chunk_size, cfg, dt_limit, use_ssd_kernel)
+            plan = SSDPlan(x, B, layout.chunk_size, cfg, dt_limit, use_ssd_kernel, pad_slot_id)
             PLANS.put(key, plan)
         if plan.fits(x, z, dt, B, C, layout, state_indices, has_initial_state,
                      chunk_state_indices, out):  # fmt: skip
@@ -337,14 +341,17 @@ def mamba_chunk_scan_combined_varlen(
     out: torch.Tensor | None = None,
     z: torch.Tensor | None = None,
     chunk_state_indices: torch.Tensor | None = None,
+    pad_slot_id: int = NULL_BLOCK_ID,
 ) -> torch.Tensor:
     """Scan every sequence of ``layout`` (see the module docstring); returns ``out``
     (allocated in x's dtype when None), updates the sequences' lines of ``ssm_states``
     (and, with ``chunk_state_indices``, the lines of the chunks' end states)."""
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int):
+        raise ValueError(f"pad_slot_id must be an int, got {pad_slot_id!r}")
     if not torch.compiler.is_compiling():
         plan = _plan_for(x, z, dt, A, B, C, layout, ssm_states, state_indices,
                          has_initial_state, chunk_state_indices, D, dt_bias, dt_softplus,
-                         dt_limit, out)  # fmt: skip
+                         dt_limit, out, pad_slot_id)  # fmt: skip
         if plan is not None:
             if out is None:
                 out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -358,7 +365,8 @@ def mamba_chunk_scan_combined_varlen(
     dt_lo, dt_hi = (float(v) for v in dt_limit)
     args = (x, z, dt, A, B, C, layout.chunk_starts, layout.chunk_seqs, layout.seq_chunk_starts,
             layout.chunk_size, ssm_states, state_indices, has_initial_state,
-            chunk_state_indices, D, dt_bias, bool(dt_softplus), dt_lo, dt_hi, out)  # fmt: skip
+            chunk_state_indices, D, dt_bias, bool(dt_softplus), dt_lo, dt_hi, out,
+            int(pad_slot_id))  # fmt: skip
     if torch.compiler.is_compiling():
         torch.ops.vllm.mamba_chunk_scan_combined_varlen(*args)
     else:
@@ -375,5 +383,5 @@ _ssd_op = torch.library.custom_op(
 @_ssd_op.register_fake
 def _(x, z, dt, A, B, C, chunk_starts, chunk_seqs, seq_chunk_starts, chunk_size, ssm_states,
       state_indices, has_initial_state, chunk_state_indices, D, dt_bias, dt_softplus, dt_lo,
-      dt_hi, out):  # fmt: skip
+      dt_hi, out, pad_slot_id):  # fmt: skip
     return None

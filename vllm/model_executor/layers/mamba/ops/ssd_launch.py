@@ -115,8 +115,8 @@ class Chunks(NamedTuple):
 
 
 def launch_all(x, z, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, init, chunk_lines,
-               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg: dict,
-               ws: SSDWorkspace) -> list:  # fmt: skip
+               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg: dict, ws: SSDWorkspace,
+               pad_slot_id: int) -> list:  # fmt: skip
     """The call's launches over ``ws`` (``init``: has_initial_state as bytes, or None);
     returns what each launched, (launcher, grid, args, constexprs)."""
     done = []
@@ -131,12 +131,12 @@ def launch_all(x, z, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, ini
         done.append(launch_chunk_state(x, dt, A, dt_bias, B, chunks.chunk_starts, ws, flags,
                                        cfg["chunk_state"]))  # fmt: skip
     passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init, chunk_lines,
-                                   ws, cfg["state_passing"])  # fmt: skip
+                                   ws, cfg["state_passing"], pad_slot_id)  # fmt: skip
     if passing is not None:
         done.append(passing)
     if chunks.num_chunks:
         done.append(launch_chunk_scan(x, z, C, D, chunks, state_indices, init, ws, out,
-                                      cfg["chunk_scan"]))  # fmt: skip
+                                      cfg["chunk_scan"], pad_slot_id))  # fmt: skip
     return done
 
 
@@ -147,7 +147,8 @@ def _layout_of(t, full_shape: bool):
 
 
 def plan_key(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,
-             chunk_state_indices, D, dt_bias, dt_softplus, dt_limit, out) -> tuple:  # fmt: skip
+             chunk_state_indices, D, dt_bias, dt_softplus, dt_limit, out,
+             pad_slot_id) -> tuple:  # fmt: skip
     """Everything the full checks read but the token, chunk and sequence counts
     (``SSDPlan.fits`` checks those). Raises one of ``KEY_ERRORS`` for arguments that are
     not tensors."""
@@ -168,6 +169,7 @@ def plan_key(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_s
         layout.chunk_size,
         bool(dt_softplus),
         tuple(dt_limit),
+        int(pad_slot_id),
     )
 
 
@@ -178,11 +180,13 @@ _WS_NAMES = ("ws_states", "ws_cb", "ws_dt", "ws_cs", "ws_decay")
 class SSDPlan:
     """The launches of every call with one ``plan_key`` (see the module docstring)."""
 
-    def __init__(self, x, B, chunk_size: int, cfg: dict, dt_limit, is_kernel_device):
+    def __init__(self, x, B, chunk_size: int, cfg: dict, dt_limit, is_kernel_device,
+                 pad_slot_id: int):  # fmt: skip
         _, nheads, headdim = x.shape
         ngroups, dstate = B.shape[1:]
         self.cfg, self.chunk_size = cfg, chunk_size
         self.dt_lo, self.dt_hi = (float(v) for v in dt_limit)
+        self.pad_slot_id = pad_slot_id
         self.ws = WorkspaceLayout(nheads, headdim, dstate, ngroups, chunk_size, cfg["cb_dtype"])
         self.device, self.on_cuda = x.device, x.is_cuda
         self.device_index = x.device.index if x.is_cuda else None
@@ -252,7 +256,7 @@ class SSDPlan:
                         layout.seq_chunk_starts)  # fmt: skip
         done = launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init,
                           chunk_state_indices, D, dt_bias, dt_softplus, self.dt_lo, self.dt_hi,
-                          out, self.cfg, ws)  # fmt: skip
+                          out, self.cfg, ws, self.pad_slot_id)  # fmt: skip
         if not self.direct.ready and not self.direct.failed and self.on_cuda:
             sources = dict(x=x, z=z, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, out=out,
                            ssm_states=ssm_states, state_indices=state_indices, init=init,

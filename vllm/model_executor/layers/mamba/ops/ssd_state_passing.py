@@ -9,10 +9,10 @@ Per sequence i (line ``state_indices[i]``, chunks ``c0 .. c1 - 1``) and head h::
     pool[line, h] = S                      (in the pool's dtype)
 
 The initial state is read straight from its pool line and the final state written straight
-back: no gather or scatter copy. A sequence on ``PAD_SLOT_ID`` reads and writes no line. A
-sequence without chunks (no tokens) leaves its initial state, or zeros without one. The start
-state of a sequence's first chunk is stored only when it has an initial state (otherwise it is
-zero, and the chunk scan skips the term).
+back: no gather or scatter copy. A sequence on the padded-row marker (``pad_slot_id``)
+reads and writes no line. A sequence without chunks (no tokens) leaves its initial state, or
+zeros without one. The start state of a sequence's first chunk is stored only when it has an
+initial state (otherwise it is zero, and the chunk scan skips the term).
 
 The chain is sequential per sequence, so the programs are few and wait on memory; the same
 launch runs the CB job (``ssd_bmm._cb_rows``), which needs only the inputs, on the SMs they
@@ -22,7 +22,6 @@ BLOCK_SP x BLOCK_SN state elements); the rest compute CB, one per (chunk, group,
 
 from __future__ import annotations
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.ssd_bmm import _cb_rows
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
@@ -62,7 +61,7 @@ def _pass_states(
     i_s = i_job // (N_TN * N_TP * NHEADS)
 
     line = tl.load(state_indices_ptr + i_s * stride_idx).to(tl.int64)
-    live = line != pad_slot_id
+    live = (line != pad_slot_id) & (line >= 0)
     if HAS_INIT:
         use_init = live & (tl.load(has_init_ptr + i_s * stride_init) != 0)
     else:
@@ -99,7 +98,7 @@ def _pass_states(
             tl.store(
                 ssm_ptr + chunk_line * stride_ssm_line + o_pool,
                 b_s.to(ssm_ptr.dtype.element_ty),
-                mask=m & live & (chunk_line != pad_slot_id),
+                mask=m & live & (chunk_line != pad_slot_id) & (chunk_line >= 0),
             )
     tl.store(ssm_ptr + line * stride_ssm_line + o_pool, b_s.to(ssm_ptr.dtype.element_ty),
              mask=m & live)  # fmt: skip
@@ -216,7 +215,16 @@ def state_passing_programs(
 
 
 def launch_state_passing(
-    B, C, layout, ssm_states, state_indices, has_initial_state, chunk_lines, ws, cfg: dict
+    B,
+    C,
+    layout,
+    ssm_states,
+    state_indices,
+    has_initial_state,
+    chunk_lines,
+    ws,
+    cfg: dict,
+    pad_slot_id: int,
 ) -> tuple | None:
     """Launch 2 over ``ws`` (the call's ``SSDWorkspace``): start states in place, final
     states (and, with ``chunk_lines``, each chunk's end state) into the pool, CB into
@@ -244,7 +252,7 @@ def launch_state_passing(
         layout.chunk_starts,
         ws.cb,
         num_pass,
-        PAD_SLOT_ID,
+        pad_slot_id,
         *ssm_states.stride(),
         state_indices.stride(0),
         0 if init is None else init.stride(0),
