@@ -231,12 +231,16 @@ def step_bytes(batch: int, dtype: torch.dtype, L: int | None) -> float:
 
 
 def tune_configs():
-    # State rows per program x warps, around the every-step kernel's best (32 rows, 1-2
-    # warps; tune_selective_state_update.py): the replayed one holds the ring's tiles too.
-    return [dict(BLOCK_P=bp, num_warps=nw) for bp, nw in TUNE]
+    # State rows per program x dstate tile x warps, around the table's picks (BLOCK_N 32-64,
+    # BLOCK_P 16-64, 1-2 warps): the replayed kernel streams the state in BLOCK_N tiles and
+    # holds the ring's tiles too, so the dstate tile is swept with the rest.
+    return [dict(BLOCK_P=bp, BLOCK_N=bn, num_warps=nw) for bp, bn, nw in TUNE]
 
 
-TUNE = ((16, 2), (32, 2), (32, 4), (64, 4))
+TUNE = tuple(
+    (bp, bn, nw) for bp in (16, 32, 64) for bn in (32, 64, 128) for nw in (1, 2, 4)
+    if bp * bn <= 64 * 64 or nw > 1
+)  # fmt: skip
 
 
 def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
@@ -249,7 +253,7 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
     if args.tune and replay.batch_bucket(batch) == batch:
         best, chosen = None, None
         for cfg in tune_configs():
-            replay.launch_config = lambda *a, cfg=cfg: {**cfg, "BLOCK_N": 128}
+            replay.launch_config = lambda *a, cfg=cfg: dict(cfg)
             try:
                 us = summarize(time_provider("ours_replay", case, up))[0]
             except Exception as err:  # noqa: BLE001 - a config that fails is skipped, noted
@@ -264,7 +268,7 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
             batch=replay.batch_bucket(batch), dstate=N, headdim=P, state_dtype=dtype
         )
         entries[key] = chosen
-        replay.launch_config = lambda *a: {**chosen, "BLOCK_N": max(16, N)}
+        replay.launch_config = lambda *a: dict(chosen)
     try:
         for name in PROVIDERS:
             if name.startswith("upstream") and up is None:
