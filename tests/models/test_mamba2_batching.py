@@ -142,7 +142,7 @@ def test_metadata_built_once_and_shared_by_every_layer(monkeypatch, device):
     drv.step([Row(1, tokens(4, "warm"))])
 
     conv_meta_builds = []
-    real_compute = mamba2_metadata.compute_causal_conv1d_metadata
+    real_compute = mamba2_metadata.conv1d_metadata_host
 
     def counting_compute(*args, **kwargs):
         conv_meta_builds.append(1)
@@ -162,7 +162,7 @@ def test_metadata_built_once_and_shared_by_every_layer(monkeypatch, device):
     proj_outputs = []
     for layer in model.backbone.layers:
         layer.mixer.in_proj.register_forward_hook(lambda m, i, o: proj_outputs.append(o))
-    monkeypatch.setattr(mamba2_metadata, "compute_causal_conv1d_metadata", counting_compute)
+    monkeypatch.setattr(mamba2_metadata, "conv1d_metadata_host", counting_compute)
     monkeypatch.setattr(mamba_mixer2, "causal_conv1d_fn", spy_fn)
     monkeypatch.setattr(mamba_mixer2, "causal_conv1d_update", spy_update)
 

@@ -22,6 +22,7 @@ import torch
 
 from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID
+from vllm.model_executor.staged_upload import StagedUpload
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -77,12 +78,10 @@ class DecodeGraphs:
         self.buckets = graph_buckets(max_batch)
         self._graphs: dict[int, _Graph] = {}
         self._mempool = torch.cuda.graph_pool_handle()
-        top = self.buckets[-1]
-        # Input ids, slots, positions, then the rows of pending input tokens and their
-        # source rows.
-        self._host = torch.zeros(5 * top, dtype=torch.int64, pin_memory=True)
-        self._dev = torch.zeros(5 * top, dtype=torch.int64, device="cuda")
-        self._copied: torch.cuda.Event | None = None
+        # A replay's host data (input ids, slots, positions, the rows of pending input
+        # tokens and their source rows, the attention metadata) reaches the device in one
+        # copy; device copies then move it into the buffers the graph captured.
+        self.staging = StagedUpload("cuda")
 
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.buckets[-1]
@@ -117,24 +116,24 @@ class DecodeGraphs:
         (cached lengths, block tables) of the rows, for a model with attention layers."""
         b = len(input_ids)
         g = self._graph(b)
-        if self._copied is not None:
-            self._copied.synchronize()
         n_fill = len(pending[0]) if pending else 0
         fill_at = 3 * g.size if attn is not None else 2 * g.size
-        host = self._host[: fill_at + 2 * n_fill]
-        host[: g.size] = 0
+        host = torch.zeros(fill_at + 2 * n_fill, dtype=torch.int64)
         host[g.size : 2 * g.size] = NULL_BLOCK_ID
         host[:b] = torch.tensor(input_ids)
         host[g.size : g.size + b] = torch.tensor(slots)
+        staged = {"inputs": host}
         if attn is not None:
-            host[2 * g.size : 3 * g.size] = 0
-            host[2 * g.size : 2 * g.size + b] = torch.tensor(attn[0])
+            contexts, tables = attn
+            host[2 * g.size : 2 * g.size + b] = torch.tensor(contexts)
+            plan = self.attn_builder.prepare(
+                [1] * b, contexts, tables, b, pad_tokens_to=g.size, pad_seqs_to=g.size
+            )
+            staged["attn"] = plan.host
         if n_fill:
             host[fill_at:] = torch.tensor(pending[0] + pending[1])
-        dev = self._dev[: host.numel()]
-        dev.copy_(host, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+        staged = self.staging.upload(staged)
+        dev = staged["inputs"]
         g.input_ids.copy_(dev[: g.size])
         if n_fill:
             fill = dev[fill_at:]
@@ -142,10 +141,7 @@ class DecodeGraphs:
         g.md.state_indices.copy_(dev[g.size : 2 * g.size])
         if attn is not None:
             g.positions.copy_(dev[2 * g.size : 3 * g.size])
-            contexts, tables = attn
-            self.attn_builder.build(
-                [1] * b, contexts, tables, b, pad_tokens_to=g.size, pad_seqs_to=g.size
-            )
+            self.attn_builder.finish(plan, staged["attn"])
         g.graph.replay()
         # Under tensor parallelism the logits are gathered on rank 0 only.
         return None if g.logits is None else g.logits[:b]

@@ -27,10 +27,10 @@ from vllm.config import EngineConfig
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
 from vllm.model_executor.model_loader import get_model
+from vllm.model_executor.staged_upload import StagedUpload
 from vllm.step_io import StepInputs
 from vllm.worker.cache_engine import CacheEngine
 from vllm.worker.cuda_graph import DecodeGraphs
-from vllm.worker.utils import async_tensor_h2d
 from vllm.worker.warmup import compile_kernels, dummy_steps
 
 # Tokens a start-up dummy row that continues a sequence has in the cache already.
@@ -86,13 +86,9 @@ class ModelRunner:
                 self.cache.blocks_for(config.max_model_len),
                 self.device,
             )
-        pin = self.device.type == "cuda"
-        # One int64 host buffer: input ids, positions, the rows to sample, then the
-        # positions of pending input tokens and their rows in the previous step's
-        # tokens; one copy.
-        self._host = torch.zeros(2 * n_tok + 3 * n_seq, dtype=torch.int64, pin_memory=pin)
-        self._dev = torch.zeros(2 * n_tok + 3 * n_seq, dtype=torch.int64, device=self.device)
-        self._copied: torch.cuda.Event | None = None
+        # A step's host-built tensors (input ids, positions, sampled rows, pending-token
+        # rows, the Mamba and attention metadata) reach the device in one copy.
+        self.staging = StagedUpload(self.device)
         self._sync()
         t2 = time.perf_counter()
         profile_rows = self._profile_rows()
@@ -256,35 +252,35 @@ class ModelRunner:
             # Every row of this step ends its sequence's known tokens: all sample.
             return StepResult(self.graphs.run(ids, slots, pending, attn))
 
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copy out of the host buffer
         n_fill, n_pos = len(fill_dst), len(positions)
-        used = num_tokens + n_pos + num_rows + 2 * n_fill
-        self._host[:used] = torch.tensor(ids + positions + sample_rows + fill_dst + fill_src)
-        self._dev[:used].copy_(self._host[:used], non_blocking=True)
-        if self.device.type == "cuda":
-            self._copied = torch.cuda.Event()
-            self._copied.record()
-        input_ids = self._dev[:num_tokens]
         tail = num_tokens + n_pos
-        if n_fill:
-            fill = self._dev[tail + num_rows : used]
-            input_ids.index_copy_(0, fill[:n_fill], prev_tokens.index_select(0, fill[n_fill:]))
+        host = {"inputs": torch.tensor(ids + positions + sample_rows + fill_dst + fill_src)}
+        if inp.prompt_rows:
+            host["prompt_rows"] = torch.tensor(inp.prompt_rows, dtype=torch.int64)
         qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
         torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0, out=qsl[1:])
-        md = self.builder.build(
+        mamba = self.builder.prepare(
             qsl,
             torch.tensor(slots, dtype=torch.int32),
             torch.tensor([c > 0 for c in contexts]),
         )
-        attn_md = None
+        host.update({f"mamba.{name}": t for name, t in mamba.host.items()})
         if attention:
-            attn_md = self.attn_builder.build(lens, contexts, inp.block_tables, inp.num_decodes)
+            attn = self.attn_builder.prepare(lens, contexts, inp.block_tables, inp.num_decodes)
+            host["attn"] = attn.host
+        dev = self.staging.upload(host)
+        md = self.builder.finish(mamba, {name: dev[f"mamba.{name}"] for name in mamba.host})
+        attn_md = self.attn_builder.finish(attn, dev["attn"]) if attention else None
+        inputs = dev["inputs"]
+        input_ids = inputs[:num_tokens]
+        if n_fill:
+            fill = inputs[tail + num_rows :]
+            input_ids.index_copy_(0, fill[:n_fill], prev_tokens.index_select(0, fill[n_fill:]))
         with set_forward_context(ForwardContext(mamba2_metadata=md, attn_metadata=attn_md)):
-            hidden = self.model(input_ids, self._dev[num_tokens:tail] if n_pos else None)
-        rows = self._dev[tail : tail + num_rows]
+            hidden = self.model(input_ids, inputs[num_tokens:tail] if n_pos else None)
+        rows = inputs[tail : tail + num_rows]
         result = StepResult(self.model.compute_logits(hidden.index_select(0, rows)))
         if inp.prompt_rows:
-            rows = async_tensor_h2d(inp.prompt_rows, self.device, dtype=torch.long)
+            rows = dev["prompt_rows"]
             result.prompt_logits = self.model.compute_logits(hidden.index_select(0, rows))
         return result

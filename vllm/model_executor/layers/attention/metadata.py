@@ -59,6 +59,23 @@ class AttentionMetadata:
         return self.slot_mapping.shape[0]
 
 
+@dataclass
+class AttentionPlan:
+    """The host half of a step's metadata (``AttentionMetadataBuilder.prepare``): ``host``,
+    the builder's host buffer prefix to upload (int32, ``end`` entries), and the sizes."""
+
+    host: torch.Tensor
+    end: int
+    padded_seqs: int
+    padded_tokens: int
+    width: int
+    num_seqs: int
+    num_decodes: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+
+
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -108,6 +125,7 @@ class AttentionMetadataBuilder:
         self._np = self._host.numpy()
         self._copied: torch.cuda.Event | None = None
         self.num_builds = 0
+        self.num_own_copies = 0  # host-to-device copies of its own (build, not prepare)
 
     def _fields(self, buf: torch.Tensor, rows: int, width: int):
         """slot_mapping, query_start_loc, seq_lens and the compact (rows, width) tables."""
@@ -130,7 +148,30 @@ class AttentionMetadataBuilder:
         """The step's metadata. ``context_lens[i]``: tokens of sequence i already in the
         cache before this step; ``block_tables[i]``: its physical blocks in order, at
         least enough for context + query tokens. The first ``num_decodes`` sequences have
-        one query token each."""
+        one query token each. The builder copies its host buffer itself; the model runner
+        instead calls ``prepare``, uploads ``plan.host`` with its step, then ``finish``."""
+        plan = self.prepare(
+            query_lens, context_lens, block_tables, num_decodes, pad_tokens_to, pad_seqs_to
+        )
+        self._dev[: plan.end].copy_(plan.host, non_blocking=True)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        self.num_own_copies += 1
+        return self.finish(plan)
+
+    def prepare(
+        self,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        num_decodes: int,
+        pad_tokens_to: int | None = None,
+        pad_seqs_to: int | None = None,
+    ) -> AttentionPlan:
+        """The host half of ``build`` (same arguments): checks, then the step's fields
+        written into the host buffer; ``plan.host`` is the prefix the device needs (copy
+        it before the next ``prepare``, which rewrites the buffer)."""
         n = len(query_lens)
         if len(context_lens) != n or len(block_tables) != n:
             raise ValueError(
@@ -214,11 +255,29 @@ class AttentionMetadataBuilder:
         slots[num_tokens:padded_tokens] = -1
 
         end = self._off_table + padded_seqs * w
-        self._dev[:end].copy_(self._host[:end], non_blocking=True)
-        if self.device.type == "cuda":
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        return AttentionPlan(
+            host=self._host[:end],
+            end=end,
+            padded_seqs=padded_seqs,
+            padded_tokens=padded_tokens,
+            width=w,
+            num_seqs=n,
+            num_decodes=num_decodes,
+            num_actual_tokens=num_tokens,
+            max_query_len=int(q.max()) if n else 0,
+            max_seq_len=int(seq_lens.max()) if n else 0,
+        )
+
+    def finish(
+        self, plan: AttentionPlan, device_host: torch.Tensor | None = None
+    ) -> AttentionMetadata:
+        """The metadata of ``plan``. ``device_host``: the device copy of ``plan.host`` made
+        by the caller's upload, moved into the builder's persistent buffer here (a device
+        copy), so a CUDA graph captured on that buffer sees it; None: already there."""
+        if device_host is not None:
+            self._dev[: plan.end].copy_(device_host)
         self.num_builds += 1
+        padded_seqs, w = plan.padded_seqs, plan.width
         d_slots, d_qsl, d_lens, d_compact = self._fields(self._dev, padded_seqs, w)
         if padded_seqs:
             # Columns past w keep earlier steps' entries: past every sequence's blocks, so
@@ -228,12 +287,12 @@ class AttentionMetadataBuilder:
             query_start_loc=d_qsl[: padded_seqs + 1],
             seq_lens=d_lens[:padded_seqs],
             block_table=self._dev_table[:padded_seqs],
-            slot_mapping=d_slots[:padded_tokens],
-            num_seqs=n,
-            num_decodes=num_decodes,
-            num_actual_tokens=num_tokens,
-            max_query_len=int(q.max()) if n else 0,
-            max_seq_len=int(seq_lens.max()) if n else 0,
+            slot_mapping=d_slots[: plan.padded_tokens],
+            num_seqs=plan.num_seqs,
+            num_decodes=plan.num_decodes,
+            num_actual_tokens=plan.num_actual_tokens,
+            max_query_len=plan.max_query_len,
+            max_seq_len=plan.max_seq_len,
         )
 
     @staticmethod

@@ -1,10 +1,12 @@
 """Per-step metadata of the Mamba2 layers, built once per step and read by every layer.
 
-The model runner calls ``Mamba2MetadataBuilder.build`` once per forward step with host
-data only (query_start_loc, each sequence's state slot, has_initial_state): nothing is read
-back from the device, and all host-built index data goes to the device in ONE non-blocking
-copy into a buffer the builder keeps across steps (grown when a step needs more, never
-reallocated otherwise). A metadata object is valid until the builder's next ``build``.
+Built once per step from host data only (query_start_loc, each sequence's state slot,
+has_initial_state): nothing is read back from the device. ``prepare`` does the host work and
+lists the tensors the device needs (``plan.host``: slots, flags, the chunk layout, the conv
+tile map); the model runner uploads them with the rest of its step in ONE non-blocking copy
+(``vllm/model_executor/staged_upload.py``) and ``finish`` wraps the device views. ``build``
+does all three with the builder's own staging buffer (CUDA-graph buckets, tests). A
+metadata object is valid until the next upload into the buffer it views.
 
 Rows of a step fall in three groups, and the layers see them in this canonical order:
 
@@ -27,21 +29,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
-    NULL_BLOCK_ID,
-    CausalConv1dMetadata,
-    compute_causal_conv1d_metadata,
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID, CausalConv1dMetadata
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import (
+    conv1d_metadata_from,
+    conv1d_metadata_host,
 )
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     ChunkedScanLayout,
     plan_chunked_scan,
 )
 from vllm.model_executor.layers.mamba.ops.ssd_combined import SSDChunkLayout, plan_ssd_chunks
-
-# Bytes: every field of the staging buffer starts 16-byte aligned, as a fresh allocation
-# would, so a kernel taking it is specialised the same way (Triton keys its compiled
-# variants on 16-byte pointer alignment) whatever the sizes of the fields before it.
-_ALIGN = 16
+from vllm.model_executor.staged_upload import StagedUpload
 
 
 @dataclass
@@ -98,62 +96,16 @@ class Mamba2Metadata:
         return self.has_initial_state[self._prefill_rows()]
 
 
-class _StagedUpload:
-    """Host tensors of one step packed into one buffer and copied to the device at once.
+@dataclass
+class Mamba2Plan:
+    """The host half of a step's metadata (``Mamba2MetadataBuilder.prepare``): ``host``
+    name -> CPU tensor to upload, the chunk layout with host tensors, the conv metadata's
+    host fields, and the row counts."""
 
-    The host buffer is pinned on CUDA so the copy is asynchronous; before it is refilled the
-    builder waits for the previous step's copy out of it (that copy was queued a whole step
-    ago, so the wait is normally free). Both buffers only grow.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._host: torch.Tensor | None = None
-        self._device: torch.Tensor | None = None
-        self._copied: torch.cuda.Event | None = None
-        self.num_grows = 0
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self._device is None else self._device.numel()
-
-    @property
-    def device_buffer(self) -> torch.Tensor | None:
-        return self._device
-
-    def _ensure(self, nbytes: int) -> None:
-        if nbytes <= self.capacity:
-            return
-        size = max(4096, 1 << (nbytes - 1).bit_length())
-        pin = self.device.type == "cuda"
-        self._host = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
-        self._device = torch.empty(size, dtype=torch.uint8, device=self.device)
-        self._copied = None
-        self.num_grows += 1
-
-    def upload(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        offsets, total = {}, 0
-        for name, t in tensors.items():
-            offsets[name] = total
-            total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-        self._ensure(total)
-        if self._copied is not None:
-            self._copied.synchronize()
-        for name, t in tensors.items():
-            nbytes = t.numel() * t.element_size()
-            dst = self._host[offsets[name] : offsets[name] + nbytes].view(t.dtype)
-            dst.copy_(t.reshape(-1))
-        if total:
-            self._device[:total].copy_(self._host[:total], non_blocking=True)
-        if self.device.type == "cuda":
-            self._copied = torch.cuda.Event()
-            self._copied.record()
-        return {
-            name: self._device[offsets[name] : offsets[name] + t.numel() * t.element_size()]
-            .view(t.dtype)
-            .view(t.shape)
-            for name, t in tensors.items()
-        }
+    host: dict[str, torch.Tensor]
+    layout: SSDChunkLayout | ChunkedScanLayout
+    conv_fields: dict
+    counts: dict[str, int]
 
 
 def _check_host(name: str, t, dtype: torch.dtype, length: int | None) -> torch.Tensor:
@@ -181,11 +133,11 @@ class Mamba2MetadataBuilder:
         self.chunk_size = chunk_size
         self.device = torch.device(device)
         self.triton_ssd = self.device.type == "cuda" if triton_ssd is None else bool(triton_ssd)
-        self._staging = _StagedUpload(self.device)
+        self._staging = StagedUpload(self.device)
         self.num_builds = 0
 
     @property
-    def staging(self) -> _StagedUpload:
+    def staging(self) -> StagedUpload:
         return self._staging
 
     def build(
@@ -194,13 +146,26 @@ class Mamba2MetadataBuilder:
         state_indices_cpu: torch.Tensor,
         has_initial_state_cpu: torch.Tensor,
     ) -> Mamba2Metadata:
-        """The step's metadata from host tensors.
+        """The step's metadata from host tensors, uploaded by the builder's own staging
+        (one copy). The model runner instead calls ``prepare``, uploads ``plan.host`` with
+        the rest of its step, and calls ``finish``.
 
         ``query_start_loc_cpu`` (batch+1,) int32 offsets from 0; ``state_indices_cpu``
         (batch,) int32 slots (pool lines >= 1), ``NULL_BLOCK_ID`` (line 0) or
         ``PAD_SLOT_ID`` for padded rows (both become ``NULL_BLOCK_ID``), distinct otherwise;
         ``has_initial_state_cpu`` (batch,) bool: the row continues its slot's state.
         """
+        plan = self.prepare(query_start_loc_cpu, state_indices_cpu, has_initial_state_cpu)
+        return self.finish(plan, self._staging.upload(plan.host))
+
+    def prepare(
+        self,
+        query_start_loc_cpu: torch.Tensor,
+        state_indices_cpu: torch.Tensor,
+        has_initial_state_cpu: torch.Tensor,
+    ) -> Mamba2Plan:
+        """The host half of ``build`` (same arguments): checks, canonical order, chunk
+        layout, conv tile map; ``plan.host`` holds the tensors the device needs."""
         qsl = _check_host("query_start_loc_cpu", query_start_loc_cpu, torch.int32, None)
         if qsl.numel() < 1 or int(qsl[0]) != 0:
             raise ValueError("query_start_loc_cpu must start at 0")
@@ -255,17 +220,33 @@ class Mamba2MetadataBuilder:
             host["token_perm"] = torch.arange(num_tokens) + torch.repeat_interleave(
                 shift, lens_c.long()
             )
-        dev = self._staging.upload(host)
+        conv_host, conv_fields = conv1d_metadata_host(qsl_c)
+        host.update({f"conv.{name}": t for name, t in conv_host.items()})
+        return Mamba2Plan(
+            host=host,
+            layout=layout,
+            conv_fields=conv_fields,
+            counts=dict(
+                num_tokens=num_tokens,
+                batch_size=batch,
+                num_decode_tokens=num_decode,
+                num_prefills=num_prefills,
+                num_prefill_tokens=int(prefill_lens.sum()),
+            ),
+        )
+
+    def finish(self, plan: Mamba2Plan, dev: dict[str, torch.Tensor]) -> Mamba2Metadata:
+        """The metadata of ``plan`` from the device copies of ``plan.host`` (same names;
+        more names may be there)."""
+        layout = plan.layout
         layout = replace(layout, **{n: dev[f"layout.{n}"] for n in layout.TENSOR_FIELDS})
-        conv = compute_causal_conv1d_metadata(qsl_c, self.device)
+        conv = conv1d_metadata_from(
+            plan.conv_fields, {n: dev[f"conv.{n}"] for n in ("query_start_loc", "tile_seq")}
+        )
         self.num_builds += 1
         return Mamba2Metadata(
-            num_tokens=num_tokens,
-            batch_size=batch,
-            num_decode_tokens=num_decode,
-            num_prefills=num_prefills,
-            num_prefill_tokens=int(prefill_lens.sum()),
-            query_start_loc_cpu=qsl_c,
+            **plan.counts,
+            query_start_loc_cpu=plan.conv_fields["query_start_loc_cpu"],
             query_start_loc=conv.query_start_loc,
             state_indices=dev["state_indices"],
             has_initial_state=dev["has_initial_state"],
@@ -273,5 +254,5 @@ class Mamba2MetadataBuilder:
             conv=conv,
             ssd=layout if self.triton_ssd else None,
             scan=None if self.triton_ssd else layout,
-            token_perm=dev.get("token_perm"),
+            token_perm=dev.get("token_perm") if "token_perm" in plan.host else None,
         )

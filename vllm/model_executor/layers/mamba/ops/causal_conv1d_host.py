@@ -193,15 +193,12 @@ class CausalConv1dMetadata:
     max_query_len: int
 
 
-def compute_causal_conv1d_metadata(
-    query_start_loc_cpu: torch.Tensor, device: torch.device | str
-) -> CausalConv1dMetadata:
-    """Build the step's metadata from host offsets; the copy to ``device`` is non-blocking.
+def conv1d_metadata_host(query_start_loc_cpu: torch.Tensor) -> tuple[dict, dict]:
+    """The host half of the step's metadata: (host tensors to upload: ``query_start_loc``
+    and ``tile_seq``, int32; host fields). ``conv1d_metadata_from`` joins the two once the
+    tensors are on the device (the model runner uploads them with the step's others).
 
-    Host work only (numpy on the offsets, no device read), done once per step. On CUDA the
-    offsets and the tile map travel in one pinned buffer and one copy; ``query_start_loc``
-    and ``tile_seq`` are views of the device copy, each starting 16-byte aligned (the
-    kernels' compiled variants assume aligned pointers).
+    Host work only (numpy on the offsets, no device read), done once per step.
     """
     qsl = query_start_loc_cpu
     if not isinstance(qsl, torch.Tensor) or qsl.device.type != "cpu":
@@ -231,27 +228,50 @@ def compute_causal_conv1d_metadata(
     # tile_seq[p], the last sequence starting at or before token t = p * block_t, is the
     # number of sequence ends at or before t (query_start_loc[0] = 0 <= t always).
     starts = _tile_starts(block_t, n_tiles)
-    device = device if isinstance(device, torch.device) else torch.device(device)
-    if device.type == "cuda":
-        off = (batch + 4) // 4 * 4  # batch + 1 offsets, rounded up to 16 bytes
-        host = torch.empty(off + n_tiles, dtype=torch.int32, pin_memory=True)
-        h = host.numpy()
-        h[: batch + 1] = q
-        h[off:] = ends.searchsorted(starts, "right")
-        both = host.to(device, non_blocking=True)
-        qsl_dev, tile_seq = both[: batch + 1], both[off:]
-    else:
-        tiles = ends.searchsorted(starts, "right").astype(np.int32)
-        qsl_dev, tile_seq = qsl.to(device), torch.from_numpy(tiles).to(device)
-    return CausalConv1dMetadata(
-        query_start_loc=qsl_dev,
+    tiles = ends.searchsorted(starts, "right").astype(np.int32)
+    host = {"query_start_loc": qsl, "tile_seq": torch.from_numpy(tiles)}
+    fields = dict(
         query_start_loc_cpu=qsl,
-        tile_seq=tile_seq,
         block_t=block_t,
         num_tokens=num_tokens,
         batch_size=batch,
         max_query_len=max_query_len,
     )
+    return host, fields
+
+
+def conv1d_metadata_from(fields: dict, device_tensors: dict) -> CausalConv1dMetadata:
+    """The metadata from ``conv1d_metadata_host``'s fields and its tensors on the device."""
+    return CausalConv1dMetadata(
+        query_start_loc=device_tensors["query_start_loc"],
+        tile_seq=device_tensors["tile_seq"],
+        **fields,
+    )
+
+
+def compute_causal_conv1d_metadata(
+    query_start_loc_cpu: torch.Tensor, device: torch.device | str
+) -> CausalConv1dMetadata:
+    """Build the step's metadata from host offsets; the copy to ``device`` is non-blocking.
+
+    On CUDA the offsets and the tile map travel in one pinned buffer and one copy;
+    ``query_start_loc`` and ``tile_seq`` are views of the device copy, each starting
+    16-byte aligned (the kernels' compiled variants assume aligned pointers). The model
+    runner does not call this: it uploads the host half with the rest of its step.
+    """
+    host, fields = conv1d_metadata_host(query_start_loc_cpu)
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type == "cuda":
+        batch, n_tiles = fields["batch_size"], host["tile_seq"].numel()
+        off = (batch + 4) // 4 * 4  # batch + 1 offsets, rounded up to 16 bytes
+        both = torch.empty(off + n_tiles, dtype=torch.int32, pin_memory=True)
+        both[: batch + 1] = host["query_start_loc"]
+        both[off:] = host["tile_seq"]
+        both = both.to(device, non_blocking=True)
+        dev = {"query_start_loc": both[: batch + 1], "tile_seq": both[off:]}
+    else:
+        dev = {name: t.to(device) for name, t in host.items()}
+    return conv1d_metadata_from(fields, dev)
 
 
 _TILE_STARTS: dict[int, np.ndarray] = {}
