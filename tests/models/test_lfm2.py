@@ -153,13 +153,18 @@ def test_conv_layers_keep_a_conv_only_state(hf_and_dir):
             assert tuple(conv.kv_cache[0].shape) == (4, 32, 2)
 
 
-def test_dummy_weights_from_a_config_run_through_the_engine():
+@pytest.mark.parametrize(
+    "attn", [(1,), (), None], ids=["hybrid", "conv_only_no_kv", "attention_only_no_pool"]
+)
+def test_dummy_weights_from_a_config_run_through_the_engine(attn):
+    """Either kind may be absent (no full_attn_idxs: every layer attention, as HF reads
+    it): the engine then makes no KV cache, or no state pool."""
     cfg = Lfm2ModelConfig(
         vocab_size=128,
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=2,
-        full_attn_idxs=(1,),
+        full_attn_idxs=attn,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
@@ -168,6 +173,9 @@ def test_dummy_weights_from_a_config_run_through_the_engine():
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
     assert llm.engine.config.served_model_name == "lfm2"
+    runner = llm.engine.runner
+    assert (runner.pool is None) == (attn is None)
+    assert (runner.startup["num_kv_blocks"] == 0) == (attn == ())
 
 
 @pytest.mark.parametrize(
