@@ -117,7 +117,7 @@ def test_layer_kinds_and_older_keys():
     assert cfg.layer_types == ("conv", "full_attention", "conv")
     assert Lfm2ModelConfig.from_dict(base).layer_types == ("full_attention",) * 3  # as HF
     old = Lfm2ModelConfig.from_dict(
-        {**base, "intermediate_size": 48, "block_ff_dim": 96, "tie_embedding": False}
+        {**base, "intermediate_size": 48, "block_ff_dim": 96, "tie_embedding": False, "head_dim": 8}
     )
     assert old.intermediate_size == 96 and not old.tie_word_embeddings
     assert old.rope_theta == 1e6  # LFM2's default when the config names none
@@ -187,8 +187,9 @@ def test_dummy_weights_from_a_config_run_through_the_engine(attn):
         (dict(num_key_value_heads=3), "multiple of num_key_value_heads"),
         (dict(conv_L_cache=9), "conv_L_cache=9 is not supported"),
         (dict(block_ffn_dim_multiplier=0.001), "MLP width"),
+        (dict(head_dim=16), "head_dim=16 differs"),
     ],
-    ids=["kind", "attn_index", "rope", "gqa", "conv", "mlp"],
+    ids=["kind", "attn_index", "rope", "gqa", "conv", "mlp", "head_dim"],
 )
 def test_bad_configs(hf_and_dir, tmp_path, edit, match):
     _, path = hf_and_dir

@@ -187,14 +187,24 @@ class Lfm2ModelConfig(ModelShapes):
         kwargs["rope_theta"] = rope["rope_theta"]
         if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:
             kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 32)
-        return cls(**kwargs)
+        config = cls(**kwargs)
+        # transformers takes a head_dim key where a config has one (LFM2-1.2B's says 64,
+        # hidden_size / num_attention_heads); we serve that size only.
+        if raw.get("head_dim") is not None and raw["head_dim"] != config.head_dim:
+            raise ValueError(
+                f"config field head_dim={raw['head_dim']} differs from hidden_size / "
+                f"num_attention_heads = {config.head_dim}, the only head size served"
+            )
+        return config
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike) -> Lfm2ModelConfig:
         return cls.from_dict(read_config_json(model_dir))
 
 
-# LiquidAI/LFM2-1.2B's config.json: 16 layers, attention at 2, 5, 8, 10, 12, 14.
+# LiquidAI/LFM2-1.2B's config.json (as public copies quote it: block_ff_dim 12288, which
+# wins over its intermediate_size 8192; MLP width 8192): 16 layers, attention at 2, 5, 8,
+# 10, 12, 14.
 LFM2_1_2B = dict(
     vocab_size=65536,
     hidden_size=2048,
