@@ -47,8 +47,9 @@ class MambaStateSpec:
 
     @property
     def ring_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Per slot: name -> (shape, dtype) of the replay buffers (none without replay)."""
-        if not self.replay_len:
+        """Per slot: name -> (shape, dtype) of the replay buffers (none without replay, nor
+        for a conv-only state: an SSM shape with no elements)."""
+        if not self.replay_len or 0 in self.ssm_shape:
             return {}
         nheads, headdim, dstate = self.ssm_shape
         ring, act = self.replay_len - 1, self.replay_dtype or self.conv_dtype

@@ -29,12 +29,14 @@ _MODELS: dict[str, tuple[str, str, str]] = {
     "BambaForCausalLM": ("bamba", "bamba_config", "BambaModelConfig"),
     "NemotronHForCausalLM": ("nemotron_h", "nemotron_h_config", "NemotronHModelConfig"),
     "Zamba2ForCausalLM": ("zamba2", "zamba2_config", "Zamba2ModelConfig"),
+    "Lfm2ForCausalLM": ("lfm2", "lfm2_config", "Lfm2ModelConfig"),
 }
 _MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "zamba2": "Zamba2ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
 }
 _PACKAGE = "vllm.model_executor.models"
 
