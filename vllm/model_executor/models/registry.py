@@ -29,12 +29,16 @@ _MODELS: dict[str, tuple[str, str, str]] = {
     "BambaForCausalLM": ("bamba", "bamba_config", "BambaModelConfig"),
     "NemotronHForCausalLM": ("nemotron_h", "nemotron_h_config", "NemotronHModelConfig"),
     "Zamba2ForCausalLM": ("zamba2", "zamba2_config", "Zamba2ModelConfig"),
+    "MambaForCausalLM": ("mamba", "mamba_config", "MambaModelConfig"),
+    "FalconMambaForCausalLM": ("mamba", "mamba_config", "FalconMambaModelConfig"),
 }
 _MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "zamba2": "Zamba2ForCausalLM",
+    "mamba": "MambaForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM",
 }
 _PACKAGE = "vllm.model_executor.models"
 
