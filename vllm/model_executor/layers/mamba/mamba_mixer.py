@@ -95,9 +95,20 @@ def mamba1_tp_problems(
     return []
 
 
-# The scan ops, called with the Triton ops' arguments (``ops/selective_scan.py``, helper A's
-# work in progress): until that module is on this branch, the fp32 references stand in,
-# their result cast to the activations' dtype and written into ``out``.
+# The scan ops, called with the Triton ops' arguments (``ops/selective_scan.py``, on its
+# own branch): until that module is on this branch, the fp32 references stand in, their
+# result cast to the activations' dtype and written into ``out``; swapping is the import
+# (checked with that branch's ops: the model tests pass unchanged). The references read
+# the indices on the host, so no CUDA graph can capture them.
+def _check_not_capturing() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "MambaMixer: the Mamba1 scan still runs through its fp32 reference, which reads "
+            "indices on the host and cannot be captured in a CUDA graph; run with "
+            "enforce_eager=True until ops/selective_scan.py is in"
+        )
+
+
 def _selective_scan(
     u, delta, A, B, C, query_start_loc, ssm_states, cache_indices=None, has_initial_state=None,
     D=None, z=None, delta_bias=None, delta_softplus=False, pad_slot_id=NULL_BLOCK_ID, out=None,
@@ -113,6 +124,7 @@ def _selective_state_update(
     ssm_states, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
     state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None,
 ):  # fmt: skip
+    _check_not_capturing()
     y = selective_state_update_ref(
         ssm_states, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
         state_batch_indices, pad_slot_id,
