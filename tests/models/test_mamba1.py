@@ -231,16 +231,14 @@ def test_tp_check_names_the_field():
         cfg.check_tp(3)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", list(CLASSES))
-def test_bf16_logits_track_hf_gpu(kind, tmp_path):
-    """bf16 on the GPU at a mid-size shape: our logits vs HF's fp32 ones, within the bf16
-    bounds and at most BF16_ERROR_VS_HF_BF16 x HF's own bf16 error."""
-    shape = dict(hidden_size=256, state_size=16, num_hidden_layers=4)
+def check_bf16_tracks_hf(kind: str, path, device: str, **shape) -> None:
+    """bf16 weights and activations: our logits of a prefill and three decode steps vs
+    HF's fp32 logits of the same weights, within the bf16 bounds and at most
+    BF16_ERROR_VS_HF_BF16 x HF's own bf16 error."""
     hf32 = make_hf(kind, seed=11, **shape)
-    path = save_checkpoint(hf32, tmp_path / kind)
+    save_checkpoint(hf32, path)
     hf16 = make_hf(kind, seed=11, **shape).to(torch.bfloat16)
-    driver = Driver(get_model(path, dtype="bfloat16", device="cuda"))
+    driver = Driver(get_model(path, dtype="bfloat16", device=device))
     prompt, nexts = tokens(19, "bf16-prompt"), tokens(3, "bf16-next")
     got = [driver.step([Row(1, prompt)])[0]]
     got += [driver.step([Row(1, [t], True)])[0] for t in nexts]
@@ -251,3 +249,20 @@ def test_bf16_logits_track_hf_gpu(kind, tmp_path):
     ours_err = (got - expected).abs().max().item()
     hf_err = (hf_bf16.float() - expected).abs().max().item()
     assert ours_err <= BF16_ERROR_VS_HF_BF16 * hf_err, (ours_err, hf_err)
+
+
+@pytest.mark.parametrize("residual_in_fp32", [True, False])
+def test_bf16_logits_track_hf_cpu(residual_in_fp32, monkeypatch, tmp_path):
+    """On the CPU the conv runs through its fp32 references (the interpreter's bf16
+    arithmetic is wrong), the residual stream in fp32 or in bf16 as the config says."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    kind = "falcon_mamba" if residual_in_fp32 else "mamba"
+    check_bf16_tracks_hf(kind, tmp_path / kind, "cpu", residual_in_fp32=residual_in_fp32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(CLASSES))
+def test_bf16_logits_track_hf_gpu(kind, tmp_path):
+    """A mid-size shape (hidden 256, state 16, 4 layers) in bf16 on the GPU."""
+    shape = dict(hidden_size=256, state_size=16, num_hidden_layers=4)
+    check_bf16_tracks_hf(kind, tmp_path / kind, "cuda", **shape)
