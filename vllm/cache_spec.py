@@ -27,11 +27,12 @@ def _nbytes(shape, dtype) -> int:
 
 @dataclass(frozen=True)
 class MambaStateSpec:
-    """A Mamba2 layer's slot: conv state ``conv_shape`` (conv_dim, W-1), SSM state
-    ``ssm_shape`` (nheads, headdim, dstate), and with ``replay_len`` L > 0 (replayed decode,
-    ``use_replayssm``) the ring of L-1 buffered steps (x and B in ``replay_dtype``, dt in
-    fp32) and its int8 counters, ``ops/mamba_ssm_replay``'s layout. The conv runs over
-    x | B | C, so the group count follows from the two shapes."""
+    """A Mamba layer's slot: conv state ``conv_shape`` (conv_dim, W-1) and SSM state
+    ``ssm_shape``, whose shape is the layer's: (nheads, headdim, dstate) for Mamba2,
+    (d_inner, dstate) for Mamba1. With ``replay_len`` L > 0 (replayed decode,
+    ``use_replayssm``, Mamba2 only) it also holds the ring of L-1 buffered steps (x and B in
+    ``replay_dtype``, dt in fp32) and its int8 counters, ``ops/mamba_ssm_replay``'s layout;
+    there the conv runs over x | B | C, so the group count follows from the two shapes."""
 
     conv_shape: tuple[int, ...]  # per slot
     conv_dtype: torch.dtype
@@ -42,7 +43,8 @@ class MambaStateSpec:
 
     @property
     def n_groups(self) -> int:
-        nheads, headdim, dstate = self.ssm_shape
+        """The Mamba2 layer's group count (a 3-D ``ssm_shape`` only)."""
+        nheads, headdim, dstate = self._mamba2_ssm_shape()
         return (self.conv_shape[0] - nheads * headdim) // (2 * dstate)
 
     @property
@@ -51,7 +53,7 @@ class MambaStateSpec:
         for a conv-only state: an SSM shape with no elements)."""
         if not self.replay_len or 0 in self.ssm_shape:
             return {}
-        nheads, headdim, dstate = self.ssm_shape
+        nheads, headdim, dstate = self._mamba2_ssm_shape()
         ring, act = self.replay_len - 1, self.replay_dtype or self.conv_dtype
         return {
             "ring_x": ((nheads, ring, headdim), act),
@@ -59,6 +61,15 @@ class MambaStateSpec:
             "ring_dt": ((nheads, ring), torch.float32),
             "count": ((nheads, headdim), torch.int8),
         }
+
+    def _mamba2_ssm_shape(self) -> tuple[int, int, int]:
+        if len(self.ssm_shape) != 3:
+            raise ValueError(
+                f"use_replayssm (replayssm_buffer_len={self.replay_len}) serves Mamba2 layers "
+                f"only, whose SSM state is (nheads, headdim, dstate); this layer's is "
+                f"{tuple(self.ssm_shape)}: run it with use_replayssm off"
+            )
+        return self.ssm_shape
 
     @property
     def ring_bytes_per_slot(self) -> int:

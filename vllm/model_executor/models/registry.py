@@ -30,6 +30,8 @@ _MODELS: dict[str, tuple[str, str, str]] = {
     "NemotronHForCausalLM": ("nemotron_h", "nemotron_h_config", "NemotronHModelConfig"),
     "Zamba2ForCausalLM": ("zamba2", "zamba2_config", "Zamba2ModelConfig"),
     "Lfm2ForCausalLM": ("lfm2", "lfm2_config", "Lfm2ModelConfig"),
+    "MambaForCausalLM": ("mamba", "mamba_config", "MambaModelConfig"),
+    "FalconMambaForCausalLM": ("mamba", "mamba_config", "FalconMambaModelConfig"),
 }
 _MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
@@ -37,6 +39,8 @@ _MODEL_TYPES = {
     "nemotron_h": "NemotronHForCausalLM",
     "zamba2": "Zamba2ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "mamba": "MambaForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM",
 }
 _PACKAGE = "vllm.model_executor.models"
 

@@ -58,6 +58,7 @@ class Mamba2Metadata:
     the whole canonical batch. The prefills' chunk layout is ONE of ``ssd`` (for the Triton
     SSD, rows absolute in the step: the prefills start at ``num_decode_tokens``) and ``scan``
     (for the PyTorch scan, rows relative to the first prefill token); the other is None.
+    Both are None for layers without a chunked scan (Mamba1: a builder without chunk size).
     """
 
     num_tokens: int
@@ -121,14 +122,17 @@ def _check_host(name: str, t, dtype: torch.dtype, length: int | None) -> torch.T
 class Mamba2MetadataBuilder:
     """Builds ``Mamba2Metadata`` once per step; owns the device buffers reused across steps.
 
-    ``chunk_size`` is the model's scan chunk (``config.chunk_size``), shared by all layers.
+    ``chunk_size`` is the model's scan chunk (``config.chunk_size``), shared by all layers;
+    None for a model whose layers scan without chunks (Mamba1): no chunk layout is planned.
     ``triton_ssd`` picks the prefills' scan, and so which layout the metadata carries: the
     Triton SSD (``ops/ssd_combined``) or the PyTorch ``chunk_scan_varlen``. None: the Triton
     SSD on CUDA, the PyTorch scan on CPU (the CPU path; True there needs the interpreter).
     """
 
-    def __init__(self, chunk_size: int, device: torch.device | str, triton_ssd: bool | None = None):
-        if chunk_size < 1:
+    def __init__(
+        self, chunk_size: int | None, device: torch.device | str, triton_ssd: bool | None = None
+    ):
+        if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = chunk_size
         self.device = torch.device(device)
@@ -203,17 +207,20 @@ class Mamba2MetadataBuilder:
         prefill_lens = lens_c[num_decode : num_decode + num_prefills]
         prefill_rows = qsl_c[num_decode : num_decode + num_prefills + 1]
         prefill_qsl = prefill_rows - qsl_c[num_decode]
-        if self.triton_ssd:
+        if self.chunk_size is None:
+            layout = None
+        elif self.triton_ssd:
             layout = plan_ssd_chunks(prefill_rows, self.chunk_size)
         else:
             layout = plan_chunked_scan(prefill_lens, self.chunk_size)
+        fields = () if layout is None else layout.TENSOR_FIELDS
 
         host = {
             "state_indices": slots_c,
             "has_initial_state": init_c,
             "prefill_query_start_loc": prefill_qsl,
         }
-        host.update({f"layout.{name}": getattr(layout, name) for name in layout.TENSOR_FIELDS})
+        host.update({f"layout.{name}": getattr(layout, name) for name in fields})
         if not canonical:
             # A canonical row keeps its tokens in order: each moves by the row's start shift.
             shift = (qsl[:-1][order] - qsl_c[:-1]).long()
@@ -239,7 +246,8 @@ class Mamba2MetadataBuilder:
         """The metadata of ``plan`` from the device copies of ``plan.host`` (same names;
         more names may be there)."""
         layout = plan.layout
-        layout = replace(layout, **{n: dev[f"layout.{n}"] for n in layout.TENSOR_FIELDS})
+        if layout is not None:
+            layout = replace(layout, **{n: dev[f"layout.{n}"] for n in layout.TENSOR_FIELDS})
         conv = conv1d_metadata_from(
             plan.conv_fields, {n: dev[f"conv.{n}"] for n in ("query_start_loc", "tile_seq")}
         )

@@ -1,4 +1,4 @@
-"""The Mamba2 state pool: its sizes, its conv layout per backend, and the allocator.
+"""The Mamba state pool (Mamba2's and Mamba1's): sizes, conv layout per backend, allocator.
 
 One function, ``mamba2_state_spec``, gives the per-slot state sizes of a Mamba2 layer;
 ``MambaMixer2`` checks the tensors it is handed against it and ``MambaStatePool`` allocates
@@ -178,16 +178,18 @@ class MambaStatePool:
     num_slots, line 0 being the null line.
 
     ``conv_state``: (num_layers, num_slots + 1, dim, W-1) in the backend's layout;
-    ``ssm_state``: (num_layers, num_slots + 1, nheads, headdim, dstate); with ``replay_len``
-    L > 0 also ``rings`` (name -> (num_layers, num_slots + 1, ...): the ring of L-1 steps, x
-    and B in the conv dtype (the activations'), and the counters). ``layer(i)`` gives layer
+    ``ssm_state``: (num_layers, num_slots + 1, *spec.ssm_shape): (nheads, headdim, dstate)
+    for Mamba2, (d_inner, dstate) for Mamba1 (``spec``: anything with ``conv_shape`` and
+    ``ssm_shape``); with ``replay_len`` L > 0 (Mamba2 only) also ``rings`` (name ->
+    (num_layers, num_slots + 1, ...): the ring of L-1 steps, x and B in the conv dtype (the
+    activations'), and the counters). ``layer(i)`` gives layer
     i's pair of views (the SSM one a ``ReplayedSSMState`` with replay), which the layer
     updates in place.
     """
 
     def __init__(
         self,
-        spec: Mamba2StateSpec,
+        spec: Mamba2StateSpec | MambaStateSpec,
         num_layers: int,
         num_slots: int,
         backend: ConvBackend,
@@ -237,9 +239,11 @@ class MambaStatePool:
         if any(s != first for s in specs):
             differ = sorted(set(map(str, specs)))
             raise ValueError(f"the Mamba layers' state specs differ: {differ}")
-        conv_dim, conv_len = first.conv_shape
-        num_heads, head_dim, state_size = first.ssm_shape
-        spec = Mamba2StateSpec(conv_dim, conv_len, num_heads, head_dim, state_size)
+        spec = first
+        if len(first.ssm_shape) == 3:  # Mamba2; other layers' specs serve as they are
+            conv_dim, conv_len = first.conv_shape
+            num_heads, head_dim, state_size = first.ssm_shape
+            spec = Mamba2StateSpec(conv_dim, conv_len, num_heads, head_dim, state_size)
         if first.replay_dtype not in (None, first.conv_dtype):
             raise ValueError("the replay ring keeps the activations' dtype, the conv state's")
         return cls(
