@@ -10,6 +10,7 @@ import torch
 from tests.kernels.moe.moe_utils import TOLERANCES, distinct_ids, expert_weights, gen_for
 from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_moe
 from vllm.model_executor.layers.fused_moe.fused_moe_ref import fused_experts_ref
+from vllm.model_executor.layers.fused_moe.moe_align import moe_align_block_size
 
 pytestmark = pytest.mark.gpu
 
@@ -69,3 +70,12 @@ def test_gpu_no_host_sync_and_cuda_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out, _run(x, logits, w13, w2), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("tokens, top_k, experts", [(128, 8, 128), (1, 8, 72), (300, 2, 16)])
+def test_gpu_alignment_kernel_equals_torch(tokens, top_k, experts):
+    ids = distinct_ids(tokens, top_k, experts, gen_for("gpu-align", tokens)).cuda()
+    kernel = moe_align_block_size(ids, 16, experts, max_kernel_pairs=10**6)
+    torch_ = moe_align_block_size(ids, 16, experts, max_kernel_pairs=0)
+    for a, b in zip(kernel, torch_, strict=True):
+        assert torch.equal(a, b)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.kernels.moe.moe_utils import distinct_ids, gen_for
+from vllm.model_executor.layers.fused_moe import moe_align
 from vllm.model_executor.layers.fused_moe.moe_align import max_num_blocks, moe_align_block_size
 
 CASES = [  # tokens, top_k, experts, block size
@@ -19,8 +20,27 @@ CASES = [  # tokens, top_k, experts, block size
 ]
 
 
-def check_alignment(topk_ids: torch.Tensor, num_experts: int, block: int) -> None:
-    sorted_ids, expert_ids, total = moe_align_block_size(topk_ids, block, num_experts)
+@pytest.fixture(params=["kernel", "torch"])
+def impl(request, monkeypatch, device):
+    """Which implementation runs: the other one raises if called."""
+    if request.param == "kernel":
+        if device.type == "cpu" and not moe_align._ALIGN.runs_cpu_tensors():
+            pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels were imported")
+
+        def no_torch(*args):
+            raise AssertionError("the torch alignment ran instead of the kernel")
+
+        monkeypatch.setattr(moe_align, "_align_torch", no_torch)
+        return dict(max_kernel_pairs=10**6)
+    monkeypatch.setattr(moe_align, "_ALIGN", None)  # any kernel launch would fail
+    return dict(max_kernel_pairs=0)
+
+
+def check_alignment(topk_ids: torch.Tensor, num_experts: int, block: int, impl: dict) -> None:
+    sorted_ids, expert_ids, total = moe_align_block_size(topk_ids, block, num_experts, **impl)
+    sorted_ids, expert_ids, total, topk_ids = (
+        t.cpu() for t in (sorted_ids, expert_ids, total, topk_ids)
+    )
     flat = topk_ids.reshape(-1).long()
     n = flat.numel()
     blocks = max_num_blocks(n, num_experts, block)
@@ -50,22 +70,33 @@ def check_alignment(topk_ids: torch.Tensor, num_experts: int, block: int) -> Non
 
 
 @pytest.mark.parametrize("tokens, top_k, experts, block", CASES)
-def test_alignment_invariants(tokens, top_k, experts, block):
+def test_alignment_invariants(tokens, top_k, experts, block, impl, device):
     ids = distinct_ids(tokens, top_k, experts, gen_for("align", tokens, top_k, experts))
-    check_alignment(ids, experts, block)
-    check_alignment(ids.long(), experts, block)
+    check_alignment(ids.to(device), experts, block, impl)
+    check_alignment(ids.long().to(device), experts, block, impl)
 
 
-def test_one_expert_takes_every_pair():
+def test_kernel_and_torch_agree_exactly(device):
+    if device.type == "cpu" and not moe_align._ALIGN.runs_cpu_tensors():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels were imported")
+    # Repeated experts in a token too (the contract does not need distinct ones).
+    ids = torch.randint(0, 12, (40, 3), generator=gen_for("agree")).to(device)
+    a = moe_align_block_size(ids, 8, 12, max_kernel_pairs=10**6)
+    b = moe_align_block_size(ids, 8, 12, max_kernel_pairs=0)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_one_expert_takes_every_pair(impl):
     ids = torch.full((10, 1), 2, dtype=torch.int32)
-    check_alignment(ids, 5, 4)
-    sorted_ids, expert_ids, total = moe_align_block_size(ids, 4, 5)
+    check_alignment(ids, 5, 4, impl)
+    sorted_ids, expert_ids, total = moe_align_block_size(ids, 4, 5, **impl)
     assert int(total) == 12
     assert sorted_ids[:12].tolist() == list(range(10)) + [10, 10]
     assert expert_ids.tolist()[:3] == [2, 2, 2] and set(expert_ids.tolist()[3:]) <= {-1}
 
 
-def test_sizes_depend_on_shapes_only():
+def test_sizes_depend_on_shapes_only():  # the same buffers for either implementation
     gen = gen_for("align-shapes")
     a = moe_align_block_size(distinct_ids(7, 2, 8, gen), 16, 8)
     b = moe_align_block_size(torch.zeros(7, 2, dtype=torch.int32), 16, 8)

@@ -8,10 +8,11 @@
 
 Steps, all on the device with no host sync (the launches depend on shapes only, so a
 decode step is CUDA-graph safe): ``moe_align_block_size`` (pairs sorted by expert, padded
-per expert to BLOCK_M), one launch of ``moe_gate_up_kernel`` (gate and up GEMMs with the
-activation fused), one of ``moe_down_kernel`` (down GEMM with the routing weight fused,
-a row per pair), one of ``moe_sum_kernel`` (the top-k sum; none for top_k == 1). Why no
-atomics: ``fused_moe_kernels``' docstring.
+per expert to BLOCK_M: one kernel launch for small steps, torch ops for large ones), one
+launch of ``moe_gate_up_kernel`` (gate and up GEMMs with the activation fused), one of
+``moe_down_kernel`` (down GEMM with the routing weight fused, a row per pair), one of
+``moe_sum_kernel`` (the top-k sum; none for top_k == 1). Why no atomics:
+``fused_moe_kernels``' docstring.
 
 Tensors: ``x`` (tokens, H) fp32/fp16/bf16, the weights in x's dtype, ``topk_weights``
 (tokens, top_k) float, ``topk_ids`` (tokens, top_k) int32/int64 in [0, E). Launch
@@ -34,7 +35,11 @@ from vllm.model_executor.layers.fused_moe.fused_moe_kernels import (
     moe_sum_kernel,
 )
 from vllm.model_executor.layers.fused_moe.fused_moe_ref import fused_experts_ref
-from vllm.model_executor.layers.fused_moe.moe_align import INDEX_DTYPES, moe_align_block_size
+from vllm.model_executor.layers.fused_moe.moe_align import (
+    INDEX_DTYPES,
+    MAX_KERNEL_PAIRS,
+    moe_align_block_size,
+)
 from vllm.model_executor.layers.fused_moe.router import select_experts
 from vllm.tensor_checks import FLOAT_DTYPES, check_tensor
 from vllm.triton_utils import configs, triton
@@ -65,7 +70,8 @@ def launch_config(
 ) -> dict:
     """The table's entry for this shape and token bucket: BLOCK_M (rows per block, shared by
     the alignment and both GEMMs), BLOCK_N, BLOCK_K, num_warps, num_stages for the gate/up
-    GEMM, optional ``down`` and ``sum`` dicts overriding them for the other launches. The
+    GEMM, optional ``down`` and ``sum`` dicts overriding them for the other launches, an
+    optional ``align`` dict (``max_kernel_pairs``, ``num_warps``: ``moe_align``). The
     most specific key found wins (E, H, I, dtype and bucket; dtype and bucket; bucket)."""
     return _config(token_bucket(num_tokens), num_experts, hidden, inter, dtype)
 
@@ -164,7 +170,14 @@ def fused_experts(
     up = _gemm_constexprs(cfg, "gate_up", inter, hidden)
     down = _gemm_constexprs(cfg, "down", hidden, inter)
     block_m = up["BLOCK_M"]
-    sorted_ids, expert_ids, _ = moe_align_block_size(topk_ids, block_m, num_experts)
+    align = cfg.get("align", {})
+    sorted_ids, expert_ids, _ = moe_align_block_size(
+        topk_ids,
+        block_m,
+        num_experts,
+        int(align.get("max_kernel_pairs", MAX_KERNEL_PAIRS)),
+        int(align.get("num_warps", 4)),
+    )
     num_pairs = topk_ids.numel()
     weights = topk_weights.reshape(-1)  # fp32 or x's dtype; read by pair id
     h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)

@@ -1,5 +1,6 @@
-"""The fused-MoE Triton kernels: two grouped GEMMs over the expert-sorted (token, k) pairs
-and the sum of each token's k rows.
+"""The fused-MoE Triton kernels: two grouped GEMMs over the expert-sorted (token, k) pairs,
+the sum of each token's k rows, and the one-program alignment of small steps
+(``moe_align_kernel``, its contract in ``moe_align``).
 
 Rows are the pairs p = token * top_k + k in the order of ``sorted_token_ids``
 (``moe_align``): block m of BLOCK_M rows belongs to expert ``expert_ids[m]`` (-1: an unused
@@ -144,3 +145,51 @@ def moe_sum_kernel(
         acc += tl.load(p_y + k * stride_y_k, mask=m_n, other=0.0).to(tl.float32)
     tl.store(out_ptr + i_t * stride_o_t + o_n * stride_o_n, acc.to(out_ptr.dtype.element_ty),
              mask=m_n)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+def moe_align_kernel(
+    ids_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
+    num_pairs, num_experts, num_blocks,
+    BLOCK_M: tl.constexpr,
+    EXPERTS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):  # fmt: skip
+    # One program does the whole alignment (``moe_align``'s contract) for a small step:
+    # counts per expert, padded runs, each block's expert, padding ids, then every pair at
+    # its expert's start plus its rank among the expert's earlier pairs (a stable order).
+    # Pairs are read CHUNK at a time against all EXPERTS (a power of two >= E) one-hot.
+    o_e = tl.arange(0, EXPERTS)
+    o_c = tl.arange(0, CHUNK)
+    counts = tl.zeros([EXPERTS], dtype=tl.int32)
+    for c0 in range(0, num_pairs, CHUNK):
+        m_c = c0 + o_c < num_pairs
+        ids = tl.load(ids_ptr + c0 + o_c, mask=m_c, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == o_e[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    total = tl.sum(padded, axis=0)
+    tl.store(total_ptr, total)
+    # Block b's expert: how many runs end at or before its first row (empty runs and the
+    # experts past E end where the previous run does); -1 past the last run.
+    for b0 in range(0, num_blocks, CHUNK):
+        o_b = b0 + o_c
+        row = o_b * BLOCK_M
+        expert = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        expert = tl.where(row < total, expert, -1)
+        tl.store(expert_ids_ptr + o_b, expert, mask=o_b < num_blocks)
+    num_rows = num_blocks * BLOCK_M
+    for r0 in range(0, num_rows, CHUNK):
+        pad = tl.zeros([CHUNK], dtype=tl.int32) + num_pairs
+        tl.store(sorted_ids_ptr + r0 + o_c, pad, mask=r0 + o_c < num_rows)
+    tl.debug_barrier()  # the padding is written before any pair lands on it
+    offset = ends - padded  # where each expert's next pair goes
+    for c0 in range(0, num_pairs, CHUNK):
+        m_c = c0 + o_c < num_pairs
+        ids = tl.load(ids_ptr + c0 + o_c, mask=m_c, other=-1).to(tl.int32)
+        hit = (ids[:, None] == o_e[None, :]).to(tl.int32)
+        before = tl.cumsum(hit, axis=0) - hit  # earlier pairs of this chunk, same expert
+        pos = tl.sum(hit * (before + offset[None, :]), axis=1)
+        ok = m_c & (ids >= 0) & (ids < num_experts)
+        tl.store(sorted_ids_ptr + pos, c0 + o_c, mask=ok)
+        offset += tl.sum(hit, axis=0)
