@@ -136,5 +136,7 @@ def test_other_errors():
         fused_experts(x, w13, w2, weights, ids, activation="gelu")
     with pytest.raises(ValueError, match="w13"):
         fused_experts(x, w13, w2, weights, ids, is_act_and_mul=False)
+    with pytest.raises(ValueError, match="x has hidden size 31"):
+        fused_experts(x[:, :31], w13, w2, weights, ids)
     with pytest.raises(ValueError, match="router_logits"):
         fused_moe(x, w13, w2, torch.zeros(4, 4), 2)

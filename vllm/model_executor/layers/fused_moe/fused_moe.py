@@ -124,10 +124,12 @@ def _check(x, w13, w2, topk_weights, topk_ids, activation, is_act_and_mul) -> No
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
     tokens, hidden = x.shape
-    num_experts, _, inter = w2.shape
+    num_experts, w2_hidden, inter = w2.shape
     rows = 2 * inter if is_act_and_mul else inter
-    if tuple(w2.shape) != (num_experts, hidden, inter):
-        raise ValueError(f"w2 must be (E, hidden={hidden}, I), got {tuple(w2.shape)}")
+    if w2_hidden != hidden:
+        raise ValueError(
+            f"x has hidden size {hidden} but w2 {tuple(w2.shape)} is (E, hidden={w2_hidden}, I)"
+        )
     if tuple(w13.shape) != (num_experts, rows, hidden):
         what = "2 * I" if is_act_and_mul else "I"
         raise ValueError(
