@@ -12,7 +12,7 @@ from vllm.model_executor.layers.fused_moe import fused_moe as fused_moe_module
 from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_moe
 from vllm.model_executor.layers.fused_moe.fused_moe_ref import fused_experts_ref
 from vllm.model_executor.layers.fused_moe.router import select_experts
-from vllm.triton_utils.launch import precompile
+from vllm.triton_utils.launch import launch_misses, precompile
 
 FP32, FP16 = torch.float32, torch.float16
 HIDDEN, INTER = 32, 24  # INTER is no power of two: the column tiles are masked
@@ -96,6 +96,14 @@ def test_precompile_registers_every_bucket_variant(device, kernels_only):
     assert report.variants["moe_gate_up_kernel"] == 3
     assert report.variants["moe_down_kernel"] == 3
     assert report.variants["moe_sum_kernel"] == 1
+    assert report.variants["moe_align_kernel"] == 3
+    # Every later step size selects a variant compiled above (decode to a torch-aligned
+    # prefill): no launch misses.
+    before = launch_misses()
+    for tokens in (1, 17, 64, 300, 600):
+        (x, w13, w2, weights, ids), _ = _inputs(tokens, 2, 4, FP32, "silu", device)
+        fused_experts(x, w13, w2, weights, ids)
+    assert launch_misses() == before
 
 
 def test_reference_hand_checked():

@@ -172,13 +172,14 @@ def fused_experts(
     up = _gemm_constexprs(cfg, "gate_up", inter, hidden)
     down = _gemm_constexprs(cfg, "down", hidden, inter)
     block_m = up["BLOCK_M"]
-    align = cfg.get("align", {})
+    max_pairs, align_warps = _align_options(cfg)
     sorted_ids, expert_ids, _ = moe_align_block_size(
         topk_ids,
         block_m,
         num_experts,
-        int(align.get("max_kernel_pairs", MAX_KERNEL_PAIRS)),
-        int(align.get("num_warps", 4)),
+        max_pairs,
+        align_warps,
+        _align_variants(num_experts, hidden, inter, x.dtype),
     )
     num_pairs = topk_ids.numel()
     weights = topk_weights.reshape(-1)  # fp32 or x's dtype; read by pair id
@@ -206,6 +207,21 @@ def fused_experts(
         args = (y, out, hidden, *y.stride(), *out.stride())
         _SUM((tokens, triton.cdiv(hidden, cx["BLOCK_N"])), args, cx, None)
     return out
+
+
+def _align_options(cfg: dict) -> tuple[int, int]:
+    align = cfg.get("align", {})
+    return int(align.get("max_kernel_pairs", MAX_KERNEL_PAIRS)), int(align.get("num_warps", 4))
+
+
+@functools.cache
+def _align_variants(num_experts, hidden, inter, dtype) -> tuple[tuple[int, int], ...]:
+    """(BLOCK_M, num_warps) of the alignment kernel at every bucket of the table."""
+    out = set()
+    for bucket in TOKEN_BUCKETS:
+        cfg = launch_config(bucket, num_experts, hidden, inter, dtype)
+        out.add((max(16, int(cfg["BLOCK_M"])), _align_options(cfg)[1]))
+    return tuple(sorted(out))
 
 
 def _variants(given: dict, part: str, num_experts, hidden, inter, dtype):

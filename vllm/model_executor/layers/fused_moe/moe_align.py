@@ -28,10 +28,13 @@ captured in a CUDA graph), chosen by shape:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from vllm.model_executor.layers.fused_moe.fused_moe_kernels import moe_align_kernel
 from vllm.triton_utils import triton
+from vllm.triton_utils.host import recording
 from vllm.triton_utils.launch import CachedLauncher
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -56,11 +59,14 @@ def moe_align_block_size(
     num_experts: int,
     max_kernel_pairs: int = MAX_KERNEL_PAIRS,
     num_warps: int = 4,
+    variant_configs: Sequence[tuple[int, int]] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted_token_ids, expert_ids, num_tokens_post_padded) as in the module docstring.
     ``topk_ids`` must hold expert ids in [0, num_experts) (not checked: that would read the
     device). Steps of up to ``max_kernel_pairs`` pairs take the one-program kernel where it
-    can run (0: never), launched with ``num_warps``."""
+    can run (0: never), launched with ``num_warps``. Inside ``precompile()`` the kernel's
+    variants for every (block_size, num_warps) of ``variant_configs`` (the caller's table)
+    are registered whichever path this step takes, so a later decode step compiles none."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
         shape = getattr(topk_ids, "shape", None)
         raise ValueError(f"topk_ids must be (num_tokens, top_k), got {shape}")
@@ -76,14 +82,22 @@ def moe_align_block_size(
     sorted_ids = torch.empty(num_blocks * block_size, dtype=torch.int32, device=device)
     expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=device)
     total = torch.empty(1, dtype=torch.int32, device=device)
-    if 0 < num_pairs <= max_kernel_pairs and _kernel_runs(topk_ids, num_experts):
+    runs = num_pairs > 0 and _kernel_runs(topk_ids, num_experts)
+    use_kernel = runs and num_pairs <= max_kernel_pairs
+    if use_kernel or (runs and recording()):
         experts = triton.next_power_of_2(num_experts)
         chunk = max(16, min(256, TILE_ELEMENTS // experts))
         args = (topk_ids.reshape(-1), sorted_ids, expert_ids, total, num_pairs, num_experts,
                 num_blocks)  # fmt: skip
-        cx = dict(BLOCK_M=block_size, EXPERTS=experts, CHUNK=chunk, num_warps=num_warps)
-        _ALIGN((1,), args, cx)
-    else:
+        fixed = dict(EXPERTS=experts, CHUNK=chunk)
+        cx = dict(BLOCK_M=block_size, num_warps=num_warps, **fixed)
+
+        def variants() -> list[dict]:
+            pairs = {(block_size, num_warps), *variant_configs}
+            return [dict(BLOCK_M=b, num_warps=w, **fixed) for b, w in sorted(pairs)]
+
+        _ALIGN((1,), args, cx, variants)  # inside precompile() this only records
+    if not use_kernel:
         _align_torch(topk_ids, block_size, num_experts, sorted_ids, expert_ids, total)
     return sorted_ids, expert_ids, total
 
