@@ -176,14 +176,16 @@ def stacked_target(name: str, mapping: StackedParamsMapping) -> tuple[str, str |
 def load_model_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, object]],
-    to_param_name: Callable[[str], str | None] = lambda name: name,
+    to_param_name: Callable[[str], str | tuple[str, object] | None] = lambda name: name,
     stacked_params_mapping: StackedParamsMapping = (),
 ) -> None:
     """Load a checkpoint's (name, full tensor or ``CheckpointSlice``) pairs into ``model``,
     each through its parameter's ``weight_loader`` (a whole-tensor copy where it has none).
 
     ``to_param_name`` maps a checkpoint name to ours (None: a tensor to skip); then
-    ``stacked_params_mapping`` makes a fused layer's part (name, shard id). Several
+    ``stacked_params_mapping`` makes a fused layer's part (name, shard id). It may also
+    return the (name, shard id) pair itself (an expert's tensor in a ``FusedMoE``'s stacked
+    weights: the expert is part of the shard id). Several
     checkpoint names may reach one parameter (part): the copies of a shared weight
     (Zamba2's blocks, tied weights). The first is loaded; each later one is read the same
     way (this rank's rows only) into a scratch copy and must equal what is there. Raises
@@ -199,7 +201,10 @@ def load_model_weights(
         mapped = to_param_name(ckpt_name)
         if mapped is None:
             continue
-        name, shard_id = stacked_target(mapped, stacked_params_mapping)
+        if isinstance(mapped, tuple):
+            name, shard_id = mapped
+        else:
+            name, shard_id = stacked_target(mapped, stacked_params_mapping)
         param = params.get(name)
         if param is None:
             unknown.append(ckpt_name)

@@ -1,0 +1,150 @@
+"""The fused-MoE kernels (the interpreter on CPU) against the fp32 per-expert reference:
+tokens 1, 3, 17, 64, top-k 1/2/8, 4 to 16 experts, fp32 and fp16 (the interpreter's bf16
+dot is wrong), gated SiLU and ungated relu^2 experts; and the op's argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.moe.moe_utils import TOLERANCES, distinct_ids, expert_weights, gen_for
+from vllm.model_executor.layers.fused_moe import fused_moe as fused_moe_module
+from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_moe
+from vllm.model_executor.layers.fused_moe.fused_moe_ref import fused_experts_ref
+from vllm.model_executor.layers.fused_moe.router import select_experts
+from vllm.triton_utils.launch import launch_misses, precompile
+
+FP32, FP16 = torch.float32, torch.float16
+HIDDEN, INTER = 32, 24  # INTER is no power of two: the column tiles are masked
+
+CASES = [  # tokens, top_k, experts, dtype, activation
+    (1, 1, 4, FP32, "silu"),
+    (1, 8, 12, FP16, "silu"),
+    (3, 2, 8, FP32, "relu2"),
+    (3, 8, 8, FP16, "silu"),
+    (17, 2, 5, FP16, "relu2"),
+    (17, 8, 16, FP32, "silu"),
+    (64, 1, 16, FP16, "silu"),
+    (64, 2, 6, FP32, "silu"),
+    (64, 8, 16, FP16, "relu2"),
+]
+
+
+def _inputs(tokens, top_k, experts, dtype, activation, device):
+    gen = gen_for("fused-moe", tokens, top_k, experts, str(dtype), activation)
+    gated = activation == "silu"
+    x = torch.randn(tokens, HIDDEN, generator=gen).to(dtype)
+    w13, w2 = expert_weights(experts, HIDDEN, INTER, dtype, gen, act_and_mul=gated)
+    ids = distinct_ids(tokens, top_k, experts, gen)
+    weights = torch.rand(tokens, top_k, generator=gen)
+    return [t.to(device) for t in (x, w13, w2, weights, ids)], gated
+
+
+@pytest.fixture
+def kernels_only(monkeypatch, device):
+    """The op must take the kernel path: its reference fallback raises."""
+    if device.type == "cpu" and not fused_moe_module.use_moe_kernel(torch.empty(1)):
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels were imported")
+
+    def no_fallback(*args):
+        raise AssertionError("the fp32 reference ran instead of the kernels")
+
+    monkeypatch.setattr(fused_moe_module, "fused_experts_ref", no_fallback)
+
+
+@pytest.mark.parametrize("tokens, top_k, experts, dtype, activation", CASES)
+def test_kernels_match_reference(tokens, top_k, experts, dtype, activation, device, kernels_only):
+    (x, w13, w2, weights, ids), gated = _inputs(tokens, top_k, experts, dtype, activation, device)
+    out = fused_experts(x, w13, w2, weights, ids, activation, gated)
+    ref = fused_experts_ref(x, w13, w2, weights, ids, activation, gated)
+    assert out.dtype == dtype and out.shape == (tokens, HIDDEN)
+    torch.testing.assert_close(out.float(), ref.float(), **TOLERANCES[dtype])
+
+
+def test_strided_input_and_routed_op(device, kernels_only):
+    """x a column slice (row stride > H), int64 ids, routing from logits."""
+    (x, w13, w2, _, _), gated = _inputs(17, 2, 8, FP32, "silu", device)
+    wide = torch.zeros(17, 2 * HIDDEN, device=device)
+    wide[:, 5 : 5 + HIDDEN] = x
+    x = wide[:, 5 : 5 + HIDDEN]
+    logits = torch.randn(17, 8, generator=gen_for("logits")).to(device)
+    out = fused_moe(x, w13, w2, logits, 2, renormalize=True)
+    weights, ids = select_experts(logits, 2, renormalize=True)
+    ref = fused_experts_ref(x, w13, w2, weights, ids.long())
+    torch.testing.assert_close(out, ref, **TOLERANCES[FP32])
+    torch.testing.assert_close(fused_experts(x, w13, w2, weights, ids.long()), ref)
+
+
+def test_no_tokens(device, kernels_only):
+    (x, w13, w2, weights, ids), _ = _inputs(3, 2, 4, FP32, "silu", device)
+    out = fused_experts(x[:0], w13, w2, weights[:0], ids[:0])
+    assert out.shape == (0, HIDDEN)
+
+
+def test_reference_is_the_fallback_without_the_kernels(monkeypatch):
+    (x, w13, w2, weights, ids), _ = _inputs(3, 2, 4, FP32, "silu", torch.device("cpu"))
+    monkeypatch.setattr(fused_moe_module, "use_moe_kernel", lambda x: False)
+    ref = fused_experts_ref(x, w13, w2, weights, ids)
+    assert torch.equal(fused_experts(x, w13, w2, weights, ids), ref)
+
+
+def test_precompile_registers_every_bucket_variant(device, kernels_only):
+    (x, w13, w2, weights, ids), _ = _inputs(3, 2, 4, FP32, "silu", device)
+    with precompile() as report:
+        fused_experts(x, w13, w2, weights, ids)
+    # BLOCK_M 16 and 32 (and 64 from '*') at these tiny N/K tiles: 3 variants per GEMM.
+    assert report.variants["moe_gate_up_kernel"] == 3
+    assert report.variants["moe_down_kernel"] == 3
+    assert report.variants["moe_sum_kernel"] == 1
+    assert report.variants["moe_align_kernel"] == 3
+    # Every later step size selects a variant compiled above (decode to a torch-aligned
+    # prefill): no launch misses.
+    before = launch_misses()
+    for tokens in (1, 17, 64, 300, 600):
+        (x, w13, w2, weights, ids), _ = _inputs(tokens, 2, 4, FP32, "silu", device)
+        fused_experts(x, w13, w2, weights, ids)
+    assert launch_misses() == before
+
+
+def test_reference_hand_checked():
+    # One token, two experts of H = I = 1: x = 2, expert e computes w2 * silu(g x) * (u x).
+    x = torch.tensor([[2.0]])
+    w13 = torch.tensor([[[1.0], [3.0]], [[0.5], [-1.0]]])  # (E=2, 2I=2, H=1)
+    w2 = torch.tensor([[[2.0]], [[4.0]]])
+    weights, ids = torch.tensor([[0.25, 0.75]]), torch.tensor([[1, 0]])
+    silu = torch.nn.functional.silu
+    e0 = 2.0 * silu(torch.tensor(2.0)) * 6.0
+    e1 = 4.0 * silu(torch.tensor(1.0)) * -2.0
+    expected = 0.75 * e0 + 0.25 * e1
+    torch.testing.assert_close(fused_experts_ref(x, w13, w2, weights, ids), expected.view(1, 1))
+
+
+def _bad(name):
+    (x, w13, w2, weights, ids), _ = _inputs(3, 2, 4, FP32, "silu", torch.device("cpu"))
+    args = dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids)
+    args[name] = {
+        "x": x[None],
+        "w13": w13[:, :INTER],
+        "w2": w2.half(),
+        "topk_weights": weights[:, :1],
+        "topk_ids": ids.float(),
+    }[name]
+    return args
+
+
+@pytest.mark.parametrize("name", ["x", "w13", "w2", "topk_weights", "topk_ids"])
+def test_errors_name_the_argument(name):
+    with pytest.raises(ValueError, match=name):
+        fused_experts(**_bad(name))
+
+
+def test_other_errors():
+    (x, w13, w2, weights, ids), _ = _inputs(3, 2, 4, FP32, "silu", torch.device("cpu"))
+    with pytest.raises(ValueError, match="activation"):
+        fused_experts(x, w13, w2, weights, ids, activation="gelu")
+    with pytest.raises(ValueError, match="w13"):
+        fused_experts(x, w13, w2, weights, ids, is_act_and_mul=False)
+    with pytest.raises(ValueError, match="x has hidden size 31"):
+        fused_experts(x[:, :31], w13, w2, weights, ids)
+    with pytest.raises(ValueError, match="router_logits"):
+        fused_moe(x, w13, w2, torch.zeros(4, 4), 2)
