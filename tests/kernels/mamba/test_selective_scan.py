@@ -35,6 +35,7 @@ from vllm.model_executor.layers.mamba.ops.selective_scan_ref import (
     selective_state_update_ref,
 )
 from vllm.triton_utils.configs import lookup
+from vllm.triton_utils.launch import precompile
 
 CHUNK = 4
 # 1, CHUNK-1, a padded row (line 0), CHUNK, CHUNK+1, 2*CHUNK+1, an empty sequence.
@@ -196,3 +197,20 @@ def test_decode_steps_continue_a_scan(device):
         )
     assert_close(torch.cat(ys), y_all, "scan", FP32)
     assert_close(split, whole, "scan", FP32)
+
+
+def test_precompile_records_every_launch_of_a_one_chunk_step(device):
+    """Start-up's dummy prefill may fit in one chunk; it still registers the state pass and
+    the rescan, which a longer prompt launches later, and runs nothing."""
+    kw, pool = scan_inputs(BASE, device)
+    before = pool.clone()
+    with precompile() as report:
+        selective_scan_fn(ssm_states=pool, **kw)
+        rows = {k: kw[k][:2] for k in ("u", "delta", "B", "C")}
+        selective_state_update_mamba1(
+            pool, **rows, A=kw["A"], state_batch_indices=kw["cache_indices"][:2]
+        )
+    names = {"_selective_scan_chunk_kernel": 2, "_selective_scan_state_passing_kernel": 1,
+             "_selective_state_update_mamba1_kernel": 1}  # fmt: skip
+    assert {k: report.variants.get(k) for k in names} == names
+    assert torch.equal(pool, before)

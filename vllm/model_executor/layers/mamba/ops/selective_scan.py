@@ -45,7 +45,7 @@ from vllm.model_executor.layers.mamba.ops.selective_scan_ref import (
     selective_state_update_ref,
 )
 from vllm.triton_utils import HAS_TRITON
-from vllm.triton_utils.host import cdiv
+from vllm.triton_utils.host import cdiv, recording
 
 __all__ = [
     "CONFIG_DIR",
@@ -129,7 +129,7 @@ def _scan_launch(
     )
     grid = (cdiv(dim, opts["BLOCK_D"]), n_chunks, batch)
     LAUNCH_CHUNK(grid, args, dict(flags, FINAL=False, **opts))
-    if n_chunks == 1:
+    if n_chunks == 1 and not recording():  # start-up records every launch a step can make
         return
     sp = launch_options(cfg["state_passing"], dim, dstate)
     sp_args = (

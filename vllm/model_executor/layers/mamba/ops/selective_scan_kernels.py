@@ -133,7 +133,13 @@ def _zero_rows(out_ptr, t_lo, t_hi, stride_out_t, o_d, m_d, BLOCK_D: tl.constexp
         p_out += stride_out_t
 
 
-@triton.jit
+# Per-step ints and metadata pointers do not select a compiled variant (start-up compiles
+# every variant a step can pick: vllm/worker/warmup.py).
+@triton.jit(
+    do_not_specialize=[
+        "qsl_ptr", "idx_ptr", "init_ptr", "num_tokens", "batch", "chunk_len", "n_chunks",
+    ]
+)  # fmt: skip
 def _selective_scan_chunk_kernel(
     u_ptr,
     delta_ptr,
@@ -257,7 +263,7 @@ def _selective_scan_chunk_kernel(
             tl.store(dtsum_ptr + slot * dim + o_d, b_sum, mask=m_d & m_live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["qsl_ptr", "idx_ptr", "chunk_len", "n_chunks"])
 def _selective_scan_state_passing_kernel(
     A_ptr,
     qsl_ptr,
@@ -317,7 +323,7 @@ def _selective_scan_state_passing_kernel(
     tl.store(p_line, b_h.to(state_ptr.dtype.element_ty), mask=m_dn & run)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["idx_ptr"])
 def _selective_state_update_mamba1_kernel(
     state_ptr,
     u_ptr,
