@@ -76,24 +76,26 @@ def test_scan_matches_reference(case: ScanCase, device, nan_poison):
                 assert not y[qsl[b] : qsl[b + 1]].any()
 
 
-def test_scan_default_plan_and_no_initial_state(device, nan_poison):
+@pytest.mark.parametrize("chunk_len", [None, 3])
+def test_scan_other_plans_and_no_initial_state(chunk_len, device, nan_poison):
     kw, pool = scan_inputs(BASE, device)
     kw["has_initial_state"] = None
     check_against_reference(selective_scan_fn, selective_scan_ref, kw, pool, FP32,
-                            _touched(BASE))  # fmt: skip
+                            _touched(BASE), chunk_len=chunk_len)  # fmt: skip
 
 
 def test_scan_writes_out_and_zeroes_rows_outside_the_batch(device, nan_poison):
     """Rows before query_start_loc[0] and past query_start_loc[batch] come out zero, as the
     reference leaves them; ``out`` is the tensor returned."""
     kw, pool = scan_inputs(BASE, device)
-    kw["query_start_loc"] = torch.tensor([2, 5, 9, 9, 15, 16, 18, 21], dtype=torch.int32).to(device)
+    # Slot 0 is nobody's (the first sequence's first slot is 5 // CHUNK = 1).
+    kw["query_start_loc"] = torch.tensor([5, 7, 9, 9, 15, 16, 18, 21], dtype=torch.int32).to(device)
     out = torch.empty_like(kw["u"])
-    lens = dataclasses.replace(BASE, lens=(3, 4, 0, 6, 1, 2, 3))
+    lens = dataclasses.replace(BASE, lens=(2, 2, 0, 6, 1, 2, 3))
     y = check_against_reference(selective_scan_fn, selective_scan_ref, kw, pool, FP32,
                                 _touched(lens), chunk_len=CHUNK, out=out)  # fmt: skip
     assert y is out
-    assert not y[:2].any() and not y[21:].any()
+    assert not y[:5].any() and not y[21:].any()
 
 
 def test_chunk_plan_follows_the_table():

@@ -100,9 +100,11 @@ def _scan_launch(
     cfg = scan_config(dim, dstate, u.dtype)
     chunk_len, n_chunks = chunk_plan(num_tokens, batch, dim, dstate, u.dtype, chunk_len)
     opts = launch_options(cfg["chunk"], dim, dstate)
+    # Chunk c of sequence b has slot b + qsl[b] // chunk_len + c: fewer than n_slots.
+    n_slots = batch + num_tokens // chunk_len
     if n_chunks > 1:
-        hbuf = torch.empty((batch, n_chunks, dim, dstate), dtype=torch.float32, device=u.device)
-        dtsum = torch.empty((batch, n_chunks, dim), dtype=torch.float32, device=u.device)
+        hbuf = torch.empty((n_slots, dim, dstate), dtype=torch.float32, device=u.device)
+        dtsum = torch.empty((n_slots, dim), dtype=torch.float32, device=u.device)
     else:
         hbuf = dtsum = torch.empty(1, dtype=torch.float32, device=u.device)
     # An absent optional tensor passes u (never read: its flag compiles the load away).
@@ -115,7 +117,7 @@ def _scan_launch(
         u if cache_indices is None else cache_indices,
         u if has_initial_state is None else has_initial_state,
         ssm_states, hbuf, dtsum, out,
-        num_tokens, batch, dim, dstate, chunk_len, n_chunks, pad_slot_id,
+        num_tokens, batch, batch.bit_length(), dim, dstate, chunk_len, pad_slot_id,
         u.stride(0), delta.stride(0), *A.stride(), B.stride(0), C.stride(0),
         0 if z is None else z.stride(0), out.stride(0), *ssm_states.stride(),
     )  # fmt: skip
@@ -127,16 +129,16 @@ def _scan_launch(
         HAS_INDICES=cache_indices is not None,
         HAS_INIT=has_initial_state is not None,
     )
-    grid = (cdiv(dim, opts["BLOCK_D"]), n_chunks, batch)
+    grid = (n_slots, cdiv(dim, opts["BLOCK_D"]))
     LAUNCH_CHUNK(grid, args, dict(flags, FINAL=False, **opts))
     if n_chunks == 1 and not recording():  # start-up records every launch a step can make
         return
     sp = launch_options(cfg["state_passing"], dim, dstate)
     sp_args = (
         A, query_start_loc, u if cache_indices is None else cache_indices, ssm_states, hbuf,
-        dtsum, dim, dstate, chunk_len, n_chunks, pad_slot_id, *A.stride(), *ssm_states.stride(),
+        dtsum, dim, dstate, chunk_len, pad_slot_id, *A.stride(), *ssm_states.stride(),
     )  # fmt: skip
-    sp_grid = (cdiv(dim, sp["BLOCK_D"]), batch)
+    sp_grid = (batch, cdiv(dim, sp["BLOCK_D"]))
     LAUNCH_STATE_PASSING(sp_grid, sp_args, dict(HAS_INDICES=flags["HAS_INDICES"], **sp))
     LAUNCH_CHUNK(grid, args, dict(flags, FINAL=True, **opts))
 

@@ -21,7 +21,6 @@ from vllm.triton_utils.host import cdiv, next_power_of_2
 CONFIG_DIR = Path(__file__).parent / "configs" / "selective_scan"
 INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_TILE = 4096  # state elements per program: BLOCK_D x next_pow2(dstate)
-_MAX_GRID_YZ = 65535
 
 
 def scan_config(dim: int, dstate: int, dtype: torch.dtype) -> dict:
@@ -140,8 +139,6 @@ def check_scan_args(u, delta, A, B, C, qsl, ssm_states, cache_indices, has_initi
     _check_pool(ssm_states, device, dim, dstate)
     _check_pad(pad_slot_id)
     batch = _check_qsl(qsl, device, num_tokens)
-    if batch > _MAX_GRID_YZ:
-        raise ValueError(f"query_start_loc holds {batch} sequences, more than {_MAX_GRID_YZ}")
     if cache_indices is not None:
         check_tensor("cache_indices", cache_indices, device, 1, INDEX_DTYPES)
         check_index("cache_indices", cache_indices, device, batch, cache_indices.dtype)

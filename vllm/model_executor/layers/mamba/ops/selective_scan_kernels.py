@@ -7,16 +7,21 @@ recurrence is elementwise per (channel, column), so the only reduction is y's su
 columns.
 
 Prefill, three launches per layer for the whole step (``selective_scan.py`` picks the chunk
-length; with one chunk per sequence only the first runs):
+length T; with one chunk per sequence only the first runs). Chunks are cut per sequence
+(chunk c of sequence b is rows qsl[b] + c*T .. on), and each has a scratch slot
+``b + qsl[b] // T + c``: slots of different sequences never collide, fewer than
+``batch + num_tokens // T`` exist, and a program finds its (sequence, chunk) from its slot
+by a binary search over ``query_start_loc`` (a slot no chunk has exits at once). So the
+grid and the scratch follow from shapes alone.
 
-1. ``_selective_scan_chunk_kernel`` (FINAL=False), grid (channel blocks, chunks, sequences).
-   Chunk 0 of a sequence starts from its initial state (its pool line, or zeros) and is
-   finished here: outputs written, and its end state written to the pool line when the
-   sequence has one chunk, else to the scratch slot of chunk 0. A later chunk scans from a
-   zero state without outputs and writes its local end state and its summed dt per channel.
-2. ``_selective_scan_state_passing_kernel``, grid (channel blocks, sequences): walks a
+1. ``_selective_scan_chunk_kernel`` (FINAL=False), grid (slots, channel blocks). Chunk 0
+   of a sequence starts from its initial state (its pool line, or zeros) and is finished
+   here: outputs written, and its end state written to the pool line when the sequence has
+   one chunk, else to its scratch slot. A later chunk scans from a zero state without
+   outputs and leaves its local end state and its summed dt per channel in its slot.
+2. ``_selective_scan_state_passing_kernel``, grid (sequences, channel blocks): walks a
    sequence's chunks in order, h <- exp(A * dt_sum[c]) * h + h_local[c], leaving each
-   chunk's true start state in its scratch slot and the final state in the pool line.
+   chunk's true start state in its slot and the final state in the pool line.
 3. ``_selective_scan_chunk_kernel`` (FINAL=True): chunks after the first rescan from their
    start states and write their outputs.
 
@@ -39,6 +44,13 @@ def _load_A2(A_ptr, o_d, o_n, m_dn, stride_A_d, stride_A_n):
     """A's [BLOCK_D, BLOCK_N] tile times log2(e), so that the decay is one exp2."""
     p_A = A_ptr + o_d[:, None] * stride_A_d + o_n[None, :] * stride_A_n
     return tl.load(p_A, mask=m_dn, other=0.0).to(tl.float32) * LOG2E
+
+
+@triton.jit
+def _first_slot(qsl_ptr, i_b, chunk_len):
+    """Scratch slot of sequence i_b's first chunk: i_b + qsl[i_b] // chunk_len. Increasing
+    in i_b, and a sequence's chunks never reach the next one's first slot."""
+    return i_b + tl.load(qsl_ptr + i_b).to(tl.int32) // chunk_len
 
 
 @triton.jit
@@ -137,7 +149,7 @@ def _zero_rows(out_ptr, t_lo, t_hi, stride_out_t, o_d, m_d, BLOCK_D: tl.constexp
 # every variant a step can pick: vllm/worker/warmup.py).
 @triton.jit(
     do_not_specialize=[
-        "qsl_ptr", "idx_ptr", "init_ptr", "num_tokens", "batch", "chunk_len", "n_chunks",
+        "qsl_ptr", "idx_ptr", "init_ptr", "num_tokens", "batch", "n_search", "chunk_len",
     ]
 )  # fmt: skip
 def _selective_scan_chunk_kernel(
@@ -158,10 +170,10 @@ def _selective_scan_chunk_kernel(
     out_ptr,
     num_tokens,
     batch,
+    n_search,
     dim,
     dstate,
     chunk_len,
-    n_chunks,
     pad_slot_id,
     stride_u_t,
     stride_delta_t,
@@ -184,18 +196,28 @@ def _selective_scan_chunk_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    i_d = tl.program_id(0)
-    i_c = tl.program_id(1)
-    i_b = tl.program_id(2)
+    slot = tl.program_id(0)
+    i_d = tl.program_id(1)
     o_d = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
     o_n = tl.arange(0, BLOCK_N).to(tl.int64)
     m_d = o_d < dim
     m_n = o_n < dstate
     m_dn = m_d[:, None] & m_n[None, :]
 
+    # Slot -> (sequence, chunk): chunk c of sequence b has slot first_slot(b) + c; the last
+    # sequence whose first slot is <= this one holds it, or none does (a hole).
+    i_b = slot * 0
+    hi = i_b + batch
+    for _ in range(n_search):
+        mid = (i_b + hi) // 2
+        take = _first_slot(qsl_ptr, mid, chunk_len) <= slot
+        i_b = tl.where(take, mid, i_b)
+        hi = tl.where(take, hi, mid)
+    i_c = slot - _first_slot(qsl_ptr, i_b, chunk_len)
     seq_lo = tl.load(qsl_ptr + i_b).to(tl.int32)
     seq_hi = tl.load(qsl_ptr + i_b + 1).to(tl.int32)
-    t_lo = tl.minimum(seq_lo + i_c * chunk_len, seq_hi)
+    seq_hi = tl.where(i_c >= 0, seq_hi, seq_lo)  # a hole before the first sequence
+    t_lo = tl.minimum(seq_lo + tl.maximum(i_c, 0) * chunk_len, seq_hi)
     t_hi = tl.minimum(t_lo + chunk_len, seq_hi)
     if HAS_INDICES:
         line = tl.load(idx_ptr + i_b).to(tl.int64)
@@ -213,10 +235,8 @@ def _selective_scan_chunk_kernel(
     if HAS_BIAS:
         b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
 
-    # Scratch slot of (sequence, chunk): states (batch, n_chunks, dim, dstate) and dt sums
-    # (batch, n_chunks, dim), fp32, contiguous.
-    slot = i_b.to(tl.int64) * n_chunks + i_c
-    p_hbuf = hbuf_ptr + (slot * dim + o_d[:, None]) * dstate + o_n[None, :]
+    # The slot's scratch: states (slots, dim, dstate) and dt sums (slots, dim), fp32.
+    p_hbuf = hbuf_ptr + (slot.to(tl.int64) * dim + o_d[:, None]) * dstate + o_n[None, :]
     p_line = (
         state_ptr
         + line * stride_state_line
@@ -234,10 +254,11 @@ def _selective_scan_chunk_kernel(
     else:
         # A padded sequence's rows are zeros, and so are rows no sequence covers.
         _zero_rows(out_ptr, t_run, t_hi, stride_out_t, o_d, m_d, BLOCK_D)
-        if (i_b == 0) & (i_c == 0):
-            _zero_rows(out_ptr, seq_lo * 0, seq_lo, stride_out_t, o_d, m_d, BLOCK_D)
-        if (i_b == batch - 1) & (i_c == 0):
-            _zero_rows(out_ptr, seq_hi, num_tokens, stride_out_t, o_d, m_d, BLOCK_D)
+        if slot == 0:
+            first = tl.load(qsl_ptr).to(tl.int32)
+            last = tl.load(qsl_ptr + batch).to(tl.int32)
+            _zero_rows(out_ptr, first * 0, first, stride_out_t, o_d, m_d, BLOCK_D)
+            _zero_rows(out_ptr, last, last * 0 + num_tokens, stride_out_t, o_d, m_d, BLOCK_D)
         if i_c == 0:
             b_h = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
             if HAS_INIT:
@@ -260,10 +281,10 @@ def _selective_scan_chunk_kernel(
                                     SOFTPLUS, BLOCK_D)  # fmt: skip
             m_live = live & (t_lo < t_hi)
             tl.store(p_hbuf, b_h, mask=m_dn & m_live)
-            tl.store(dtsum_ptr + slot * dim + o_d, b_sum, mask=m_d & m_live)
+            tl.store(dtsum_ptr + slot.to(tl.int64) * dim + o_d, b_sum, mask=m_d & m_live)
 
 
-@triton.jit(do_not_specialize=["qsl_ptr", "idx_ptr", "chunk_len", "n_chunks"])
+@triton.jit(do_not_specialize=["qsl_ptr", "idx_ptr", "chunk_len"])
 def _selective_scan_state_passing_kernel(
     A_ptr,
     qsl_ptr,
@@ -274,7 +295,6 @@ def _selective_scan_state_passing_kernel(
     dim,
     dstate,
     chunk_len,
-    n_chunks,
     pad_slot_id,
     stride_A_d,
     stride_A_n,
@@ -285,8 +305,8 @@ def _selective_scan_state_passing_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    i_d = tl.program_id(0)
-    i_b = tl.program_id(1)
+    i_b = tl.program_id(0)
+    i_d = tl.program_id(1)
     o_d = (i_d * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
     o_n = tl.arange(0, BLOCK_N).to(tl.int64)
     m_d = o_d < dim
@@ -304,7 +324,7 @@ def _selective_scan_state_passing_kernel(
     run = live & (seq_chunks > 1)
     b_A2 = _load_A2(A_ptr, o_d, o_n, m_dn, stride_A_d, stride_A_n)
 
-    base = i_b.to(tl.int64) * n_chunks
+    base = _first_slot(qsl_ptr, i_b, chunk_len).to(tl.int64)
     p_h = hbuf_ptr + (base * dim + o_d[:, None]) * dstate + o_n[None, :]
     b_h = tl.load(p_h, mask=m_dn & run, other=0.0)
     for c in range(1, tl.where(run, seq_chunks, 1)):
