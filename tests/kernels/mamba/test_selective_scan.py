@@ -2,8 +2,9 @@
 
 On a machine without CUDA these run the kernels through the Triton interpreter on CPU
 tensors (conftest sets TRITON_INTERPRET=1), so each case checks the kernels, not the
-reference against itself. Shapes are tiny; the chunk length is forced to CHUNK so that
-sequences of 1, CHUNK-1, CHUNK, CHUNK+1 and 2*CHUNK+1 tokens cross every boundary kind.
+reference against itself. The kernels use no tl.dot, so bf16 cases run on CPU too.
+Shapes are tiny; the chunk length is forced to CHUNK so that sequences of 1, CHUNK-1,
+CHUNK, CHUNK+1 and 2*CHUNK+1 tokens cross every boundary kind.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ SCAN_CASES = [
     dataclasses.replace(BASE, dtype=FP16, strided=True),
     dataclasses.replace(BASE, state_dtype=BF16, z=False, D=False, bias=False),
     dataclasses.replace(BASE, dtype=FP16, state_dtype=FP16, softplus=False, z=False),
+    # No tl.dot here, so the interpreter runs bf16 faithfully.
+    dataclasses.replace(BASE, dtype=BF16, state_dtype=BF16, strided=True),
     # An explicit -1 marker: line 0 is then a sequence's like any other.
     dataclasses.replace(BASE, lines=(3, 6, -1, 1, 7, 0, 4), pad_slot_id=PAD_SLOT_ID),
     dataclasses.replace(BASE, lens=(5, 1, 9), lines=(0, 1, 2), init=(True, False, True),
@@ -138,10 +141,11 @@ UPDATE_CASES = [
     (FP16, FP32, True, (3, 0, 5, 1, 6), None),
     (FP32, BF16, True, (2, -1, 0, 4, 1), PAD_SLOT_ID),
     (FP16, FP16, False, None, None),
+    (BF16, BF16, True, (3, 0, 5, 1, 6), None),
 ]
 
 
-UPDATE_IDS = ["fp32", "fp16-strided", "bf16pool-pad-1", "fp16-no-indices"]
+UPDATE_IDS = ["fp32", "fp16-strided", "bf16pool-pad-1", "fp16-no-indices", "bf16-strided"]
 
 
 @pytest.mark.parametrize("dtype,pool_dtype,strided,indices,marker", UPDATE_CASES, ids=UPDATE_IDS)

@@ -1,6 +1,7 @@
-"""Mamba1's selective scan and decode update on the GPU in bf16 (the interpreter cannot run
-bf16 kernels faithfully on CPU), at a mid-size layer shape, against the fp32 references on
-the same bf16 inputs."""
+"""Mamba1's selective scan and decode update compiled for the GPU, in bf16 at a mid-size
+layer shape (the default chunk plan and forced chunks of 64 tokens) against the fp32
+references on the same bf16 inputs, and the decode update captured in a CUDA graph.
+"""
 
 from __future__ import annotations
 
