@@ -103,7 +103,7 @@ def _scan_launch(
     # Chunk c of sequence b has slot b + qsl[b] // chunk_len + c: fewer than n_slots.
     n_slots = batch + num_tokens // chunk_len
     if n_chunks > 1:
-        hbuf = torch.empty((n_slots, dim, dstate), dtype=torch.float32, device=u.device)
+        hbuf = torch.empty((n_slots, dstate, dim), dtype=torch.float32, device=u.device)
         dtsum = torch.empty((n_slots, dim), dtype=torch.float32, device=u.device)
     else:
         hbuf = dtsum = torch.empty(1, dtype=torch.float32, device=u.device)

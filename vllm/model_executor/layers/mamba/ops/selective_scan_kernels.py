@@ -36,7 +36,7 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import discretize_dt
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -150,6 +150,7 @@ def _zero_rows(out_ptr, t_lo, t_hi, stride_out_t, o_d, m_d, BLOCK_D: tl.constexp
 @triton.jit(
     do_not_specialize=[
         "qsl_ptr", "idx_ptr", "init_ptr", "num_tokens", "batch", "n_search", "chunk_len",
+        "stride_A_d", "stride_A_n", "stride_state_d", "stride_state_n",
     ]
 )  # fmt: skip
 def _selective_scan_chunk_kernel(
@@ -235,8 +236,13 @@ def _selective_scan_chunk_kernel(
     if HAS_BIAS:
         b_bias = tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
 
-    # The slot's scratch: states (slots, dim, dstate) and dt sums (slots, dim), fp32.
-    p_hbuf = hbuf_ptr + (slot.to(tl.int64) * dim + o_d[:, None]) * dstate + o_n[None, :]
+    # The slot's scratch, fp32: states (slots, dstate, dim) and dt sums (slots, dim). Channels
+    # contiguous, so that Triton gives each thread whole channels (all dstate columns in its
+    # registers: y's sum needs no shuffle, and the per-channel dt, softplus and gate run once
+    # per channel and need no layout conversion). A's and the pool's strides are
+    # do_not_specialize for the same reason: a known unit stride along dstate would pull the
+    # state tile to lanes along dstate, and each step would pay a shared-memory round trip.
+    p_hbuf = hbuf_ptr + (slot.to(tl.int64) * dstate + o_n[None, :]) * dim + o_d[:, None]
     p_line = (
         state_ptr
         + line * stride_state_line
@@ -269,9 +275,9 @@ def _selective_scan_chunk_kernel(
                                     stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d, m_n,
                                     b_A2, b_D, b_bias, True, HAS_D, HAS_Z, HAS_BIAS,
                                     SOFTPLUS, BLOCK_D)  # fmt: skip
-            m_live = m_dn & live & (t_lo < t_hi)
-            tl.store(p_line, b_h.to(state_ptr.dtype.element_ty), mask=m_live & (t_hi == seq_hi))
-            tl.store(p_hbuf, b_h, mask=m_live & (t_hi < seq_hi))
+            m_ran = m_dn & live & (t_lo < t_hi)
+            tl.store(p_line, b_h.to(state_ptr.dtype.element_ty), mask=m_ran & (t_hi == seq_hi))
+            tl.store(p_hbuf, b_h, mask=m_ran & (t_hi < seq_hi))
         else:
             b_h = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
             b_h, b_sum = _scan_rows(b_h, t_lo, t_run, u_ptr, delta_ptr, B_ptr, C_ptr, z_ptr,
@@ -279,12 +285,17 @@ def _selective_scan_chunk_kernel(
                                     stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d, m_n,
                                     b_A2, b_D, b_bias, False, HAS_D, HAS_Z, HAS_BIAS,
                                     SOFTPLUS, BLOCK_D)  # fmt: skip
-            m_live = live & (t_lo < t_hi)
-            tl.store(p_hbuf, b_h, mask=m_dn & m_live)
-            tl.store(dtsum_ptr + slot.to(tl.int64) * dim + o_d, b_sum, mask=m_d & m_live)
+            ran = live & (t_lo < t_hi)
+            tl.store(p_hbuf, b_h, mask=m_dn & ran)
+            tl.store(dtsum_ptr + slot.to(tl.int64) * dim + o_d, b_sum, mask=m_d & ran)
 
 
-@triton.jit(do_not_specialize=["qsl_ptr", "idx_ptr", "chunk_len"])
+@triton.jit(
+    do_not_specialize=[
+        "qsl_ptr", "idx_ptr", "chunk_len", "stride_A_d", "stride_A_n", "stride_state_d",
+        "stride_state_n",
+    ]
+)  # fmt: skip
 def _selective_scan_state_passing_kernel(
     A_ptr,
     qsl_ptr,
@@ -325,11 +336,11 @@ def _selective_scan_state_passing_kernel(
     b_A2 = _load_A2(A_ptr, o_d, o_n, m_dn, stride_A_d, stride_A_n)
 
     base = _first_slot(qsl_ptr, i_b, chunk_len).to(tl.int64)
-    p_h = hbuf_ptr + (base * dim + o_d[:, None]) * dstate + o_n[None, :]
+    p_h = hbuf_ptr + (base * dstate + o_n[None, :]) * dim + o_d[:, None]
     b_h = tl.load(p_h, mask=m_dn & run, other=0.0)
     for c in range(1, tl.where(run, seq_chunks, 1)):
         slot = base + c
-        p_h = hbuf_ptr + (slot * dim + o_d[:, None]) * dstate + o_n[None, :]
+        p_h = hbuf_ptr + (slot * dstate + o_n[None, :]) * dim + o_d[:, None]
         b_local = tl.load(p_h, mask=m_dn, other=0.0)
         b_sum = tl.load(dtsum_ptr + slot * dim + o_d, mask=m_d, other=0.0)
         tl.store(p_h, b_h, mask=m_dn)
