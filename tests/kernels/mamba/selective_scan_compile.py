@@ -81,11 +81,12 @@ def variants() -> list[tuple[str, object, dict, int, str]]:
     off = dict.fromkeys(FLAGS, False)
     tile = dict(BLOCK_D=64, BLOCK_N=16)
     out = []
+    chunk = K._selective_scan_chunk_kernel
     for final in (False, True):
-        out.append((f"chunk final={final}", K._selective_scan_chunk_kernel,
-                    dict(on, HAS_INIT=True, FINAL=final, **tile), 2, "fp32"))  # fmt: skip
-    out.append(("chunk bare bf16-pool", K._selective_scan_chunk_kernel,
-                dict(off, HAS_INIT=False, FINAL=False, **tile), 2, "bf16"))  # fmt: skip
+        full = dict(on, HAS_INIT=True, FINAL=final, PREFETCH=True, **tile)
+        out.append((f"chunk final={final}", chunk, full, 2, "fp32"))
+    bare = dict(off, HAS_INIT=False, FINAL=False, PREFETCH=False, **tile)
+    out.append(("chunk bare bf16-pool", chunk, bare, 2, "bf16"))
     out.append(("state passing", K._selective_scan_state_passing_kernel,
                 dict(HAS_INDICES=True, BLOCK_D=32, BLOCK_N=16), 1, "bf16"))  # fmt: skip
     out.append(("update", K._selective_state_update_mamba1_kernel, dict(on, **tile), 2, "fp32"))

@@ -23,7 +23,7 @@ from tests.kernels.mamba.selective_scan_utils import (
     scan_inputs,
 )
 from tests.models.mamba2_utils import BF16, FP16, FP32, assert_close
-from vllm.model_executor.layers.mamba.ops import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops import PAD_SLOT_ID, selective_scan
 from vllm.model_executor.layers.mamba.ops.selective_scan import (
     CONFIG_DIR,
     chunk_plan,
@@ -85,6 +85,21 @@ def test_scan_other_plans_and_no_initial_state(chunk_len, device, nan_poison):
     kw["has_initial_state"] = None
     check_against_reference(selective_scan_fn, selective_scan_ref, kw, pool, FP32,
                             _touched(BASE), chunk_len=chunk_len)  # fmt: skip
+
+
+def test_scan_without_prefetch(device, nan_poison, monkeypatch):
+    """The table's PREFETCH=False variant (each token's loads in its own iteration)."""
+    table = selective_scan.scan_config
+
+    def no_prefetch(*args):
+        cfg = table(*args)
+        cfg["chunk"] = dict(cfg["chunk"], PREFETCH=False)
+        return cfg
+
+    monkeypatch.setattr(selective_scan, "scan_config", no_prefetch)
+    kw, pool = scan_inputs(BASE, device)
+    check_against_reference(selective_scan_fn, selective_scan_ref, kw, pool, FP32,
+                            _touched(BASE), chunk_len=CHUNK)  # fmt: skip
 
 
 def test_scan_writes_out_and_zeroes_rows_outside_the_batch(device, nan_poison):

@@ -73,6 +73,21 @@ def _gated_output(b_h, b_C, b_u, b_D, z_row, HAS_D: tl.constexpr, HAS_Z: tl.cons
 
 
 @triton.jit
+def _load_row(p_u, p_delta, p_B, p_C, p_z, m_d, m_n, WITH_Y: tl.constexpr, HAS_Z: tl.constexpr):
+    """One token's u, delta, B (and C, z when outputs are made; else stand-ins) as stored."""
+    r_u = tl.load(p_u, mask=m_d, other=0.0)
+    r_delta = tl.load(p_delta, mask=m_d, other=0.0)
+    r_B = tl.load(p_B, mask=m_n, other=0.0)
+    r_C = r_B
+    r_z = r_u
+    if WITH_Y:
+        r_C = tl.load(p_C, mask=m_n, other=0.0)
+        if HAS_Z:
+            r_z = tl.load(p_z, mask=m_d, other=0.0)
+    return r_u, r_delta, r_B, r_C, r_z
+
+
+@triton.jit
 def _scan_rows(
     b_h,
     t_lo,
@@ -101,10 +116,13 @@ def _scan_rows(
     HAS_Z: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SOFTPLUS: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     """Rows t_lo .. t_hi-1 from state b_h; returns the end state and sum of dt per channel.
-    With WITH_Y the outputs are written (D and the gate included)."""
+    With WITH_Y the outputs are written (D and the gate included). With PREFETCH each
+    token's loads are issued one token ahead (loop-carried), so their latency overlaps the
+    previous token's arithmetic instead of stalling the warp."""
     b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
     # Row pointers advance by their strides (64-bit pointer arithmetic, no int32 product).
     row = t_lo.to(tl.int64)
@@ -114,24 +132,33 @@ def _scan_rows(
     p_C = C_ptr + row * stride_C_t + o_n
     p_z = z_ptr + row * stride_z_t + o_d
     p_out = out_ptr + row * stride_out_t + o_d
-    for _ in range(t_lo, t_hi):
-        b_u = tl.load(p_u, mask=m_d, other=0.0).to(tl.float32)
-        b_dt = _step_dt(tl.load(p_delta, mask=m_d, other=0.0), b_bias, HAS_BIAS, SOFTPLUS)
-        b_B = tl.load(p_B, mask=m_n, other=0.0).to(tl.float32)
-        b_h = tl.exp2(b_dt[:, None] * b_A2) * b_h + (b_dt * b_u)[:, None] * b_B[None, :]
-        b_sum += b_dt
-        if WITH_Y:
-            b_C = tl.load(p_C, mask=m_n, other=0.0).to(tl.float32)
-            z_row = b_u
-            if HAS_Z:
-                z_row = tl.load(p_z, mask=m_d, other=0.0)
-            b_y = _gated_output(b_h, b_C, b_u, b_D, z_row, HAS_D, HAS_Z)
-            tl.store(p_out, b_y.to(out_ptr.dtype.element_ty), mask=m_d)
+    if PREFETCH:
+        ok = t_lo < t_hi
+        n_u, n_delta, n_B, n_C, n_z = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d & ok,
+                                                m_n & ok, WITH_Y, HAS_Z)  # fmt: skip
+    for t in range(t_lo, t_hi):
+        if PREFETCH:
+            r_u, r_delta, r_B, r_C, r_z = n_u, n_delta, n_B, n_C, n_z
+        else:
+            r_u, r_delta, r_B, r_C, r_z = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d, m_n,
+                                                    WITH_Y, HAS_Z)  # fmt: skip
         p_u += stride_u_t
         p_delta += stride_delta_t
         p_B += stride_B_t
         p_C += stride_C_t
         p_z += stride_z_t
+        if PREFETCH:
+            ok = t + 1 < t_hi
+            n_u, n_delta, n_B, n_C, n_z = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d & ok,
+                                                    m_n & ok, WITH_Y, HAS_Z)  # fmt: skip
+        b_u = r_u.to(tl.float32)
+        b_dt = _step_dt(r_delta, b_bias, HAS_BIAS, SOFTPLUS)
+        b_B = r_B.to(tl.float32)
+        b_h = tl.exp2(b_dt[:, None] * b_A2) * b_h + (b_dt * b_u)[:, None] * b_B[None, :]
+        b_sum += b_dt
+        if WITH_Y:
+            b_y = _gated_output(b_h, r_C.to(tl.float32), b_u, b_D, r_z, HAS_D, HAS_Z)
+            tl.store(p_out, b_y.to(out_ptr.dtype.element_ty), mask=m_d)
         p_out += stride_out_t
     return b_h, b_sum
 
@@ -194,6 +221,7 @@ def _selective_scan_chunk_kernel(
     HAS_INDICES: tl.constexpr,
     HAS_INIT: tl.constexpr,
     FINAL: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -256,7 +284,7 @@ def _selective_scan_chunk_kernel(
             _scan_rows(b_h, t_lo, t_run, u_ptr, delta_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
                        stride_u_t, stride_delta_t, stride_B_t, stride_C_t, stride_z_t,
                        stride_out_t, o_d, o_n, m_d, m_n, b_A2, b_D, b_bias,
-                       True, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, BLOCK_D)  # fmt: skip
+                       True, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, PREFETCH, BLOCK_D)  # fmt: skip
     else:
         # A padded sequence's rows are zeros, and so are rows no sequence covers.
         _zero_rows(out_ptr, t_run, t_hi, stride_out_t, o_d, m_d, BLOCK_D)
@@ -274,7 +302,7 @@ def _selective_scan_chunk_kernel(
                                     out_ptr, stride_u_t, stride_delta_t, stride_B_t,
                                     stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d, m_n,
                                     b_A2, b_D, b_bias, True, HAS_D, HAS_Z, HAS_BIAS,
-                                    SOFTPLUS, BLOCK_D)  # fmt: skip
+                                    SOFTPLUS, PREFETCH, BLOCK_D)  # fmt: skip
             m_ran = m_dn & live & (t_lo < t_hi)
             tl.store(p_line, b_h.to(state_ptr.dtype.element_ty), mask=m_ran & (t_hi == seq_hi))
             tl.store(p_hbuf, b_h, mask=m_ran & (t_hi < seq_hi))
@@ -284,7 +312,7 @@ def _selective_scan_chunk_kernel(
                                     out_ptr, stride_u_t, stride_delta_t, stride_B_t,
                                     stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d, m_n,
                                     b_A2, b_D, b_bias, False, HAS_D, HAS_Z, HAS_BIAS,
-                                    SOFTPLUS, BLOCK_D)  # fmt: skip
+                                    SOFTPLUS, PREFETCH, BLOCK_D)  # fmt: skip
             ran = live & (t_lo < t_hi)
             tl.store(p_hbuf, b_h, mask=m_dn & ran)
             tl.store(dtsum_ptr + slot.to(tl.int64) * dim + o_d, b_sum, mask=m_d & ran)
