@@ -29,6 +29,7 @@ import torch
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID, marker_for
 from vllm.model_executor.layers.mamba.ops.selective_scan_host import (
     CONFIG_DIR,
+    check_chunk_len,
     check_scan_args,
     check_update_args,
     chunk_plan,
@@ -89,6 +90,8 @@ def _scan_launch(
     chunk_len: int,
     out: torch.Tensor,
 ) -> None:
+    """The launches behind ``selective_scan_fn`` (checked arguments; ``chunk_len`` 0: the
+    launch table's rule). Registered as ``torch.ops.vllm.mamba1_selective_scan``."""
     num_tokens, dim = u.shape
     dstate = A.shape[1]
     batch = query_start_loc.shape[0] - 1
@@ -98,7 +101,7 @@ def _scan_launch(
         out.zero_()
         return
     cfg = scan_config(dim, dstate, u.dtype)
-    chunk_len, n_chunks = chunk_plan(num_tokens, batch, dim, dstate, u.dtype, chunk_len)
+    chunk_len, n_chunks = chunk_plan(num_tokens, batch, dim, dstate, u.dtype, chunk_len or None)
     opts = launch_options(cfg["chunk"], dim, dstate)
     # Chunk c of sequence b has slot b + qsl[b] // chunk_len + c: fewer than n_slots.
     n_slots = batch + num_tokens // chunk_len
@@ -171,8 +174,7 @@ def selective_scan_fn(
     launch table's chunk length (tests and sweeps)."""
     check_scan_args(u, delta, A, B, C, query_start_loc, ssm_states, cache_indices,
                      has_initial_state, D, z, delta_bias, pad_slot_id, out)  # fmt: skip
-    if chunk_len is not None:
-        chunk_plan(1, 1, 1, 1, u.dtype, chunk_len)  # checks the value
+    check_chunk_len(chunk_len)
     if not use_selective_scan_kernel(u):
         y = selective_scan_ref(u, delta, A, B, C, query_start_loc, ssm_states, cache_indices,
                                has_initial_state, D, z, delta_bias, delta_softplus,
@@ -186,7 +188,7 @@ def selective_scan_fn(
     if torch.compiler.is_compiling():
         torch.ops.vllm.mamba1_selective_scan(*args)
     else:
-        _scan_launch(*args[:14], chunk_len, out)
+        _scan_launch(*args)
     return out
 
 
@@ -279,19 +281,8 @@ def selective_state_update_mamba1(
 # --------------------------------------------------------------------------
 
 
-def _scan_op_impl(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                  C: torch.Tensor, query_start_loc: torch.Tensor, ssm_states: torch.Tensor,
-                  cache_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
-                  D: torch.Tensor | None, z: torch.Tensor | None,
-                  delta_bias: torch.Tensor | None, delta_softplus: bool, pad_slot_id: int,
-                  chunk_len: int, out: torch.Tensor) -> None:  # fmt: skip
-    _scan_launch(u, delta, A, B, C, query_start_loc, ssm_states, cache_indices,
-                 has_initial_state, D, z, delta_bias, delta_softplus, pad_slot_id,
-                 chunk_len or None, out)  # fmt: skip
-
-
 _scan_op = torch.library.custom_op(
-    "vllm::mamba1_selective_scan", _scan_op_impl, mutates_args=("ssm_states", "out")
+    "vllm::mamba1_selective_scan", _scan_launch, mutates_args=("ssm_states", "out")
 )
 _update_op = torch.library.custom_op(
     "vllm::mamba1_state_update", _update_launch, mutates_args=("ssm_states", "out")

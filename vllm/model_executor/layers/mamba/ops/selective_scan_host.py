@@ -36,6 +36,13 @@ def launch_options(entry: dict, dim: int, dstate: int) -> dict:
     return dict(BLOCK_D=block_d, BLOCK_N=block_n, **opts)
 
 
+def check_chunk_len(chunk_len) -> None:
+    if chunk_len is not None and (
+        isinstance(chunk_len, bool) or not isinstance(chunk_len, int) or chunk_len < 1
+    ):
+        raise ValueError(f"chunk_len must be a positive int or None, got {chunk_len!r}")
+
+
 def chunk_plan(num_tokens: int, batch: int, dim: int, dstate: int, dtype: torch.dtype,
                chunk_len: int | None = None) -> tuple[int, int]:  # fmt: skip
     """(chunk length, chunks per sequence at most) for a step, from shapes only.
@@ -51,8 +58,8 @@ def chunk_plan(num_tokens: int, batch: int, dim: int, dstate: int, dtype: torch.
             chunk_len = num_tokens
         else:
             chunk_len = max(cfg["min_chunk_len"], cdiv(num_tokens * blocks, cfg["target_programs"]))
-    elif isinstance(chunk_len, bool) or not isinstance(chunk_len, int) or chunk_len < 1:
-        raise ValueError(f"chunk_len must be a positive int or None, got {chunk_len!r}")
+    else:
+        check_chunk_len(chunk_len)
     chunk_len = max(1, min(chunk_len, num_tokens))
     return chunk_len, cdiv(num_tokens, chunk_len)
 
