@@ -36,7 +36,7 @@ from vllm.model_executor.layers.mamba.ops.selective_scan_ref import (
     selective_state_update_ref,
 )
 from vllm.triton_utils.configs import lookup
-from vllm.triton_utils.launch import precompile
+from vllm.triton_utils.launch import launch_misses, precompile
 
 CHUNK = 4
 # 1, CHUNK-1, a padded row (line 0), CHUNK, CHUNK+1, 2*CHUNK+1, an empty sequence.
@@ -235,3 +235,17 @@ def test_precompile_records_every_launch_of_a_one_chunk_step(device):
              "_selective_state_update_mamba1_kernel": 1}  # fmt: skip
     assert {k: report.variants.get(k) for k in names} == names
     assert torch.equal(pool, before)
+
+
+def test_a_longer_step_after_the_warmup_compiles_nothing(device):
+    """Per-step counts (tokens, sequences, chunk length, slots) select no new variant: after
+    start-up's one-chunk dummy step, a step of other lengths cut into chunks misses none."""
+    kw, pool = scan_inputs(
+        dataclasses.replace(BASE, lens=(2, 1, 1, 1, 1, 1, 9)), device
+    )  # 16 tokens
+    with precompile():
+        selective_scan_fn(ssm_states=pool, **kw)
+    before = launch_misses()
+    kw, pool = scan_inputs(BASE, device)
+    selective_scan_fn(ssm_states=pool, **kw, chunk_len=CHUNK)
+    assert launch_misses() == before
