@@ -55,15 +55,16 @@ def rnd(*shape, key) -> torch.Tensor:
     return torch.randn(*shape, generator=gen_for("selective-scan", *key))
 
 
-def _rows(case: ScanCase, n: int, widths: dict[str, int], key) -> dict[str, torch.Tensor]:
-    """(n, width) tensors in the case's dtype; with ``strided`` column slices of one wider
-    tensor (row stride != width, unit column stride), as the layer slices projections."""
+def _rows(case: ScanCase, n: int, widths: dict[str, int], key, device) -> dict[str, torch.Tensor]:
+    """(n, width) tensors in the case's dtype on ``device``; with ``strided`` column slices of
+    one wider tensor (row stride != width, unit column stride), as the layer slices
+    projections (sliced on the device: moving a slice would make it contiguous)."""
     total = sum(widths.values()) + 3
     wide = rnd(n, total, key=(key, "wide"))
     if not case.softplus:  # dt is delta itself: keep it positive, the decays below 1
         at = 1 + widths["u"]
         wide[:, at : at + widths["delta"]] = 0.05 + wide[:, at : at + widths["delta"]].abs()
-    wide = wide.to(case.dtype)
+    wide = wide.to(case.dtype).to(device)
     out, at = {}, 1
     for name, w in widths.items():
         t = wide[:, at : at + w] if case.strided else wide[:, at : at + w].contiguous()
@@ -84,8 +85,8 @@ def scan_inputs(case: ScanCase, device: torch.device) -> tuple[dict, torch.Tenso
     """The op's keyword arguments (without ssm_states) and a pool to clone for each run."""
     n = sum(case.lens)
     key = case.id
-    rows = _rows(case, n, dict(u=case.dim, delta=case.dim, z=case.dim, B=case.dstate,
-                               C=case.dstate), key)  # fmt: skip
+    widths = dict(u=case.dim, delta=case.dim, z=case.dim, B=case.dstate, C=case.dstate)
+    rows = _rows(case, n, widths, key, device)
     p = params(case.dim, case.dstate, case.dtype, key)
     qsl = torch.tensor([0, *torch.tensor(case.lens).cumsum(0).tolist()], dtype=torch.int32)
     kw = dict(

@@ -138,14 +138,16 @@ def test_chunk_plan_follows_the_table():
 DIM, DSTATE, LINES_N = 6, 5, 7
 
 
-def _update_inputs(dtype, strided: bool, key, batch: int = 5) -> dict:
-    wide = rnd(batch, 4 * DIM + 2 * DSTATE + 1, key=(key, "rows")).to(dtype)
+def _update_inputs(dtype, strided: bool, key, device, batch: int = 5) -> dict:
+    """Rows sliced on the device (moving a strided slice would make it contiguous)."""
+    wide = rnd(batch, 4 * DIM + 2 * DSTATE + 1, key=(key, "rows")).to(dtype).to(device)
     cols = {}
     at = 1
     for name, w in (("u", DIM), ("delta", DIM), ("z", DIM), ("B", DSTATE), ("C", DSTATE)):
         cols[name] = wide[:, at : at + w] if strided else wide[:, at : at + w].contiguous()
         at += w
     p = params(DIM, DSTATE, dtype, key)
+    p = {k: v.to(device) for k, v in p.items()}
     A = p["A"].t().contiguous().t() if strided else p["A"]  # column-major A when strided
     return dict(cols, A=A, D=p["D"], delta_bias=p["delta_bias"], delta_softplus=True)
 
@@ -166,8 +168,7 @@ UPDATE_IDS = ["fp32", "fp16-strided", "bf16pool-pad-1", "fp16-no-indices", "bf16
 @pytest.mark.parametrize("dtype,pool_dtype,strided,indices,marker", UPDATE_CASES, ids=UPDATE_IDS)
 def test_update_matches_reference(dtype, pool_dtype, strided, indices, marker, device,
                                   nan_poison):  # fmt: skip
-    kw = _update_inputs(dtype, strided, (str(dtype), strided, indices))
-    kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    kw = _update_inputs(dtype, strided, (str(dtype), strided, indices), device)
     batch = kw["u"].shape[0]
     if indices is not None:
         kw["state_batch_indices"] = torch.tensor(indices, dtype=torch.int32, device=device)
@@ -187,8 +188,7 @@ def test_update_matches_reference(dtype, pool_dtype, strided, indices, marker, d
 
 
 def test_update_without_optionals_into_out(device, nan_poison):
-    kw = _update_inputs(FP32, False, "bare")
-    kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    kw = _update_inputs(FP32, False, "bare", device)
     for name in ("z", "D", "delta_bias"):
         kw[name] = None
     kw["state_batch_indices"] = torch.tensor([1, 2, 0, 3, 5], dtype=torch.int64, device=device)

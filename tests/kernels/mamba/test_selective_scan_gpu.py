@@ -1,5 +1,5 @@
 """Mamba1's selective scan and decode update compiled for the GPU, in bf16 at a mid-size
-layer shape (the default chunk plan and forced chunks of 64 tokens) against the fp32
+layer shape (the default chunk plan, other chunks, one chunk per sequence) against the fp32
 references on the same bf16 inputs, and the decode update captured in a CUDA graph.
 """
 
@@ -34,7 +34,8 @@ MID = ScanCase((300, 1, 0, 77, 129), (3, 0, 5, 1, 7), (True, True, False, False,
                dim=256, dstate=16, dtype=BF16, num_lines=9, strided=True)  # fmt: skip
 
 
-@pytest.mark.parametrize("chunk_len", [None, 64])
+# None: the table's plan (chunks of 64 here); 100: other chunks; 512: one chunk each.
+@pytest.mark.parametrize("chunk_len", [None, 100, 512])
 @pytest.mark.parametrize("state_dtype", [FP32, BF16])
 def test_gpu_scan_bf16(chunk_len, state_dtype, nan_poison):
     case = dataclasses.replace(MID, state_dtype=state_dtype)
