@@ -87,16 +87,16 @@ def test_scan_other_plans_and_no_initial_state(chunk_len, device, nan_poison):
                             _touched(BASE), chunk_len=chunk_len)  # fmt: skip
 
 
-def test_scan_without_prefetch(device, nan_poison, monkeypatch):
-    """The table's PREFETCH=False variant (each token's loads in its own iteration)."""
+def test_scan_with_the_other_prefetch(device, nan_poison, monkeypatch):
+    """The PREFETCH variant the table does not pick (loads one token ahead, or not)."""
     table = selective_scan.scan_config
 
-    def no_prefetch(*args):
+    def flipped(*args):
         cfg = table(*args)
-        cfg["chunk"] = dict(cfg["chunk"], PREFETCH=False)
+        cfg["chunk"] = dict(cfg["chunk"], PREFETCH=not cfg["chunk"]["PREFETCH"])
         return cfg
 
-    monkeypatch.setattr(selective_scan, "scan_config", no_prefetch)
+    monkeypatch.setattr(selective_scan, "scan_config", flipped)
     kw, pool = scan_inputs(BASE, device)
     check_against_reference(selective_scan_fn, selective_scan_ref, kw, pool, FP32,
                             _touched(BASE), chunk_len=CHUNK)  # fmt: skip

@@ -1,7 +1,8 @@
 """Mamba1's selective-scan kernels compiled for sm_90 on any machine (no GPU needed), in a
 fresh process without the interpreter (``selective_scan_compile``): every variant compiles,
 and the scan loop keeps each channel's state in one thread (no shuffle, no barrier per
-token) with one ex2 per state column plus softplus and the gate."""
+token) with one ex2 per state column plus softplus and the gate, in at most 230 SASS
+instructions per token."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ def test_kernels_compile_for_sm90_without_layout_round_trips():
     for name in ("chunk final=False", "chunk final=True", "chunk bare bf16-pool", "state passing"):
         assert rows[name]["shfl"] == 0 and rows[name]["bar"] == 0, rows[name]
     # dstate=16: 16 decays, then softplus's exp and the gate's sigmoid, once per channel.
-    assert rows["chunk final=True"]["ex2"] <= 18, rows["chunk final=True"]
+    final = rows["chunk final=True"]
+    assert final["ex2"] <= 18, final
+    if "loop_instrs" in final:  # the SASS of one token (217 with Triton 3.6's ptxas)
+        assert 0 < final["loop_instrs"] <= 230, final
 
 
 def test_the_compile_module_refuses_the_interpreter():

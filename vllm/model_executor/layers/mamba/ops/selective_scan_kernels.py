@@ -177,7 +177,7 @@ def _zero_rows(out_ptr, t_lo, t_hi, stride_out_t, o_d, m_d, BLOCK_D: tl.constexp
 @triton.jit(
     do_not_specialize=[
         "qsl_ptr", "idx_ptr", "init_ptr", "num_tokens", "batch", "n_search", "chunk_len",
-        "stride_A_d", "stride_A_n", "stride_state_d", "stride_state_n",
+        "stride_A_d", "stride_A_n", "stride_state_d", "stride_state_n", "dim",
     ]
 )  # fmt: skip
 def _selective_scan_chunk_kernel(
@@ -321,7 +321,7 @@ def _selective_scan_chunk_kernel(
 @triton.jit(
     do_not_specialize=[
         "qsl_ptr", "idx_ptr", "chunk_len", "stride_A_d", "stride_A_n", "stride_state_d",
-        "stride_state_n",
+        "stride_state_n", "dim",
     ]
 )  # fmt: skip
 def _selective_scan_state_passing_kernel(
