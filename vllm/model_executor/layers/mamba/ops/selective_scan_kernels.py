@@ -173,11 +173,16 @@ def _zero_rows(out_ptr, t_lo, t_hi, stride_out_t, o_d, m_d, BLOCK_D: tl.constexp
 
 
 # Per-step ints and metadata pointers do not select a compiled variant (start-up compiles
-# every variant a step can pick: vllm/worker/warmup.py).
+# every variant a step can pick: vllm/worker/warmup.py). Strides and dim are not
+# specialised for the layout's sake (see the scratch comment in the kernel): known unit
+# strides or multiples of 16 let Triton vectorise loads in ways that split a channel's
+# columns over lanes, or a thread's channels from its row loads, and the scan loop then
+# pays shuffles and shared-memory round trips on every token.
 @triton.jit(
     do_not_specialize=[
         "qsl_ptr", "idx_ptr", "init_ptr", "num_tokens", "batch", "n_search", "chunk_len",
-        "stride_A_d", "stride_A_n", "stride_state_d", "stride_state_n", "dim",
+        "stride_A_d", "stride_A_n", "stride_state_d", "stride_state_n", "dim", "stride_u_t",
+        "stride_delta_t", "stride_z_t", "stride_out_t",
     ]
 )  # fmt: skip
 def _selective_scan_chunk_kernel(
