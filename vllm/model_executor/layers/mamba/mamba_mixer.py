@@ -63,9 +63,9 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     causal_conv1d_fn,
     causal_conv1d_update,
 )
-from vllm.model_executor.layers.mamba.ops.selective_scan_ref import (
-    selective_scan_ref,
-    selective_state_update_ref,
+from vllm.model_executor.layers.mamba.ops.selective_scan import (
+    selective_scan_fn,
+    selective_state_update_mamba1,
 )
 
 
@@ -93,43 +93,6 @@ def mamba1_tp_problems(
     if intermediate_size % tp_size:
         return [f"{name}={intermediate_size} is not divisible by tp_size={tp_size}"]
     return []
-
-
-# The scan ops, called with the Triton ops' arguments (``ops/selective_scan.py``, on its
-# own branch): until that module is on this branch, the fp32 references stand in, their
-# result cast to the activations' dtype and written into ``out``; swapping is the import
-# (checked with that branch's ops: the model tests pass unchanged). The references read
-# the indices on the host, so no CUDA graph can capture them.
-def _check_not_capturing() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            "MambaMixer: the Mamba1 scan still runs through its fp32 reference, which reads "
-            "indices on the host and cannot be captured in a CUDA graph; run with "
-            "enforce_eager=True until ops/selective_scan.py is in"
-        )
-
-
-def _selective_scan(
-    u, delta, A, B, C, query_start_loc, ssm_states, cache_indices=None, has_initial_state=None,
-    D=None, z=None, delta_bias=None, delta_softplus=False, pad_slot_id=NULL_BLOCK_ID, out=None,
-):  # fmt: skip
-    y = selective_scan_ref(
-        u, delta, A, B, C, query_start_loc, ssm_states, cache_indices, has_initial_state,
-        D, z, delta_bias, delta_softplus, pad_slot_id,
-    )  # fmt: skip
-    return y.to(u.dtype) if out is None else out.copy_(y)
-
-
-def _selective_state_update(
-    ssm_states, u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-    state_batch_indices=None, pad_slot_id=NULL_BLOCK_ID, out=None,
-):  # fmt: skip
-    _check_not_capturing()
-    y = selective_state_update_ref(
-        ssm_states, u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-        state_batch_indices, pad_slot_id,
-    )  # fmt: skip
-    return y.to(u.dtype) if out is None else out.copy_(y)
 
 
 def _profiled(name: str):
@@ -218,14 +181,14 @@ class MambaMixer(nn.Module):
         with _profiled("mamba1::ssm_scan"):
             if num_dec:
                 dec = slice(0, num_dec)
-                _selective_state_update(
+                selective_state_update_mamba1(
                     ssm_state, x[dec], dt[dec], A, B[dec], C[dec], z=z[dec],
                     state_batch_indices=md.decode_state_indices, pad_slot_id=NULL_BLOCK_ID,
                     out=y[dec], **args,
                 )  # fmt: skip
             if md.num_prefills:
                 pre = slice(num_dec, num_dec + num_pre)
-                _selective_scan(
+                selective_scan_fn(
                     x[pre], dt[pre], A, B[pre], C[pre], md.prefill_query_start_loc, ssm_state,
                     cache_indices=md.prefill_state_indices,
                     has_initial_state=md.prefill_has_initial_state, z=z[pre],
