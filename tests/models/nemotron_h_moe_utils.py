@@ -134,12 +134,12 @@ def hf_greedy_through_eos(hf, prompt: list[int], n: int) -> list[int]:
     return got
 
 
-def check_generate_matches_hf_tie_free(path, hf, device="cpu", max_tokens: int = 6) -> None:
+def check_generate_matches_hf_tie_free(path, hf, device="cpu", max_tokens: int = 5) -> None:
     """``LLM.generate``'s greedy tokens for prompts of several lengths sent together
     (chunked prefill beside decodes under a 16-token budget) equal HF ``generate``'s, the
     routing of every prompt and HF continuation first checked tie-free; no KV block
     leaks."""
-    prompts = [tokens(n, "moe-gen", n) for n in (3, 21, 9, 1, 14)]
+    prompts = [tokens(n, "moe-gen", n) for n in (3, 17, 1, 9)]
     expected = [hf_greedy_through_eos(hf, p, max_tokens) for p in prompts]
     check_routing_margins(hf, [p + e for p, e in zip(prompts, expected, strict=True)])
     llm = engine(path, device)
