@@ -163,9 +163,13 @@ def test_config_moe_fields_and_refusals():
 
 
 def test_dummy_weights_run(hf_and_dir):
+    """Finite logits; the correction bias small beside the scores' spread, so that the
+    random router uses every expert (a benchmark's load is not piled on a few)."""
     _, path = hf_and_dir
     model = get_model(path, load_format="dummy")
     assert torch.isfinite(HybridDriver(model).step([("x", tokens(6, "dummy"))])[0]).all()
+    bias = model.model.layers[1].mixer.experts.e_score_correction_bias
+    assert 0 < bias.abs().max() <= 0.01
 
 
 def _ranks_equal_one_rank(cases):
@@ -206,3 +210,43 @@ def test_bf16_tracks_hf_gpu(tmp_path):
 def test_cuda_graph_decode_matches_eager(hf_and_dir):
     _, path = hf_and_dir
     check_graphs_match_eager(path, "cuda")
+
+
+def test_nemotron_3_nano_config_reads():
+    """The published Nemotron-3-Nano-30B-A3B config's fields (the pattern, 128 experts of
+    1856, top-6, one group, shared expert 3712, scaling 2.5): 23 MoE, 23 Mamba2 and 6
+    attention layers, no MLP block, and it shards over 2, 4 and 8 ranks."""
+    nano = dict(
+        architectures=["NemotronHForCausalLM"],
+        vocab_size=131072,
+        hidden_size=2688,
+        hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        num_attention_heads=32,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=1856,
+        mamba_num_heads=64,
+        mamba_head_dim=64,
+        n_groups=8,
+        ssm_state_size=128,
+        conv_kernel=4,
+        chunk_size=128,
+        n_routed_experts=128,
+        num_experts_per_tok=6,
+        moe_intermediate_size=1856,
+        moe_shared_expert_intermediate_size=3712,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=0,
+        torch_dtype="bfloat16",
+    )
+    config = NemotronHModelConfig.from_dict(nano)
+    kinds = config.layer_types
+    assert (kinds.count("moe"), kinds.count("mamba"), kinds.count("attention")) == (23, 23, 6)
+    assert config.mlp_size() is None and config.moe_shape().num_expert_group is None
+    assert config.moe_shape().top_k == 6 and config.moe_shape().routed_scaling_factor == 2.5
+    for tp in (2, 4, 8):
+        config.check_tp(tp)
