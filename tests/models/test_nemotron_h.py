@@ -77,8 +77,8 @@ def test_config_forms_and_refusals():
     pattern = NemotronHModelConfig.from_dict({**base, "hybrid_override_pattern": "M-*M"})
     assert pattern.layer_types == ("mamba", "mlp", "attention", "mamba")
     assert pattern.num_hidden_layers == 4 and pattern.time_step_limit == (0.001, float("inf"))
-    with pytest.raises(ValueError, match="MoE layers .* are not supported"):
-        NemotronHModelConfig.from_dict({**base, "hybrid_override_pattern": "M*E"})
+    moe = NemotronHModelConfig.from_dict({**base, "hybrid_override_pattern": "M*E"})
+    assert moe.layer_types[-1] == "moe"  # served: tests/models/test_nemotron_h_moe.py
     with pytest.raises(ValueError, match="string of M, \\*, - and E"):
         NemotronHModelConfig.from_dict({**base, "hybrid_override_pattern": "M*X"})
     with pytest.raises(ValueError, match="mlp_hidden_act='gelu'"):
@@ -108,8 +108,9 @@ def test_bad_checkpoint_config(hf_and_dir, tmp_path):
     _, path = hf_and_dir
     raw = json.loads((path / "config.json").read_text())
     raw["layers_block_type"] = ["linear_attention", "moe"]
+    raw["n_group"] = 3  # does not divide the 8 routed experts
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match="MoE layers"):
+    with pytest.raises(ValueError, match="n_group=3 must divide n_routed_experts=8"):
         get_model(tmp_path, load_format="dummy")
 
 

@@ -305,6 +305,8 @@ def _dummy_value(name: str, shape: tuple[int, ...], device, seed: int) -> torch.
         return draw(-bound, bound)
     if leaf == "bias":
         return draw(-0.1, 0.1)
+    if leaf == "e_score_correction_bias":  # a router's choice bias: small, so the random
+        return draw(-0.01, 0.01)  # router spreads tokens over all experts (benchmarks)
     if len(shape) == 1:  # norm gains
         return draw(0.8, 1.2)
     if "embeddings" in name:

@@ -4,8 +4,12 @@ Field names and defaults are ``NemotronHConfig``'s. The layer kinds come from
 ``layers_block_type`` (transformers 5: "linear_attention", "full_attention", "mlp",
 "moe"; the older "mamba" and "attention" are read as transformers remaps them) or, where
 that is absent, from ``hybrid_override_pattern`` (one character per layer: ``M`` Mamba2,
-``*`` attention, ``-`` MLP, ``E`` MoE). MoE layers are refused: this engine serves the
-dense NemotronH models. The older key names transformers still accepts (``mamba_n_groups``,
+``*`` attention, ``-`` MLP, ``E`` MoE). The MoE fields (``n_routed_experts``,
+``num_experts_per_tok``, ``moe_intermediate_size``, ``moe_shared_expert_intermediate_size``,
+``moe_latent_size``, ``n_group``, ``topk_group``, ``norm_topk_prob``,
+``routed_scaling_factor``) are checked only when a layer is "moe": a dense checkpoint's
+unused defaults never refuse it. ``moe_shape()`` is their normalised view. The older key
+names transformers still accepts (``mamba_n_groups``,
 ``mamba_d_conv``, ``mamba_dt_min``, ``mamba_conv_bias``, ``mamba_chunk_size``) win over the
 new ones, as in ``NemotronHConfig.__post_init__``.
 """
@@ -67,6 +71,24 @@ def layer_types_from(raw: dict[str, Any]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class NemotronHMoEShape:
+    """What a "moe" layer is built from: ``num_experts`` routed relu2 experts of
+    ``intermediate_size`` (on ``latent_size`` features when set, else the hidden size),
+    ``top_k`` per token by the sigmoid router (groups ``n_group``/``topk_group``, None for
+    one group), one shared relu2 expert of ``shared_intermediate_size``."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    shared_intermediate_size: int
+    latent_size: int | None
+    num_expert_group: int | None
+    topk_group: int | None
+    renormalize: bool
+    routed_scaling_factor: float
+
+
+@dataclass(frozen=True)
 class NemotronHModelConfig(ModelShapes):
     architecture: ClassVar[str] = "NemotronHForCausalLM"
     model_type: ClassVar[str] = "nemotron_h"
@@ -93,6 +115,16 @@ class NemotronHModelConfig(ModelShapes):
     chunk_size: int = 128
     use_bias: bool = False
     layer_norm_epsilon: float = 1e-5
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 7688
+    moe_shared_expert_intermediate_size: int = 7688
+    n_shared_experts: int = 1
+    moe_latent_size: int | None = None
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
     tie_word_embeddings: bool = False
     dtype: str | None = None
     num_hidden_layers: int = field(init=False)
@@ -125,8 +157,36 @@ class NemotronHModelConfig(ModelShapes):
     def attention_shape(self) -> AttentionShape:
         return AttentionShape(self.num_attention_heads, self.num_key_value_heads, self.head_dim)
 
-    def mlp_size(self) -> int:
-        return self.intermediate_size
+    def mlp_size(self) -> int | None:
+        return self.intermediate_size if "mlp" in self.layer_types else None
+
+    def moe_shape(self) -> NemotronHMoEShape | None:
+        """The MoE layers' shape (None: the model has none)."""
+        if "moe" not in self.layer_types:
+            return None
+        grouped = self.n_group > 1
+        return NemotronHMoEShape(
+            num_experts=self.n_routed_experts,
+            top_k=self.num_experts_per_tok,
+            intermediate_size=self.moe_intermediate_size,
+            shared_intermediate_size=self.moe_shared_expert_intermediate_size,
+            latent_size=self.moe_latent_size,
+            num_expert_group=self.n_group if grouped else None,
+            topk_group=self.topk_group if grouped else None,
+            renormalize=self.norm_topk_prob,
+            routed_scaling_factor=self.routed_scaling_factor,
+        )
+
+    def tp_problems(self, tp_size: int) -> list[str]:
+        problems = super().tp_problems(tp_size)
+        moe = self.moe_shape()
+        if moe is not None:
+            for name in ("moe_intermediate_size", "moe_shared_expert_intermediate_size"):
+                if getattr(self, name) % tp_size:
+                    problems.append(
+                        f"{name}={getattr(self, name)} is not divisible by tp_size={tp_size}"
+                    )
+        return problems
 
     def validate(self) -> None:
         check_positive_ints(
@@ -150,10 +210,7 @@ class NemotronHModelConfig(ModelShapes):
         if bad or not self.layer_types:
             raise ValueError(f"config: invalid NemotronH layer kinds {self.layer_types}")
         if "moe" in self.layer_types:
-            raise ValueError(
-                "config: NemotronH MoE layers ('E' in hybrid_override_pattern, 'moe' in "
-                "layers_block_type) are not supported; this engine serves dense NemotronH models"
-            )
+            self._validate_moe()
         if "mamba" not in self.layer_types:
             raise ValueError("config: a NemotronH model needs at least one Mamba ('M') layer")
         check_mamba_shape(
@@ -168,7 +225,7 @@ class NemotronHModelConfig(ModelShapes):
         if self.mlp_hidden_act != "relu2":
             raise ValueError(
                 f"config field mlp_hidden_act={self.mlp_hidden_act!r} is not supported "
-                "(NemotronH's MLP is relu2: squared ReLU)"
+                "(NemotronH's MLPs and experts are relu2: squared ReLU)"
             )
         if self.mamba_hidden_act not in ("silu", "swish"):
             raise ValueError(
@@ -178,6 +235,50 @@ class NemotronHModelConfig(ModelShapes):
         if not self.time_step_min >= 0:
             raise ValueError(f"config field time_step_min={self.time_step_min} must be >= 0")
 
+    def _validate_moe(self) -> None:
+        check_positive_ints(
+            self,
+            (
+                "n_routed_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+                "moe_shared_expert_intermediate_size",
+                "n_group",
+                "topk_group",
+            ),
+        )
+        check_bools(self, ("norm_topk_prob",))
+        if self.moe_latent_size is not None:
+            check_positive_ints(self, ("moe_latent_size",))
+        if self.n_shared_experts != 1:
+            # transformers builds one shared expert of moe_shared_expert_intermediate_size
+            # whatever this says, upstream vLLM one of n times that size: no agreed meaning.
+            raise ValueError(
+                f"config field n_shared_experts={self.n_shared_experts!r} is not supported "
+                "(NemotronH MoE has one shared expert of moe_shared_expert_intermediate_size)"
+            )
+        experts, groups = self.n_routed_experts, self.n_group
+        if experts % groups:
+            raise ValueError(
+                f"config field n_group={groups} must divide n_routed_experts={experts}"
+            )
+        if self.topk_group > groups:
+            raise ValueError(
+                f"config field topk_group={self.topk_group} must be at most n_group={groups}"
+            )
+        allowed = self.topk_group * (experts // groups) if groups > 1 else experts
+        if self.num_experts_per_tok > allowed:
+            raise ValueError(
+                f"config field num_experts_per_tok={self.num_experts_per_tok} exceeds the "
+                f"{allowed} experts a token may choose from (n_routed_experts={experts}, "
+                f"n_group={groups}, topk_group={self.topk_group})"
+            )
+        scale = self.routed_scaling_factor
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ValueError(
+                f"config field routed_scaling_factor must be a positive number, got {scale!r}"
+            )
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> NemotronHModelConfig:
         check_required(raw, ("hidden_size", "vocab_size"))
@@ -185,7 +286,9 @@ class NemotronHModelConfig(ModelShapes):
         for old, new in _LEGACY_KEYS.items():
             if raw.get(old) is not None:
                 raw[new] = raw[old]
-        kwargs = fields_from_dict(cls, raw, floats=("layer_norm_epsilon", "time_step_min"))
+        kwargs = fields_from_dict(
+            cls, raw, floats=("layer_norm_epsilon", "time_step_min", "routed_scaling_factor")
+        )
         kwargs["layer_types"] = layer_types_from(raw)
         return cls(**kwargs)
 
