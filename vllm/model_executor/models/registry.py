@@ -32,6 +32,7 @@ _MODELS: dict[str, tuple[str, str, str]] = {
     "Lfm2ForCausalLM": ("lfm2", "lfm2_config", "Lfm2ModelConfig"),
     "MambaForCausalLM": ("mamba", "mamba_config", "MambaModelConfig"),
     "FalconMambaForCausalLM": ("mamba", "mamba_config", "FalconMambaModelConfig"),
+    "JambaForCausalLM": ("jamba", "jamba_config", "JambaModelConfig"),
 }
 _MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
@@ -41,6 +42,7 @@ _MODEL_TYPES = {
     "lfm2": "Lfm2ForCausalLM",
     "mamba": "MambaForCausalLM",
     "falcon_mamba": "FalconMambaForCausalLM",
+    "jamba": "JambaForCausalLM",
 }
 _PACKAGE = "vllm.model_executor.models"
 
