@@ -214,9 +214,20 @@ def test_tp_check_names_the_fields():
         (dict(num_key_value_heads=3), "multiple of num_key_value_heads"),
         (dict(mamba_d_conv=9), "mamba_d_conv=9 is not supported"),
         (dict(hidden_act="gelu"), "hidden_act"),
+        (dict(mamba_inner_layernorms=False), "mamba_inner_layernorms=false is not supported"),
         (dict(architectures=["LlamaForCausalLM"], model_type="llama"), "unsupported model"),
     ],
-    ids=["attn_offset", "expert_period", "no_mamba", "top_k", "gqa", "conv", "act", "arch"],
+    ids=[
+        "attn_offset",
+        "expert_period",
+        "no_mamba",
+        "top_k",
+        "gqa",
+        "conv",
+        "act",
+        "no_inner_norms",
+        "arch",
+    ],  # fmt: skip
 )
 def test_bad_configs(checkpoints, tmp_path, edit, match):
     _, path = checkpoints("moe_on_attention")
@@ -225,6 +236,18 @@ def test_bad_configs(checkpoints, tmp_path, edit, match):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=match):
         get_model(tmp_path, load_format="dummy")
+
+
+def test_remote_code_config_keys(checkpoints):
+    """The remote-code configs' ``n_ctx`` and ``mamba_inner_layernorms``, transformers'
+    ``num_local_experts``."""
+    _, path = checkpoints("moe_on_attention")
+    raw = json.loads((path / "config.json").read_text())
+    del raw["max_position_embeddings"]
+    raw.update(n_ctx=96, mamba_inner_layernorms=True, calc_logits_for_entire_prompt=False)
+    raw["num_local_experts"] = raw.pop("num_experts")
+    cfg = JambaModelConfig.from_dict(raw)
+    assert cfg.max_position_embeddings == 96 and cfg.num_experts == 4
 
 
 def test_weighted_mixer_norms_need_an_epsilon():

@@ -12,9 +12,11 @@ patterns, as transformers derives them:
   (``moe_layers``); both are ``intermediate_size`` wide.
 
 ``mamba_dt_rank="auto"`` means ceil(hidden_size / 16); ``num_local_experts`` is read as
-``num_experts`` (transformers' attribute map). Fields that do not change inference
-(``use_mamba_kernels``, ``router_aux_loss_coef``, initialisation, token ids, ...) are
-accepted and ignored.
+``num_experts`` (transformers' attribute map), the remote-code configs' ``n_ctx`` as
+``max_position_embeddings``, and their ``mamba_inner_layernorms`` must not be false (the
+norms on dt, B and C are always there, as in transformers). Fields that do not change
+inference (``use_mamba_kernels``, ``router_aux_loss_coef``, initialisation, token ids,
+``calc_logits_for_entire_prompt``, ...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -190,9 +192,13 @@ class JambaModelConfig(ModelShapes):
     def from_dict(cls, raw: dict[str, Any]) -> JambaModelConfig:
         """From the fields of an HF ``config.json``."""
         check_required(raw, ("hidden_size", "num_hidden_layers", "vocab_size"))
-        kwargs = fields_from_dict(
-            cls, raw, aliases={"num_experts": ("num_local_experts",)}, floats=("rms_norm_eps",)
-        )
+        if raw.get("mamba_inner_layernorms") is False:
+            raise ValueError(
+                "config field mamba_inner_layernorms=false is not supported: transformers' "
+                "Jamba (and every released checkpoint) has the norms on dt, B and C"
+            )
+        aliases = {"num_experts": ("num_local_experts",), "max_position_embeddings": ("n_ctx",)}
+        kwargs = fields_from_dict(cls, raw, aliases=aliases, floats=("rms_norm_eps",))
         if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:
             kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 32)  # as HF
         return cls(**kwargs)
