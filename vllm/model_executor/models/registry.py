@@ -37,6 +37,7 @@ _MODELS: dict[str, tuple[str, str, str]] = {
         "granitemoehybrid_config",
         "GraniteMoeHybridModelConfig",
     ),
+    "JambaForCausalLM": ("jamba", "jamba_config", "JambaModelConfig"),
 }
 _MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
@@ -47,6 +48,7 @@ _MODEL_TYPES = {
     "mamba": "MambaForCausalLM",
     "falcon_mamba": "FalconMambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "jamba": "JambaForCausalLM",
 }
 _PACKAGE = "vllm.model_executor.models"
 

@@ -1,8 +1,9 @@
-"""MambaMixer: the Mamba1 token mixer (MambaForCausalLM, FalconMambaForCausalLM) over a
-continuous-batching step.
+"""MambaMixer: the Mamba1 token mixer (MambaForCausalLM, FalconMambaForCausalLM, the Mamba
+layers of JambaForCausalLM) over a continuous-batching step.
 
     in_proj -> x | z;  x -> causal conv1d + SiLU -> x_proj -> dt_low | B | C
-            (FalconMamba: dt_low, B and C each RMS-normalised, no weight, eps mixer_rms_eps)
+            (FalconMamba: dt_low, B and C each RMS-normalised, no weight, eps mixer_rms_eps;
+             Jamba: the same norms with weights, dt_layernorm, b_layernorm, c_layernorm)
             -> dt = dt_proj.weight @ dt_low;  softplus(dt + dt_proj.bias) inside the scan
             -> selective scan (state (d_inner, d_state) per sequence) + D x, times silu(z)
             -> out_proj
@@ -44,6 +45,7 @@ from torch import nn
 from vllm.cache_spec import MambaStateSpec
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -73,7 +75,8 @@ from vllm.model_executor.layers.mamba.ops.selective_scan import (
 class Mamba1Shape:
     """A Mamba1 mixer's sizes and settings (the whole layer's, all ranks): each Mamba1
     config's ``mamba1_shape()`` reads its fields into it. ``bcdt_rms_eps`` is FalconMamba's
-    ``mixer_rms_eps`` (None: plain Mamba1, no norms on dt, B and C)."""
+    ``mixer_rms_eps`` (None: plain Mamba1, no norms on dt, B and C); ``bcdt_norm_weights``
+    gives those norms weights (Jamba's, epsilon ``rms_norm_eps``)."""
 
     hidden_size: int
     intermediate_size: int
@@ -83,6 +86,7 @@ class Mamba1Shape:
     use_bias: bool
     use_conv_bias: bool
     bcdt_rms_eps: float | None = None
+    bcdt_norm_weights: bool = False
 
 
 def mamba1_tp_problems(
@@ -124,6 +128,7 @@ class MambaMixer(nn.Module):
         self.state_size = shape.state_size
         self.time_step_rank = shape.time_step_rank
         self.bcdt_rms_eps = shape.bcdt_rms_eps
+        self.bcdt_norm_weights = shape.bcdt_norm_weights
         d, n = shape.intermediate_size, shape.state_size
         self.in_proj = MergedColumnParallelLinear(
             shape.hidden_size, [d, d], bias=shape.use_bias, dtype=dtype
@@ -139,6 +144,15 @@ class MambaMixer(nn.Module):
         self.out_proj = RowParallelLinear(d, shape.hidden_size, bias=shape.use_bias, dtype=dtype)
         self.conv_shape = (local, shape.conv_kernel - 1)
         self.ssm_shape = (local, n)
+        if shape.bcdt_norm_weights:
+            # Jamba: weighted norms, replicated (x_proj's all-reduce gives every rank the
+            # whole dt_low, B and C).
+            if shape.bcdt_rms_eps is None:
+                raise ValueError("Mamba1Shape: bcdt_norm_weights needs bcdt_rms_eps")
+            eps, rank = shape.bcdt_rms_eps, shape.time_step_rank
+            self.dt_layernorm = RMSNorm(rank, eps=eps, dtype=dtype)
+            self.b_layernorm = RMSNorm(n, eps=eps, dtype=dtype)
+            self.c_layernorm = RMSNorm(n, eps=eps, dtype=dtype)
         self.set_conv_backend(conv_backend_from_env())
         # (conv_state, ssm_state): this layer's views of the state pool, bound by the engine.
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -169,7 +183,9 @@ class MambaMixer(nn.Module):
                 x = self._conv_cuda(x, conv_state, md)
         n = self.state_size
         dt, B, C = self.x_proj(x).split([self.time_step_rank, n, n], dim=-1)
-        if self.bcdt_rms_eps is not None:
+        if self.bcdt_norm_weights:
+            dt, B, C = self.dt_layernorm(dt), self.b_layernorm(B), self.c_layernorm(C)
+        elif self.bcdt_rms_eps is not None:
             dt, B, C = (weightless_rms_norm(t, self.bcdt_rms_eps) for t in (dt, B, C))
         dt = F.linear(dt, self.dt_proj.weight)  # the bias goes to the scan (delta_bias)
         num_dec, num_pre = md.num_decode_tokens, md.num_prefill_tokens
