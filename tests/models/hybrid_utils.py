@@ -63,17 +63,26 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
+@torch.no_grad()
 def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    """HF ``generate``'s greedy tokens (n of them; EOS never ends it early)."""
-    out = hf.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
+    """HF ``generate``'s n greedy tokens with EOS an ordinary token, as ``ignore_eos``
+    makes it for us: no EOS stops it and none is forbidden (``min_new_tokens`` would keep n
+    by forbidding EOS, and differ from us wherever EOS is the argmax)."""
+    eos = hf.generation_config.eos_token_id
+    hf.generation_config.eos_token_id = None
+    try:
+        out = hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    finally:
+        hf.generation_config.eos_token_id = eos
+    got = out[0, len(prompt) :].tolist()
+    assert len(got) == n, got
+    return got
 
 
 class HybridDriver:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.models.hf_builders import make_nemotron_h_hf
-from tests.models.hybrid_utils import check_no_kv_leak, engine, tokens
+from tests.models.hybrid_utils import check_no_kv_leak, engine, hf_greedy, tokens
 from tests.models.mamba2_utils import gen_for
 from vllm import SamplingParams
 
@@ -111,36 +111,13 @@ def check_routing_margins(hf, sequences: list[list[int]]) -> None:
     )
 
 
-@torch.no_grad()
-def hf_greedy_through_eos(hf, prompt: list[int], n: int) -> list[int]:
-    """HF ``generate``'s n greedy tokens with EOS an ordinary token, as ``ignore_eos``
-    makes it for us. (``hybrid_utils.hf_greedy`` keeps n with ``min_new_tokens``, whose
-    logits processor forbids EOS: where EOS is the argmax, the two differ; this tiny
-    model's 1-token prompt meets that.)"""
-    eos = hf.generation_config.eos_token_id
-    hf.generation_config.eos_token_id = None
-    try:
-        out = hf.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=n,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    finally:
-        hf.generation_config.eos_token_id = eos
-    got = out[0, len(prompt) :].tolist()
-    assert len(got) == n, got
-    return got
-
-
 def check_generate_matches_hf_tie_free(path, hf, device="cpu", max_tokens: int = 5) -> None:
     """``LLM.generate``'s greedy tokens for prompts of several lengths sent together
     (chunked prefill beside decodes under a 16-token budget) equal HF ``generate``'s, the
     routing of every prompt and HF continuation first checked tie-free; no KV block
     leaks."""
     prompts = [tokens(n, "moe-gen", n) for n in (3, 17, 1, 9)]
-    expected = [hf_greedy_through_eos(hf, p, max_tokens) for p in prompts]
+    expected = [hf_greedy(hf, p, max_tokens) for p in prompts]
     check_routing_margins(hf, [p + e for p, e in zip(prompts, expected, strict=True)])
     llm = engine(path, device)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
