@@ -38,6 +38,7 @@ _MODELS: dict[str, tuple[str, str, str]] = {
         "GraniteMoeHybridModelConfig",
     ),
     "JambaForCausalLM": ("jamba", "jamba_config", "JambaModelConfig"),
+    "FalconH1ForCausalLM": ("falcon_h1", "falcon_h1_config", "FalconH1ModelConfig"),
 }
 _MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
@@ -49,6 +50,7 @@ _MODEL_TYPES = {
     "falcon_mamba": "FalconMambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "jamba": "JambaForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
 _PACKAGE = "vllm.model_executor.models"
 
