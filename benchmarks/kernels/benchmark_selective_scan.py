@@ -323,5 +323,21 @@ def main(argv=None) -> list[dict]:
     return rows
 
 
+def failed(rows: list[dict]) -> list[str]:
+    """The (case, provider) pairs whose check failed or raised: the run then exits 1."""
+    bad = []
+    for r in rows:
+        for name in ("ours", "hf"):
+            res = r.get(name)
+            if res is not None and not res.get("ok", "skipped" in res):
+                bad.append(
+                    f"{name} at { {k: v for k, v in r.items() if isinstance(v, (int, str))} }"
+                )
+    return bad
+
+
 if __name__ == "__main__":
-    main()
+    problems = failed(main())
+    if problems:
+        print("FAILED checks:", *problems, sep="\n  ", file=sys.stderr)
+        sys.exit(1)

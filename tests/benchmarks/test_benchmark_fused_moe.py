@@ -35,6 +35,9 @@ def test_smoke_run(tmp_path, monkeypatch):
             assert r["upstream"] == {"skipped": reason} and reason.startswith("skipped: not found")
         else:
             assert r["upstream"]["ok"], r["upstream"]
+    assert bench.failed(rows) == []
+    rows[0]["ours"]["ok"] = False  # a failed check is named (the run then exits 1)
+    assert bench.failed(rows) == [f"ours at {dict(shape=rows[0]['shape'], tokens=1)}"]
     saved = json.loads((tmp_path / "fused_moe_bench.json").read_text())
     assert len(saved["rows"]) == len(rows)
     assert "FAIL" not in (tmp_path / "fused_moe_bench.md").read_text()

@@ -47,6 +47,7 @@ def test_smoke_run(tmp_path, monkeypatch):
         assert r["ours"]["ok"] and r["ours"]["us"] > 0, r
         if r["op"] == "prefill":
             assert r["hf"].get("ok", "skipped" in r["hf"]), r["hf"]
+    assert bench.failed(rows) == []
     assert rows[0]["passes"] > 1  # 1 x 70 is cut into two chunks: the rescan path ran
     saved = json.loads((tmp_path / "selective_scan_bench.json").read_text())
     assert len(saved["rows"]) == len(rows) and saved["meta"]["dim"] == 8
