@@ -15,9 +15,10 @@ Providers:
 - ``ours``: ``ops/selective_scan.selective_scan_fn`` (prefill; the launch table's chunk
   plan) and ``selective_state_update_mamba1`` (decode);
 - ``hf``: transformers' PyTorch path for the prefill: the undecorated
-  ``mamba_selective_scan`` of ``models/falcon_mamba/modeling_falcon_mamba.py`` (its token
-  loop, the one ``FalconMambaMixer.slow_forward`` runs without mamba_ssm; unwrapped so that
-  an installed mamba_ssm is not picked instead), on the (S, dim, L) layout it takes. It has
+  ``mamba_selective_scan`` of ``models/falcon_mamba/modeling_falcon_mamba.py`` (else of
+  ``models/mamba/modeling_mamba.py``, the same math; in neither: skipped, saying why): its
+  token loop, the one ``FalconMambaMixer.slow_forward`` runs without mamba_ssm (unwrapped so
+  that an installed mamba_ssm is not picked instead), on the (S, dim, L) layout it takes. It has
   no initial state (it starts from zeros): it is checked against the reference from zeros
   and timed so; its (S, dim, L, dstate) fp32 intermediates are its own cost. Decode has no
   HF op to call (the step is inline in ``slow_forward``): none there.
@@ -60,20 +61,24 @@ ISSUE_PER_S = 528 * 1.98e9
 EX2_PER_TD, INSTR_PER_TD, INSTR_FIRST_PASS = 18, 217, 165
 # rel-L2 bounds against the fp32 reference: y in bf16 (fp16 in smoke) and the pool's dtype.
 TOL = {torch.float32: 2e-2, torch.bfloat16: 3e-2, torch.float16: 2e-2}
-HF_HREF = "transformers.models.falcon_mamba.modeling_falcon_mamba.mamba_selective_scan"
 
 
 def hf_scan():
     """transformers' PyTorch scan (unwrapped from its kernel-hub decorator), or the reason."""
-    try:
-        from transformers.models.falcon_mamba import modeling_falcon_mamba as m
+    import importlib
 
-        fn = inspect.unwrap(m.mamba_selective_scan)
-    except Exception as err:  # noqa: BLE001 - no transformers (or no such op): skipped
-        return None, f"skipped: {type(err).__name__}: {err}"
-    if fn.__code__.co_filename != m.__file__:
-        return None, f"skipped: {HF_HREF} unwraps to {fn.__module__}, not the PyTorch path"
-    return fn, None
+    reasons = []
+    for name in ("falcon_mamba.modeling_falcon_mamba", "mamba.modeling_mamba"):
+        try:
+            m = importlib.import_module(f"transformers.models.{name}")
+            fn = inspect.unwrap(m.mamba_selective_scan)
+        except Exception as err:  # noqa: BLE001 - no transformers (or no such op): next
+            reasons.append(f"{name}: {type(err).__name__}: {err}")
+            continue
+        if fn.__code__.co_filename == m.__file__:
+            return fn, None
+        reasons.append(f"{name}: unwraps to {fn.__module__}, not the PyTorch path")
+    return None, "skipped: " + "; ".join(reasons)
 
 
 class Case:
@@ -301,10 +306,11 @@ def main(argv=None) -> list[dict]:
     timer = None if args.smoke else ColdTimer()
     gbps = 1.0 if timer is None else copy_gbps(timer=timer)
     device = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name()
-    print(f"{device}: copy {gbps:.0f} GB/s; hf: {hf_skip or HF_HREF}", flush=True)
+    hf_name = hf_skip or f"{hf.__module__}.{hf.__name__}"
+    print(f"{device}: copy {gbps:.0f} GB/s; hf: {hf_name}", flush=True)
     meta = {"command": " ".join(sys.argv), "commit": git_sha(), "device": device,
             "torch": torch.__version__, "triton": triton_version(), "copy_gbps": gbps,
-            "dim": DIM, "dstate": DSTATE, "act": str(ACT), "hf": hf_skip or HF_HREF}  # fmt: skip
+            "dim": DIM, "dstate": DSTATE, "act": str(ACT), "hf": hf_name}  # fmt: skip
     work = [("prefill", *map(int, c.split("x"))) for c in args.cases.split(",") if c]
     work += [("decode", int(b), 1) for b in args.decode_batches.split(",") if b]
     rows = []

@@ -51,4 +51,8 @@ def test_smoke_run(tmp_path, monkeypatch):
     assert rows[0]["passes"] > 1  # 1 x 70 is cut into two chunks: the rescan path ran
     saved = json.loads((tmp_path / "selective_scan_bench.json").read_text())
     assert len(saved["rows"]) == len(rows) and saved["meta"]["dim"] == 8
+    # transformers (the tests' oracle) is installed: its PyTorch scan ran, not a skip
+    hf = "transformers.models.falcon_mamba.modeling_falcon_mamba.mamba_selective_scan"
+    assert saved["meta"]["hf"] == hf
+    assert all(r["hf"]["ok"] for r in rows if r["op"] == "prefill")
     assert "FAIL" not in (tmp_path / "selective_scan_bench.md").read_text()
