@@ -42,6 +42,7 @@ only; times are wall clock of the interpreter).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -73,19 +74,32 @@ def upstream_module():
     return up, None
 
 
+@functools.cache
+def expert_weights(shape, dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w13, w2) of a shape, drawn once on the device (Granite's are 0.7 G values: drawing
+    them on the host for every token count would take minutes)."""
+    hidden, experts, inter, _, gated = shape
+    g = torch.Generator(device).manual_seed(1)
+    rows = 2 * inter if gated else inter
+
+    def rand(*size, scale):
+        return (torch.randn(*size, generator=g, device=device) * scale).to(dtype)
+
+    return rand(experts, rows, hidden, scale=hidden**-0.5), rand(experts, hidden, inter,
+                                                                 scale=inter**-0.5)  # fmt: skip
+
+
 class Case:
     def __init__(self, shape, tokens: int, dtype, device: str, seed: int = 0):
         hidden, experts, inter, top_k, gated = shape
         self.hidden, self.experts, self.inter, self.top_k, self.gated = shape
         g = torch.Generator().manual_seed(seed)
-        rows = 2 * inter if gated else inter
 
         def rand(*s, scale=1.0):
             return (torch.randn(*s, generator=g) * scale).to(device, dtype)
 
         self.x = rand(tokens, hidden)
-        self.w13 = rand(experts, rows, hidden, scale=hidden**-0.5)
-        self.w2 = rand(experts, hidden, inter, scale=inter**-0.5)
+        self.w13, self.w2 = expert_weights(shape, dtype, device)
         logits = torch.randn(tokens, experts, generator=g)
         w, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
         self.weights = (w / w.sum(-1, keepdim=True)).to(device)
