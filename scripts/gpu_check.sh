@@ -6,7 +6,8 @@
 # suite (on CUDA tensors where a test's device fixture picks CUDA), the demo and the
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
-# Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, replay_bench, vs_hf, cold_start, e2e,
+# Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, replay_bench, selective_scan_bench,
+# fused_moe_bench, vs_hf, cold_start, e2e,
 # e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench, serving_sweep, tp (see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -165,6 +166,24 @@ ssd_bench() {
     # shellcheck disable=SC2086
     PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_ssd ${SSD_BENCH_ARGS:-} \
         --out "$out/ssd" 2>&1 | tee "$out/ssd.log"
+}
+# Mamba1's selective scan at falcon-mamba-7b's layer shape (docs/selective_scan.md): ours
+# against transformers' PyTorch scan and the byte floor, prefill 1 x 8192 and 16 x 512 with
+# initial states, decode 1/32/128, fp32 and bf16 pools; ~1-2 minutes. SCAN_BENCH_ARGS adds options.
+selective_scan_bench() {
+    # shellcheck disable=SC2086
+    python3 -m benchmarks.kernels.benchmark_selective_scan ${SCAN_BENCH_ARGS:-} \
+        --out "$out/selective_scan" 2>&1 | tee "$out/selective_scan.log"
+}
+# The fused-MoE op (docs/fused_moe.md) on the Granite-4.0-H-Small and Nemotron-3-Nano layer
+# shapes at 1-4096 tokens: ours, upstream 0.33's Triton kernel from a carried .upstream/
+# (absent: skipped, saying so), a per-expert PyTorch loop; ~2 minutes. MOE_BENCH_ARGS adds options.
+fused_moe_bench() {
+    local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d .upstream ] && path="$path:$PWD/.upstream"
+    # shellcheck disable=SC2086
+    PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_fused_moe ${MOE_BENCH_ARGS:-} \
+        --out "$out/fused_moe" 2>&1 | tee "$out/fused_moe.log"
 }
 # Ours (max_num_batched_tokens 2048 and 8192, fp32 state; 8192 with bf16 state) and HF
 # generate with mamba_ssm's Triton kernels: 128 prompts x 512 tokens, 256 output tokens,
@@ -408,7 +427,8 @@ for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | replay_bench | vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
+        wheels | ssd_bench | replay_bench | selective_scan_bench | fused_moe_bench | \
+        vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
         serving_sweep | tp) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
@@ -432,6 +452,8 @@ for f in "$out"/bamba9b_conv*.log; do [ -f "$f" ] && grep -H '^Throughput' "$f";
 [ -f "$out/wheels.log" ] && tail -n 1 "$out/wheels.log"
 [ -f "$out/ssd/ssd_bench.md" ] && cat "$out/ssd/ssd_bench.md"
 [ -f "$out/replay.log" ] && tail -n 40 "$out/replay.log"
+[ -f "$out/selective_scan/selective_scan_bench.md" ] && cat "$out/selective_scan/selective_scan_bench.md"
+[ -f "$out/fused_moe/fused_moe_bench.md" ] && cat "$out/fused_moe/fused_moe_bench.md"
 [ -f "$out/replay_step.log" ] && grep -E -i 'decode|step' "$out/replay_step.log" | tail -n 24
 [ -f "$out/vs_hf.md" ] && cat "$out/vs_hf.md"
 [ -f "$out/cold_start.log" ] && grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|no tests ran' \
