@@ -183,15 +183,20 @@ cold_start() {
 # Issues 33/34: the falcon-mamba-7b, LFM2-1.2B, Granite-4.0-H-Tiny and Nemotron-3-Nano shapes
 # (random bf16 weights), ours against HF generate of the same architecture in the same run:
 # 128 prompts x 512 tokens, 256 output tokens, --prefill-run, one benchmark_vs_hf.py per
-# shape (VS_HF_ARCH_MODELS picks some: the four may not fit one 10-minute call).
+# shape (VS_HF_ARCH_MODELS picks some: the four may not fit one 10-minute call). HF's
+# PyTorch Mamba1 scan holds three fp32 (batch, 8192, 512, 16) tensors per falcon-mamba-7b
+# layer (~103 GB at batch 128, ~52 GB at 64): its prompts go in batches of
+# VS_HF_ARCH_FALCON_HF_BATCH (64; the table records it).
 vs_hf_arch() {
     wheels || echo "(HF's Mamba2-family models run without mamba_ssm: its PyTorch scan)"
-    local m rc=0
+    local m hf_batch rc=0
     for m in ${VS_HF_ARCH_MODELS:-falcon-mamba-7b lfm2-1.2b granite-4.0-h-tiny nemotron-3-nano}; do
+        hf_batch=""
+        [ "$m" = falcon-mamba-7b ] && hf_batch="--hf-batch-size ${VS_HF_ARCH_FALCON_HF_BATCH:-64}"
         # shellcheck disable=SC2086
         python3 -m benchmarks.engine.benchmark_vs_hf --model "$m" \
             --systems "${VS_HF_ARCH_SYSTEMS:-ours-8192-fp32,hf}" --max-model-len 768 \
-            --timeout-s "${VS_HF_ARCH_TIMEOUT_S:-420}" ${VS_HF_ARCH_ARGS:-} \
+            --timeout-s "${VS_HF_ARCH_TIMEOUT_S:-420}" $hf_batch ${VS_HF_ARCH_ARGS:-} \
             --out "$out/vs_hf_$m.json" --md "$out/vs_hf_$m.md" 2>&1 | tee "$out/vs_hf_$m.log"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     done
