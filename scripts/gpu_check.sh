@@ -9,6 +9,7 @@
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, replay_bench, selective_scan_bench,
 # fused_moe_bench, vs_hf, cold_start, e2e,
 # e2e_cold_warm, serve, host_cost, lm_eval, hybrid_bench, serving_sweep, tp (see below).
+# Also on request: vs_hf_arch (issues 33/34's four shapes against HF; see below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -196,6 +197,29 @@ vs_hf() {
 cold_start() {
     python3 -m pytest tests/engine/test_cold_start.py -q -p no:cacheprovider 2>&1 |
         tee "$out/cold_start.log"
+}
+
+# Issues 33/34: the falcon-mamba-7b, LFM2-1.2B, Granite-4.0-H-Tiny and Nemotron-3-Nano shapes
+# (random bf16 weights), ours against HF generate of the same architecture in the same run:
+# 128 prompts x 512 tokens, 256 output tokens, --prefill-run, one benchmark_vs_hf.py per
+# shape (VS_HF_ARCH_MODELS picks some: the four may not fit one 10-minute call). HF's
+# PyTorch Mamba1 scan holds three fp32 (batch, 8192, 512, 16) tensors per falcon-mamba-7b
+# layer (~103 GB at batch 128, ~52 GB at 64): its prompts go in batches of
+# VS_HF_ARCH_FALCON_HF_BATCH (64; the table records it).
+vs_hf_arch() {
+    wheels || echo "(HF's Mamba2-family models run without mamba_ssm: its PyTorch scan)"
+    local m hf_batch rc=0
+    for m in ${VS_HF_ARCH_MODELS:-falcon-mamba-7b lfm2-1.2b granite-4.0-h-tiny nemotron-3-nano}; do
+        hf_batch=""
+        [ "$m" = falcon-mamba-7b ] && hf_batch="--hf-batch-size ${VS_HF_ARCH_FALCON_HF_BATCH:-64}"
+        # shellcheck disable=SC2086
+        python3 -m benchmarks.engine.benchmark_vs_hf --model "$m" \
+            --systems "${VS_HF_ARCH_SYSTEMS:-ours-8192-fp32,hf}" --max-model-len 768 \
+            --timeout-s "${VS_HF_ARCH_TIMEOUT_S:-420}" $hf_batch ${VS_HF_ARCH_ARGS:-} \
+            --out "$out/vs_hf_$m.json" --md "$out/vs_hf_$m.md" 2>&1 | tee "$out/vs_hf_$m.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    done
+    return $rc
 }
 
 # `vllm serve` on the Codestral-7B shape (random bf16 weights: --load-format dummy reads
@@ -426,6 +450,7 @@ steps=${GPU_CHECK_STEPS:-environment install gpu_tests other_tests demo bench st
 for s in $steps; do
     case $s in
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
+    vs_hf_arch) step "$s" "$s" ;; # issues 33/34's shapes, ours vs HF
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
         wheels | ssd_bench | replay_bench | selective_scan_bench | fused_moe_bench | \
         vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
@@ -456,6 +481,7 @@ for f in "$out"/bamba9b_conv*.log; do [ -f "$f" ] && grep -H '^Throughput' "$f";
 [ -f "$out/fused_moe/fused_moe_bench.md" ] && cat "$out/fused_moe/fused_moe_bench.md"
 [ -f "$out/replay_step.log" ] && grep -E -i 'decode|step' "$out/replay_step.log" | tail -n 24
 [ -f "$out/vs_hf.md" ] && cat "$out/vs_hf.md"
+for f in "$out"/vs_hf_*.md; do [ -f "$f" ] && cat "$f"; done
 [ -f "$out/cold_start.log" ] && grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|no tests ran' \
     "$out/cold_start.log"
 [ -f "$out/e2e_cold_warm.md" ] && cat "$out/e2e_cold_warm.md"

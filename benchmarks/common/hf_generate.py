@@ -1,20 +1,25 @@
-"""The HF transformers backend of benchmark_throughput.py: ``Mamba2ForCausalLM.generate``.
+"""The HF transformers backend of benchmark_throughput.py: ``<Architecture>.generate``.
 
 Same requests as the engine gets (equal prompt lengths, one output length), the same
-model shape (a ``transformers.Mamba2Config`` from our ``Mamba2ModelConfig`` fields, random
-weights, or ``from_pretrained`` of a model directory), the same dtype and device. Prompts
-go in batches of ``--hf-batch-size`` (default: all at once), each generating exactly the
-output length (``min_new_tokens = max_new_tokens``; greedy at temperature 0, else
-sampling at that temperature).
+model shape (transformers' class of the config's architecture: ``Mamba2ForCausalLM``,
+``BambaForCausalLM``, ``MambaForCausalLM``, ``FalconMambaForCausalLM``,
+``Lfm2ForCausalLM``, ``GraniteMoeHybridForCausalLM``, ``NemotronHForCausalLM``, ... with a
+transformers config made from our config's fields by hf_models.py, random weights, or
+``from_pretrained`` of a model directory), the same dtype and device. Prompts go in batches
+of ``--hf-batch-size`` (default: all at once), each generating exactly the output length
+(``min_new_tokens = max_new_tokens``; greedy at temperature 0, else sampling at that
+temperature).
 
-Which kernels HF runs is decided when transformers imports its Mamba2 model (5.17:
+Which kernels HF runs is decided when transformers imports its model module (5.17:
 ``use_kernel_func_from_hub_with_fallback`` tries ``import mamba_ssm`` and looks up
 ``ops.triton.ssd_combined.mamba_chunk_scan_combined`` and
 ``ops.triton.selective_state_update.selective_state_update``, and ``import causal_conv1d``
 for the conv; each missing one falls back to HF's PyTorch code). ``--hf-kernels``:
 ``mamba_ssm`` puts mamba_ssm's Triton modules in place first (mamba_ssm_import.py; an error
 if they do not import), ``torch`` does not, ``auto`` does on CUDA when they import. What
-HF really took is read back from the decorated functions and recorded (``hf.kernels``).
+HF really took is read back from the decorated functions of the model's module and
+recorded (``hf.kernels``): the Mamba2 family's scan, state update and conv, Mamba1's scans
+(mamba_ssm's CUDA ones, absent from the box: HF's PyTorch path) and LFM2's conv.
 
 Timing: the prefill of each batch ends where the first logits processor call happens
 (a processor that records a timestamp after a device sync: HF's generate syncs on
@@ -31,14 +36,27 @@ import itertools
 import statistics
 import sys
 import time
-from dataclasses import fields
 
+from benchmarks.common.hf_models import hf_config, hf_model_class
+
+__all__ = ["hf_config", "build_model", "kernels_taken", "prepare_kernels", "run_hf"]
+
+# The Mamba2 family's decorated entry points (transformers' mamba2, bamba,
+# granitemoehybrid, nemotron_h and zamba2 modules name them alike).
 _HF_FUNCS = (
     "mamba2_chunk_scan",
     "mamba2_selective_state_update",
     "causal_conv1d_fn",
     "causal_conv1d_update",
 )
+# Those of the Mamba1 family (mamba, falcon_mamba, jamba) and of LFM2's short conv.
+_MAMBA1_FUNCS = (
+    "mamba_selective_scan",
+    "mamba_selective_state_update",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+)
+_CONV_FUNCS = ("causal_conv1d_fn", "causal_conv1d_update")
 
 
 def prepare_kernels(choice: str, on_cuda: bool) -> str | None:
@@ -59,50 +77,53 @@ def prepare_kernels(choice: str, on_cuda: bool) -> str | None:
     return None
 
 
-def kernels_taken() -> dict:
-    """For each of HF's Mamba2 kernel entry points, the implementation it resolved to."""
-    from transformers.models.mamba2 import modeling_mamba2
+def _implementation(fn) -> str:
+    """What a decorated HF entry point resolved to: "torch" (HF's own code), the
+    implementation's dotted name, or "unknown" (absent)."""
+    if fn is None:
+        return "unknown"
+    impl = None
+    # transformers 5.25 with `kernels` installed wraps these in objects: no closure.
+    if getattr(fn, "__closure__", None):
+        impl = inspect.getclosurevars(fn).nonlocals.get("implementation")
+    if impl is None:
+        return "torch"
+    where = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
+    return "torch" if where.startswith("transformers.") else where
 
-    taken = {}
-    for name in _HF_FUNCS:
-        fn = getattr(modeling_mamba2, name, None)
-        impl = None
-        # transformers 5.25 with `kernels` installed wraps these in objects: no closure.
-        if fn is not None and getattr(fn, "__closure__", None):
-            impl = inspect.getclosurevars(fn).nonlocals.get("implementation")
-        if impl is None:
-            taken[name] = "unknown" if fn is None else "torch"
-            continue
-        where = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
-        taken[name] = "torch" if where.startswith("transformers.") else where
-    taken["fast_scan"] = all(
-        taken.get(n, "torch") not in ("torch", "unknown")
-        for n in ("mamba2_chunk_scan", "mamba2_selective_state_update")
-    )
-    taken["fast_conv"] = taken.get("causal_conv1d_fn", "torch") not in ("torch", "unknown")
+
+def kernels_taken(module=None) -> dict:
+    """For each of HF's kernel entry points in ``module`` (a transformers modeling module;
+    default: Mamba2's), the implementation it resolved to, and whether the scan and conv
+    are fast ones (``fast_scan`` None: the model has no scan)."""
+    if module is None:
+        from transformers.models.mamba2 import modeling_mamba2 as module
+    if hasattr(module, "mamba2_chunk_scan"):
+        names, scans = _HF_FUNCS, ("mamba2_chunk_scan", "mamba2_selective_state_update")
+    elif hasattr(module, "mamba_selective_scan"):
+        names, scans = _MAMBA1_FUNCS, ("mamba_selective_scan", "mamba_selective_state_update")
+    else:
+        names, scans = _CONV_FUNCS, ()
+    taken = {name: _implementation(getattr(module, name, None)) for name in names}
+    slow = ("torch", "unknown")
+    taken["fast_scan"] = all(taken[n] not in slow for n in scans) if scans else None
+    taken["fast_conv"] = taken.get("causal_conv1d_fn", "torch") not in slow
     return taken
 
 
-def hf_config(config):
-    """transformers' Mamba2Config with our Mamba2ModelConfig's fields."""
-    from transformers import Mamba2Config
-
-    values = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "dtype"}
-    values["time_step_limit"] = tuple(values["time_step_limit"])
-    return Mamba2Config(**values)
-
-
 def build_model(model, config, load_format: str, dtype, device):
+    """transformers' model of ``config``'s architecture: ``from_pretrained(model)`` for a
+    directory read from disk, else random weights of the same shape."""
     import torch
-    from transformers import Mamba2ForCausalLM
 
+    cls = hf_model_class(config)
     if isinstance(model, str) and load_format != "dummy":
-        return Mamba2ForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
+        return cls.from_pretrained(model, dtype=dtype).to(device).eval()
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            hf = Mamba2ForCausalLM(hf_config(config))
+            hf = cls(hf_config(config))
     finally:
         torch.set_default_dtype(default)
     return hf.eval()
@@ -222,7 +243,8 @@ def run_hf(args, model, config, requests, t_start: float) -> dict:
         "ssm_state_dtype": ssm_dtype,
         "batch_size": bs,
         "batches": len(batches),
-        "kernels": kernels_taken(),
+        "architecture": config.architecture,
+        "kernels": kernels_taken(sys.modules[type(hf).__module__]),
         "mamba_ssm_not_used_because": not_fast,
         "prefill_s_in_run": prefill_s,
         "prefill_tokens_per_s_in_run": sum(map(len, prompts)) / prefill_s,

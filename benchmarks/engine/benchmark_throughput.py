@@ -5,16 +5,21 @@
         --num-prompts 128 --input-len 512 --output-len 256 --prefill-run --out r.json
     python -m benchmarks.engine.benchmark_throughput --backend hf --model codestral-7b \
         --dtype bfloat16 --num-prompts 128 --input-len 512 --output-len 256 --prefill-run
+    python -m benchmarks.engine.benchmark_throughput --model lfm2-1.2b --dtype bfloat16 \
+        --num-prompts 128 --input-len 512 --output-len 256 --max-model-len 768
     VLLM_USE_TRITON_CONV1D=0 python -m benchmarks.engine.benchmark_throughput --model bamba-9b \
         --dtype bfloat16 --num-prompts 200 --output-len 256 --out bamba_cuda_conv.json
 
 Named shapes (dummy weights; model_shapes.py): the Mamba2 ones of ``NAMED_CONFIGS``
-(``codestral-7b``, ``tiny``) and the hybrids of ``HYBRID_CONFIGS`` (``bamba-9b``:
-ibm-fms/Bamba-9B's shape, ``bamba-tiny`` for a CPU run); or a model directory of any
-registered architecture.
+(``codestral-7b``, ``tiny``), the Bamba hybrids of ``HYBRID_CONFIGS`` (``bamba-9b``:
+ibm-fms/Bamba-9B's shape, ``bamba-tiny`` for a CPU run) and the other architectures of
+``ARCH_CONFIGS`` (``falcon-mamba-7b``, ``lfm2-1.2b``, ``granite-4.0-h-tiny``,
+``nemotron-3-nano``, each with a ``*-cpu`` stand-in, and ``mamba-cpu``); or a model
+directory of any registered architecture.
 
-Backends: ``vllm`` (this project's ``vllm.LLM``) and ``hf`` (HF transformers'
-``Mamba2ForCausalLM.generate`` on the same requests and model shape: hf_generate.py).
+Backends: ``vllm`` (this project's ``vllm.LLM``) and ``hf`` (HF transformers' model class
+of the same architecture, ``.generate`` on the same requests and model shape:
+hf_generate.py).
 Requests (bench_setup.py): ``--input-len`` / ``--output-len`` fix every prompt's and
 output's length (random token ids), as vLLM's throughput benchmark does; else
 ``--dataset`` (ShareGPT JSON) or synthetic ShareGPT-like lengths. Every request generates
@@ -58,7 +63,7 @@ from pathlib import Path  # noqa: E402
 
 # None imports torch or triton: the Triton cache is set before either is loaded.
 from benchmarks.common.bench_setup import make_requests, triton_cache  # noqa: E402
-from benchmarks.common.model_shapes import HYBRID_CONFIGS, NAMED_CONFIGS, named_config  # noqa: E402
+from benchmarks.common.model_shapes import named_config, shape_names  # noqa: E402
 from benchmarks.common.run_info import git_sha, triton_version  # noqa: E402
 from benchmarks.common.step_profile import MARKDOWN_HEADER, markdown_rows  # noqa: E402
 from benchmarks.engine.engine_profile import profile_engine  # noqa: E402
@@ -68,8 +73,7 @@ from vllm.benchmarks import step_stats  # noqa: E402
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
-    names = [*NAMED_CONFIGS, *HYBRID_CONFIGS]
-    p.add_argument("--model", default="tiny", help=f"a directory or {', '.join(names)}")
+    p.add_argument("--model", default="tiny", help=f"a directory or {', '.join(shape_names())}")
     p.add_argument(
         "--load-format",
         default=None,
@@ -135,8 +139,6 @@ def parse_args(argv):
         p.error("--input-len needs --output-len and no --dataset")
     if args.backend == "hf" and (args.input_len is None or args.profile):
         p.error("--backend hf needs --input-len and --output-len, and has no --profile")
-    if args.backend == "hf" and args.model in HYBRID_CONFIGS:
-        p.error("--backend hf runs Mamba2 shapes only (hf_generate.py builds a Mamba2)")
     return args
 
 
@@ -161,14 +163,12 @@ def run(args, t_start: float, cache: dict) -> dict:
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.model in NAMED_CONFIGS or args.model in HYBRID_CONFIGS:
+    if args.model in shape_names():
         model = config = named_config(args.model)
         args.load_format = args.load_format or "dummy"
     else:
         model, args.load_format = args.model, args.load_format or "auto"
         config = load_model_config(args.model)
-        if args.backend == "hf" and config.architecture != "Mamba2ForCausalLM":
-            raise SystemExit("--backend hf runs Mamba2 models only")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.backend == "hf":
         from benchmarks.common.hf_generate import run_hf, versions

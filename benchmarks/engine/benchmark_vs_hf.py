@@ -3,19 +3,25 @@
     python -m benchmarks.engine.benchmark_vs_hf --out vs_hf.json --md vs_hf.md
     python -m benchmarks.engine.benchmark_vs_hf --model tiny --device cpu --num-prompts 2 \\
         --input-len 8 --output-len 3 --systems ours-2048-fp32,hf
+    python -m benchmarks.engine.benchmark_vs_hf --model granite-4.0-h-tiny \\
+        --systems ours-8192-fp32,hf --max-model-len 768 --out granite.json --md granite.md
 
 Each system is one fresh process of ``benchmark_throughput.py`` on the same requests
 (``--num-prompts`` prompts of ``--input-len`` random tokens, greedy, exactly
-``--output-len`` new tokens each, Codestral-7B shape with random bf16 weights by default)
+``--output-len`` new tokens each, random bf16 weights; ``--model`` any named shape of
+model_shapes.py, Codestral-7B's by default, or a model directory)
 with ``--prefill-run``: the timed generation, then the same prompts with one output token
 each (prefill tok/s = prompt tokens / that run's time). Systems (``--systems``):
 
 - ``ours-2048-fp32``, ``ours-8192-fp32``: ``vllm.LLM`` with max_num_batched_tokens 2048 or
   8192 and an fp32 SSM state pool; ``ours-2048-bf16``, ``ours-8192-bf16``: a bf16 pool.
   Cold: a fresh Triton cache per process, no warm-up (the engine's start-up compiles).
-- ``hf``: ``Mamba2ForCausalLM.generate``, all prompts in one batch, with mamba_ssm's Triton
-  scan and state update where they import (mamba_ssm_import.py) and PyTorch's conv; warm
-  (one short generation first). Which kernels it ran is in the table.
+- ``hf``: transformers' class of the model's architecture (``Mamba2ForCausalLM``,
+  ``FalconMambaForCausalLM``, ``Lfm2ForCausalLM``, ``GraniteMoeHybridForCausalLM``,
+  ``NemotronHForCausalLM``, ...), ``.generate`` with all prompts in one batch (or
+  ``--hf-batch-size``), with mamba_ssm's Triton scan and state update where they import
+  (mamba_ssm_import.py; the Mamba2 family) and PyTorch's conv; warm (one short generation
+  first). Which kernels it ran is in the table.
 
 ``max_num_seqs`` is the number of prompts (every request runs at once, as in HF's one
 batch; also the number of state slots). Ratios are ours / HF. Time (H200, 128 x 512, 256
@@ -57,6 +63,13 @@ def parse_args(argv):
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"of {', '.join(SYSTEMS)}")
     p.add_argument("--hf-kernels", default="auto", choices=["auto", "mamba_ssm", "torch"])
+    p.add_argument("--hf-batch-size", type=int, default=None, help="default: all prompts")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="ours: the engine's (default: the config's; input + output len is enough)",
+    )
     p.add_argument("--timeout-s", type=float, default=300.0, help="per system")
     p.add_argument("--out", default=None, help="all results as JSON")
     p.add_argument("--md", default=None, help="the markdown table")
@@ -76,6 +89,10 @@ def child_argv(args, system: str, out: Path) -> list[str]:
     argv += ["--max-num-seqs", str(args.num_prompts), "--out", str(out)]
     if system == "hf":
         argv += ["--hf-kernels", args.hf_kernels]
+        if args.hf_batch_size is not None:
+            argv += ["--hf-batch-size", str(args.hf_batch_size)]
+    elif args.max_model_len is not None:
+        argv += ["--max-model-len", str(args.max_model_len)]
     return argv
 
 
@@ -115,11 +132,13 @@ def _notes(x: dict) -> str:
         return f"state {str(st.get('ssm_state_dtype')).removeprefix('torch.')}, cold"
     hf = x["hf"]
     k = hf["kernels"]
-    scan = (
-        f"mamba_ssm {hf.get('mamba_ssm')} Triton scan + state update"
-        if k["fast_scan"]
-        else (f"PyTorch scan ({hf.get('mamba_ssm_not_used_because')})")
-    )
+    if k["fast_scan"] is None:
+        scan = "no scan"
+    elif k["fast_scan"]:
+        kind = "Triton scan" if "mamba2_chunk_scan" in k else "scan"  # Mamba2's are Triton
+        scan = f"mamba_ssm {hf.get('mamba_ssm')} {kind} + state update"
+    else:
+        scan = f"PyTorch scan ({hf.get('mamba_ssm_not_used_because')})"
     conv = "Dao CUDA conv" if k["fast_conv"] else "PyTorch conv"
     decode = hf.get("decode_ms_per_step_median")
     return (

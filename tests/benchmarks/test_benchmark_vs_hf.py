@@ -34,6 +34,26 @@ def test_tiny_ours_and_hf(tmp_path):
     assert "PyTorch scan (not on CUDA (auto)), PyTorch conv; warm" in text
 
 
+def test_lfm2_shape_ours_and_hf(tmp_path):
+    """A new architecture's CPU stand-in (lfm2-cpu): --max-model-len reaches ours only,
+    --hf-batch-size HF only, and HF's row says it has no scan."""
+    import numpy
+
+    if tuple(int(p) for p in numpy.__version__.split(".")[:2]) >= (2, 4):
+        pytest.skip(f"Triton's interpreter fails with numpy {numpy.__version__} (>= 2.4)")
+    argv = ["--model", "lfm2-cpu", "--device", "cpu", "--num-prompts", "2", "--input-len", "5"]
+    argv += ["--output-len", "2", "--systems", "ours-2048-fp32,hf", "--max-model-len", "32"]
+    res = vs_hf.main([*argv, "--hf-batch-size", "1", "--out", str(tmp_path / "vs.json")])
+    ours, hf = res["runs"]
+    assert "error" not in ours and "error" not in hf
+    assert ours["result"]["setup"]["args"]["max_model_len"] == 32
+    assert "--max-model-len" not in hf["argv"] and "--hf-batch-size" not in ours["argv"]
+    assert hf["result"]["hf"]["architecture"] == "Lfm2ForCausalLM"
+    assert hf["result"]["hf"]["batch_size"] == 1
+    assert "| no scan, PyTorch conv; warm; batch 1;" in res["markdown"]
+    assert res["markdown"].startswith("# lfm2-cpu: this project vs HF transformers")
+
+
 def test_bad_systems():
     with pytest.raises(SystemExit):
         vs_hf.parse_args(["--systems", "ours-4096-fp32"])

@@ -1,5 +1,6 @@
 """benchmarks/engine/benchmark_throughput.py on the CPU with the tiny config: every prompt source,
-fixed lengths, the cold Triton cache, the prefill run, the profile and the HF backend."""
+fixed lengths, the cold Triton cache, the prefill run, the profile and the HF backend; then
+the CPU stand-ins of the other architectures' shapes, ours and HF's."""
 
 from __future__ import annotations
 
@@ -194,6 +195,37 @@ def test_bamba_shape_with_dummy_weights(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["setup"]["model_config"]["attn_layer_indices"] == [1]
     assert saved["engine_startup"]["num_kv_blocks"] == 1024
-    with pytest.raises(SystemExit):
-        bench.main(["--model", "bamba-9b", "--backend", "hf", "--input-len", "4",
-                    "--output-len", "2"])  # fmt: skip
+
+
+# The CPU stand-ins of falcon-mamba-7b, lfm2-1.2b, granite-4.0-h-tiny and nemotron-3-nano:
+# the architecture each runs as, and the kernels HF's module resolved (its scan: None for
+# LFM2, which has none).
+NEW_SHAPES = {
+    "falcon-mamba-cpu": ("FalconMambaForCausalLM", "mamba_selective_scan", False),
+    "lfm2-cpu": ("Lfm2ForCausalLM", None, None),
+    "granite-4.0-h-cpu": ("GraniteMoeHybridForCausalLM", "mamba2_chunk_scan", False),
+    "nemotron-3-nano-cpu": ("NemotronHForCausalLM", "mamba2_chunk_scan", False),
+}
+SMALL = ["--device", "cpu", "--num-prompts", "2", "--input-len", "5", "--output-len", "2"]
+SMALL += ["--temperature", "0", "--no-first-token"]
+
+
+@pytest.mark.parametrize("name", NEW_SHAPES)
+def test_new_architecture_shapes_ours(name):
+    argv = [*SMALL, "--model", name, "--max-num-seqs", "2", "--max-num-batched-tokens", "8"]
+    res = bench.main([*argv, "--max-model-len", "64"])
+    assert res["output_tokens"] == 4 and res["setup"]["args"]["max_model_len"] == 64
+    assert res["step_stats"]["prefill_tokens"] == 10
+    assert res["setup"]["model_config"]["hidden_size"] == 32
+
+
+@pytest.mark.parametrize("name", NEW_SHAPES)
+def test_new_architecture_shapes_hf(name):
+    architecture, scan, fast_scan = NEW_SHAPES[name]
+    res = bench.main(["--backend", "hf", "--model", name, *SMALL, "--hf-kernels", "torch"])
+    assert res["backend"] == "hf" and res["output_tokens"] == 4
+    hf = res["hf"]
+    assert hf["architecture"] == architecture and hf["decode_steps"] == 1
+    assert hf["kernels"]["fast_scan"] is fast_scan and hf["kernels"]["fast_conv"] is False
+    assert (scan in hf["kernels"]) if scan else "mamba2_chunk_scan" not in hf["kernels"]
+    assert res["setup"]["model_config"]["hidden_size"] == 32
