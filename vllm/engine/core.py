@@ -106,12 +106,25 @@ class EngineCore:
             from vllm.engine.kv_cache_manager import KVCacheManager
 
             kv = KVCacheManager(self.executor.num_kv_blocks, config.block_size)
+        self.prefix = None  # StatePrefixCache with enable_prefix_caching
+        if config.enable_prefix_caching:
+            if kv is not None:
+                raise ValueError(
+                    "enable_prefix_caching: models with attention layers are not supported "
+                    "yet (pure Mamba models only; docs/prefix_caching.md)"
+                )
+            from vllm.engine.prefix_cache import StatePrefixCache
+
+            first = config.max_num_seqs + 1  # checkpoint lines follow the sequences' lines
+            lines = range(first, first + config.num_checkpoint_lines)
+            self.prefix = StatePrefixCache(lines, config.mamba_block_size)
         self.scheduler = Scheduler(
             config.max_num_seqs,
             config.max_num_batched_tokens,
             kv,
             config.max_model_len,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            on_admit=self._restore if self.prefix is not None else None,
         )
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
@@ -152,7 +165,18 @@ class EngineCore:
             if seq is not None:
                 self._finish(seq, "abort")
 
+    def _restore(self, seq: Sequence) -> None:
+        """Admission under prefix caching: restore the longest checkpointed prefix of the
+        prompt into the sequence's slot (not for prompt logprobs, which need every row)."""
+        if seq.params.prompt_logprobs is not None:
+            return
+        n = self.prefix.restore(seq.prompt_token_ids, seq.slot)
+        seq.num_computed_tokens = seq.num_cached_tokens = n
+
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if self.prefix is not None and reason in ("stop", "length") and seq.slot is not None:
+            # Its line still holds its state: queue the copy before the slot is freed.
+            self.prefix.checkpoint(seq.token_ids, seq.num_computed_tokens, seq.slot)
         self.scheduler.finish(seq, reason)
         if seq.params.seed is not None:
             self._forget.append(seq.request_id)
@@ -221,8 +245,12 @@ class EngineCore:
         try:
             inputs, sampled, spans = build_step_inputs(batch, self._forget)
             self._forget = []
+            if self.prefix is not None:
+                inputs.state_copies = self.prefix.take_copies()
             handle = self.executor.execute_model(inputs)
         except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine lives
+            if self.prefix is not None:
+                self.prefix.drop_all()  # the step's copies may not have run
             if self.executor.failed:
                 self._die(err)
                 return None

@@ -254,3 +254,102 @@ def boundary_hash(
         return None
     b = num_computed_tokens // block_size
     return block_hashes[b - 1] if b <= len(block_hashes) else None
+
+
+class StatePrefixCache:
+    """The engine core's prefix cache of Mamba states (pure Mamba models; first slice).
+
+    - At admission (``restore``), a request's prompt is looked up: the longest prefix of at
+      most ``len(prompt) - 1`` tokens with a committed checkpoint is restored by a copy of
+      the checkpoint's line into the sequence's line, and the sequence starts with those
+      tokens computed.
+    - At the end of a request that stopped or ran out of tokens (``checkpoint``), the state
+      of its line, which covers its first ``num_computed_tokens`` tokens (prompt and
+      output), is copied into a checkpoint line, keyed by the hash of exactly those tokens:
+      the full blocks' chain plus, when the length is off the grid, a *tail* hash of the
+      last partial block under its parent. ``_tails`` lists the tail lengths seen under
+      each parent, so a lookup tries only those.
+
+    The copies are device work: they queue in ``copies`` ((src line, dst line), in order)
+    and go with the next dispatched step, ahead of its forward. Writes are queued when a
+    request finishes (while its line still holds its state) and restores when one is
+    admitted, so a restore that reads a checkpoint written in the same step comes after the
+    write, and a line freed by a finished request is copied out before a new owner's
+    forward writes it. An entry is therefore committed as soon as its copy is queued.
+    """
+
+    def __init__(self, lines: Iterable[int], block_size: int):
+        self.block_size = _check_int("block_size", block_size, 1)
+        self.index = CheckpointIndex(lines)
+        self.copies: list[tuple[int, int]] = []
+        self._pinned: list[bytes] = []
+        self._tails: dict[bytes, set[int]] = {}
+
+    def _key(self, tokens: Sequence[int], length: int, hashes: Sequence[bytes]) -> bytes:
+        full, tail = divmod(length, self.block_size)
+        parent = hashes[full - 1] if full else ROOT_HASH
+        if not tail:
+            return parent
+        return hash_block(parent, tokens[full * self.block_size : length])
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[int, bytes | None]:
+        """(tokens of the longest restorable prefix, its key), or (0, None)."""
+        limit = len(prompt) - 1
+        bs = self.block_size
+        hashes = hash_blocks(prompt[:limit], bs)
+        for i in range(len(hashes), -1, -1):
+            parent = hashes[i - 1] if i else ROOT_HASH
+            tails = self._tails.get(parent)
+            for t in sorted(tails or (), reverse=True):
+                if i * bs + t > limit:
+                    continue
+                h = hash_block(parent, prompt[i * bs : i * bs + t])
+                if h in self.index:
+                    return i * bs + t, h
+            if i and hashes[i - 1] in self.index:
+                return i * bs, hashes[i - 1]
+        return 0, None
+
+    def restore(self, prompt: Sequence[int], slot: int) -> int:
+        """Look the prompt up, count the query, and on a hit pin the checkpoint and queue
+        its copy into ``slot``; the tokens restored (0 on a miss)."""
+        n, key = self.lookup(prompt)
+        self.index.record(len(prompt), n)
+        if key is not None:
+            self.copies.append((self.index.acquire(key), slot))
+            self._pinned.append(key)
+        return n
+
+    def checkpoint(self, token_ids: Sequence[int], num_computed: int, slot: int) -> bool:
+        """Queue a checkpoint of ``slot``, whose state covers ``token_ids[:num_computed]``;
+        False when there is nothing to write (no tokens, a token not read yet, the key
+        already cached, or every line pinned)."""
+        tokens = token_ids[:num_computed]
+        if num_computed < 1 or len(tokens) < num_computed or min(tokens) < 0:
+            return False
+        hashes = hash_blocks(tokens, self.block_size)
+        key = self._key(tokens, num_computed, hashes)
+        line = self.index.reserve(key)
+        if line is None:
+            return False
+        self.copies.append((slot, line))
+        self.index.commit(key)  # its copy is queued ahead of any restore reading it
+        if num_computed % self.block_size:
+            parent = hashes[-1] if hashes else ROOT_HASH
+            self._tails.setdefault(parent, set()).add(num_computed % self.block_size)
+        return True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The queued copies, for the step being dispatched; the restores' pins end here
+        (a later write to their lines is queued after these copies)."""
+        copies, self.copies = self.copies, []
+        for key in self._pinned:
+            self.index.release(key)
+        self._pinned = []
+        return copies
+
+    def drop_all(self) -> None:
+        """Forget every checkpoint (a dispatch failed: its copies may not have run)."""
+        self.take_copies()
+        self.index.clear()
+        self._tails.clear()

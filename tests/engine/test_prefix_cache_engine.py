@@ -1,0 +1,113 @@
+"""Prefix caching in the engine (pure Mamba2, end-of-request checkpoints): a request whose
+prompt extends a finished one's prompt + output restores its state (the counters say so)
+and gives the greedy tokens and logprobs of the engine without caching (fp32)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
+from tests.engine.utils import bamba_llm
+from vllm import LLM, SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+
+pytestmark = pytest.mark.timeout(900)
+BLOCK = 4
+OTHER = [90, 2, 2, 61, 33, 7]  # an unrelated prompt
+
+
+def make_llm(device, cache: bool, async_scheduling: bool, **kw) -> LLM:
+    return LLM(
+        CONFIG,
+        load_format="dummy",
+        dtype="float32",
+        device=device.type,
+        max_num_seqs=2,
+        max_num_batched_tokens=6,  # chunked prompts: chunk ends on and off the block grid
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=cache,
+        mamba_block_size=BLOCK,
+        **kw,
+    )
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=1)
+
+
+def run(llm: LLM, prompt: list[int], n: int):
+    out = llm.generate([{"prompt_token_ids": prompt}], greedy(n), use_tqdm=False)[0].outputs[0]
+    lps = [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
+    return list(out.token_ids), lps
+
+
+def test_flags_parse_and_validate():
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    ns = parser.parse_args(["--enable-prefix-caching", "--mamba-block-size", "8"])
+    ns.model = CONFIG
+    config = EngineArgs.from_cli_args(ns).create_engine_config()
+    assert config.enable_prefix_caching and config.mamba_block_size == 8
+    assert config.num_checkpoint_lines == config.max_num_seqs  # the default budget
+    off = EngineArgs(CONFIG, device="cpu").create_engine_config()
+    assert off.enable_prefix_caching is False and off.num_checkpoint_lines == 0
+    for name, bad in (
+        ("mamba_block_size", 0),
+        ("num_checkpoint_lines", 0),
+        ("enable_prefix_caching", "yes"),
+    ):
+        kw = {"enable_prefix_caching": True, name: bad}
+        with pytest.raises(ValueError, match=name):
+            EngineArgs(CONFIG, device="cpu", **kw).create_engine_config()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_next_turn_restores_the_finished_request(device, async_scheduling):
+    first = [5, 17, 3, 3, 40, 9, 71]
+    on = make_llm(device, True, async_scheduling)
+    core = on.llm_engine.engine_core
+    index = core.prefix.index
+    out1, _ = run(on, first, 5)
+    assert index.hits == 0 and index.queries == len(first)
+    # The finished request's state covers its prompt and all but its last output token.
+    assert len(index) == 1
+    # Another request takes the freed slot (lowest first) and overwrites its state, so the
+    # second turn's state can only come from the checkpoint.
+    run(on, OTHER, 2)
+    assert len(index) == 2 and index.hits == 0
+    second = first + out1 + [12, 60, 2]
+    out2, lps2 = run(on, second, 4)
+    restored = len(first) + len(out1) - 1
+    assert index.hits == restored, "the second turn did not hit the cache"
+    assert index.queries == len(first) + len(OTHER) + len(second)
+
+    off = make_llm(device, False, async_scheduling)
+    assert off.llm_engine.engine_core.prefix is None
+    ref1, _ = run(off, first, 5)
+    ref2, ref_lps2 = run(off, second, 4)
+    assert out1 == ref1
+    assert out2 == ref2
+    assert lps2 == pytest.approx(ref_lps2, rel=1e-4, abs=1e-5)
+
+
+def test_a_prompt_one_token_past_the_checkpoint_restores_to_a_decode_row(device):
+    # The restored prefix leaves one prompt token: the row is a one-token continuation.
+    on = make_llm(device, True, False)
+    index = on.llm_engine.engine_core.prefix.index
+    first = [8, 1, 30, 30, 30]
+    out1, _ = run(on, first, 3)
+    run(on, OTHER, 2)  # overwrites the freed slot
+    second = first + out1  # state covers all but out1[-1]: exactly one token to compute
+    out2, lps2 = run(on, second, 3)
+    assert index.hits == len(second) - 1
+    off = make_llm(device, False, False)
+    run(off, first, 3)
+    ref2, ref_lps2 = run(off, second, 3)
+    assert out2 == ref2
+    assert lps2 == pytest.approx(ref_lps2, rel=1e-4, abs=1e-5)
+
+
+def test_attention_models_are_refused_by_name():
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        bamba_llm(enable_prefix_caching=True)
