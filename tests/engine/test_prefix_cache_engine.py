@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
 from tests.engine.utils import bamba_llm
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.metrics import PrometheusStatLogger
+from vllm.engine.stats import IterationStats, StepStats
 
 pytestmark = pytest.mark.timeout(900)
 BLOCK = 4
@@ -37,8 +40,12 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=1)
 
 
-def run(llm: LLM, prompt: list[int], n: int):
-    out = llm.generate([{"prompt_token_ids": prompt}], greedy(n), use_tqdm=False)[0].outputs[0]
+def run(llm: LLM, prompt: list[int], n: int, cached: int = 0):
+    """Greedy tokens and their logprobs; ``cached``: the prompt tokens the request must
+    report restored (``RequestOutput.num_cached_tokens``)."""
+    req = llm.generate([{"prompt_token_ids": prompt}], greedy(n), use_tqdm=False)[0]
+    assert req.num_cached_tokens == cached
+    out = req.outputs[0]
     lps = [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
     return list(out.token_ids), lps
 
@@ -77,8 +84,8 @@ def test_next_turn_restores_the_finished_request(device, async_scheduling):
     run(on, OTHER, 2)
     assert len(index) == 2 and index.hits == 0
     second = first + out1 + [12, 60, 2]
-    out2, lps2 = run(on, second, 4)
     restored = len(first) + len(out1) - 1
+    out2, lps2 = run(on, second, 4, cached=restored)
     assert index.hits == restored, "the second turn did not hit the cache"
     assert index.queries == len(first) + len(OTHER) + len(second)
 
@@ -99,7 +106,7 @@ def test_a_prompt_one_token_past_the_checkpoint_restores_to_a_decode_row(device)
     out1, _ = run(on, first, 3)
     run(on, OTHER, 2)  # overwrites the freed slot
     second = first + out1  # state covers all but out1[-1]: exactly one token to compute
-    out2, lps2 = run(on, second, 3)
+    out2, lps2 = run(on, second, 3, cached=len(second) - 1)
     assert index.hits == len(second) - 1
     off = make_llm(device, False, False)
     run(off, first, 3)
@@ -111,3 +118,33 @@ def test_a_prompt_one_token_past_the_checkpoint_restores_to_a_decode_row(device)
 def test_attention_models_are_refused_by_name():
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         bamba_llm(enable_prefix_caching=True)
+
+
+def test_step_stats_reach_the_prometheus_counters():
+    registry = CollectorRegistry()
+    logger = PrometheusStatLogger("m", registry)
+    step = StepStats(prefix_cache_queries=10, prefix_cache_hits=7)
+    logger.record(IterationStats(step=step))
+    logger.record(IterationStats(step=StepStats(prefix_cache_queries=5)))
+    labels = {"model_name": "m"}
+    assert registry.get_sample_value("vllm:prefix_cache_queries_total", labels) == 15
+    assert registry.get_sample_value("vllm:prefix_cache_hits_total", labels) == 7
+
+
+def test_a_one_line_budget_evicts_the_older_checkpoint(device):
+    on = make_llm(device, True, False, num_checkpoint_lines=1)
+    index = on.llm_engine.engine_core.prefix.index
+    first = [8, 1, 30, 30, 30]
+    out1, _ = run(on, first, 3)
+    run(on, OTHER, 2)  # its checkpoint takes the only line
+    assert index.evictions == 1 and len(index) == 1
+    second = first + out1 + [4]
+    out2, lps2 = run(on, second, 2, cached=0)  # evicted: a full prefill, no stale restore
+    assert index.evictions == 2  # the second request's own checkpoint took the line
+    third = second + out2 + [9]
+    run(on, third, 1, cached=len(second) + len(out2) - 1)  # the newest checkpoint hits
+    off = make_llm(device, False, False)
+    run(off, first, 3)
+    ref2, ref_lps2 = run(off, second, 2)
+    assert out2 == ref2
+    assert lps2 == pytest.approx(ref_lps2, rel=1e-4, abs=1e-5)

@@ -77,6 +77,8 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | None = None  # the stop token id that ended it
     error: str | None = None
+    # With the first output token: the prompt tokens restored from the prefix cache.
+    num_cached_tokens: int | None = None
 
 
 @dataclass
@@ -209,6 +211,8 @@ class EngineCore:
         """Dispatch one step and read the one before it (under async scheduling; without
         it, read this one); the outputs of every request that got a token or finished."""
         t0 = time.perf_counter()
+        index = self.prefix.index if self.prefix is not None else None
+        looked = (index.queries, index.hits) if index is not None else (0, 0)
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
         prefill = num_prompt_tokens(batch)
@@ -238,6 +242,9 @@ class EngineCore:
             device_s=out.device_s if out is not None else None,
             kernel_compiles=out.kernel_compiles if out is not None else 0,
         )
+        if index is not None:
+            self.last_step.prefix_cache_queries = index.queries - looked[0]
+            self.last_step.prefix_cache_hits = index.hits - looked[1]
         return outputs
 
     def _dispatch(self, batch: ScheduledBatch) -> _Dispatched | None:
@@ -311,6 +318,8 @@ class EngineCore:
                 new.new_logprobs = [lps.position(row, seq.params.logprobs)]
             if pos == seq.num_prompt_tokens and seq.prompt_logprobs is not None:
                 new.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+            if pos == seq.num_prompt_tokens:
+                new.num_cached_tokens = seq.num_cached_tokens
             reason, stop_token = self._check_stop(seq, pos)
             if reason is not None:
                 del seq.token_ids[pos + 1 :]  # a later step's pending token
