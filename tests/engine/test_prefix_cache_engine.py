@@ -69,10 +69,12 @@ def test_flags_parse_and_validate():
             EngineArgs(CONFIG, device="cpu", **kw).create_engine_config()
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_next_turn_restores_the_finished_request(device, async_scheduling):
+@pytest.mark.parametrize("async_scheduling,replay", [(False, False), (True, False), (False, True)])
+def test_next_turn_restores_the_finished_request(device, async_scheduling, replay):
+    # With replayed decode the finished request's line has decode steps in its ring.
+    replay_kw = dict(use_replayssm=True, replayssm_buffer_len=3) if replay else {}
     first = [5, 17, 3, 3, 40, 9, 71]
-    on = make_llm(device, True, async_scheduling)
+    on = make_llm(device, True, async_scheduling, **replay_kw)
     core = on.llm_engine.engine_core
     index = core.prefix.index
     out1, _ = run(on, first, 5)
@@ -89,7 +91,7 @@ def test_next_turn_restores_the_finished_request(device, async_scheduling):
     assert index.hits == restored, "the second turn did not hit the cache"
     assert index.queries == len(first) + len(OTHER) + len(second)
 
-    off = make_llm(device, False, async_scheduling)
+    off = make_llm(device, False, async_scheduling, **replay_kw)
     assert off.llm_engine.engine_core.prefix is None
     ref1, _ = run(off, first, 5)
     ref2, ref_lps2 = run(off, second, 4)
@@ -148,3 +150,30 @@ def test_a_one_line_budget_evicts_the_older_checkpoint(device):
     ref2, ref_lps2 = run(off, second, 2)
     assert out2 == ref2
     assert lps2 == pytest.approx(ref_lps2, rel=1e-4, abs=1e-5)
+
+
+def test_two_requests_in_one_batch_restore_the_same_checkpoint(device):
+    on = make_llm(device, True, True)
+    index = on.llm_engine.engine_core.prefix.index
+    first = [8, 1, 30, 30, 30, 6]
+    out1, _ = run(on, first, 3)
+    run(on, OTHER, 2)  # overwrites the freed slot
+    prompts = [first + out1 + [4], first + out1 + [50, 51, 52]]
+    params = greedy(3)
+    outs = on.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    restored = len(first) + len(out1) - 1
+    assert [o.num_cached_tokens for o in outs] == [restored, restored]
+    assert index.hits == 2 * restored
+    off = make_llm(device, False, True)
+    refs = off.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for o, r in zip(outs, refs, strict=True):
+        assert o.outputs[0].token_ids == r.outputs[0].token_ids
+        lps = [
+            lp[t].logprob
+            for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)
+        ]
+        ref = [
+            lp[t].logprob
+            for t, lp in zip(r.outputs[0].token_ids, r.outputs[0].logprobs, strict=True)
+        ]
+        assert lps == pytest.approx(ref, rel=1e-4, abs=1e-5)
