@@ -14,7 +14,7 @@ from tests.engine.utils import bamba_llm
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.metrics import PrometheusStatLogger
-from vllm.engine.stats import IterationStats, StepStats
+from vllm.engine.stats import IterationStats, StepStats, startup_line
 
 pytestmark = pytest.mark.timeout(900)
 BLOCK = 4
@@ -177,3 +177,14 @@ def test_two_requests_in_one_batch_restore_the_same_checkpoint(device):
             for t, lp in zip(r.outputs[0].token_ids, r.outputs[0].logprobs, strict=True)
         ]
         assert lps == pytest.approx(ref, rel=1e-4, abs=1e-5)
+
+
+def test_startup_line_gives_the_checkpoint_budget(device):
+    llm = make_llm(device, True, False, num_checkpoint_lines=3)
+    pool = llm.llm_engine.engine_core.executor.driver_worker.runner.pool
+    assert pool.num_slots == 2 + 3  # max_num_seqs lines, then the checkpoint lines
+    startup = llm.llm_engine.startup
+    assert startup["checkpoint_gib"] == pytest.approx(pool.nbytes() * 3 / 6 / 2**30)
+    assert "3 prefix-cache checkpoint lines" in startup_line(startup)
+    off = make_llm(device, False, False).llm_engine.startup
+    assert "checkpoint" not in startup_line(off)

@@ -144,6 +144,12 @@ def startup_line(s: dict) -> str:
             if s.get("replayssm_buffer_len")
             else ""
         )
+        + (
+            f", of which {s['num_checkpoint_lines']} prefix-cache checkpoint lines "
+            f"{s['checkpoint_gib']:.2f} GiB"
+            if s.get("num_checkpoint_lines")
+            else ""
+        )
         + "), kernel compile "
         f"{s['compile_s']:.1f} s ({s['num_kernels']} variants, {s['num_kernels_compiled']} new) "
         f"in a warm-up of "

@@ -126,6 +126,13 @@ class ModelRunner:
             "state_pool_gib": 0.0 if self.pool is None else self.pool.nbytes() / 2**30,
             "replayssm_buffer_len": 0 if self.pool is None else self.pool.replay_len,
             "replay_ring_gib": 0.0 if self.pool is None else self.pool.ring_nbytes() / 2**30,
+            "num_checkpoint_lines": config.num_checkpoint_lines,
+            "checkpoint_gib": 0.0
+            if self.pool is None
+            else self.pool.nbytes()
+            * config.num_checkpoint_lines
+            / (self.pool.num_slots + 1)
+            / 2**30,
             "num_kv_blocks": self.cache.num_blocks,
             "kv_cache_gib": self.cache.kv_nbytes() / 2**30,
         }
