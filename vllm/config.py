@@ -80,6 +80,13 @@ class EngineConfig:
     end-to-end decode step with it is not measured yet (docs/benchmarks/replayssm_h200.md).
     None is accepted and means off.
 
+    ``enable_prefix_caching`` (vLLM's flag; off by default, first slice: pure Mamba
+    models, refused for models with attention layers) keeps the state of every request that
+    finishes (stop or length) in one of ``num_checkpoint_lines`` extra state-pool lines
+    (default ``max_num_seqs``, counted in the pool's memory), keyed by the hash chain of its
+    tokens in blocks of ``mamba_block_size``; a later prompt that extends it restores the
+    state and prefills only the rest (docs/prefix_caching.md).
+
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
     against the model's heads and groups (``check_tp_divisibility``) and refused for a
@@ -110,6 +117,9 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     use_replayssm: bool = False
     replayssm_buffer_len: int = 16
+    enable_prefix_caching: bool = False
+    mamba_block_size: int = 64
+    num_checkpoint_lines: int | None = None
     # Set from the fields above: where the model's and the tokenizer's files are.
     model_dir: Any = field(init=False, default=None, repr=False)
     tokenizer_dir: Any = field(init=False, default=None, repr=False)
@@ -184,6 +194,7 @@ class EngineConfig:
             self.use_replayssm = False
         if not isinstance(self.use_replayssm, bool):
             raise ValueError(f"use_replayssm must be True or False, got {self.use_replayssm!r}")
+        self._check_prefix_caching()
         # After the checks above: resolving may download the model.
         self._resolve_model()
         if self.max_model_len is None:
@@ -209,6 +220,26 @@ class EngineConfig:
             self.served_model_name = (
                 self.model.model_type if is_model_config(self.model) else str(self.model)
             )
+
+    def _check_prefix_caching(self) -> None:
+        """Prefix caching (docs/prefix_caching.md, first slice: pure Mamba models):
+        ``num_checkpoint_lines`` extra state-pool lines (default ``max_num_seqs``; 0 when
+        off) hold checkpoints keyed by ``mamba_block_size``-token block hashes."""
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}"
+            )
+        size = self.mamba_block_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"mamba_block_size must be an integer >= 1, got {size!r}")
+        lines = self.num_checkpoint_lines
+        if not self.enable_prefix_caching:
+            self.num_checkpoint_lines = 0
+            return
+        if lines is None:
+            lines = self.num_checkpoint_lines = self.max_num_seqs
+        if isinstance(lines, bool) or not isinstance(lines, int) or lines < 1:
+            raise ValueError(f"num_checkpoint_lines must be an integer >= 1, got {lines!r}")
 
     def _resolve_model(self) -> None:
         model = self.model

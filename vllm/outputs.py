@@ -47,3 +47,5 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     # Set when the request failed while running (finish reason "error"); others go on.
     error: str | None = None
+    # Prompt tokens restored from the prefix cache (None until the first token is out).
+    num_cached_tokens: int | None = None

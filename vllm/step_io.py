@@ -75,6 +75,8 @@ class StepInputs:
     fill_src: list[int] = field(default_factory=list)
     prompt_rows: list[int] = field(default_factory=list)
     sampling: SamplingMetadata | None = None
+    # Prefix caching: (src line, dst line) state-pool copies run in order before the forward.
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

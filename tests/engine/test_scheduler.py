@@ -87,3 +87,18 @@ def test_request_waits_for_a_slot_and_gets_it_when_one_finishes():
     assert a.is_finished  # max_tokens=1: done after its prefill, slot freed at once
     batch = fake_step(sched)
     assert batch.seqs == [b, c] and batch.num_decodes == 1 and c.slot == 1  # a's slot
+
+
+def test_admission_hook_restores_and_a_one_token_rest_is_a_decode_row():
+    # The prefix cache's hook: a restored prompt with one token left goes to the front.
+    restored = {"0": 4, "1": 2}
+
+    def on_admit(seq):
+        seq.num_computed_tokens = restored[seq.request_id]
+
+    sched = Scheduler(2, 8, on_admit=on_admit)
+    sched.add(make_seq(0, 5, 2))
+    sched.add(make_seq(1, 6, 2))
+    batch = sched.schedule()
+    assert [s.request_id for s in batch.seqs] == ["0", "1"]
+    assert batch.num_tokens == [1, 4] and batch.num_decodes == 1

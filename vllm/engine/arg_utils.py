@@ -43,6 +43,9 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     use_replayssm: bool = False
     replayssm_buffer_len: int = 16
+    enable_prefix_caching: bool = False
+    mamba_block_size: int = 64
+    num_checkpoint_lines: int | None = None
 
     def create_engine_config(self) -> EngineConfig:
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -161,6 +164,25 @@ class EngineArgs:
             type=int,
             default=d["replayssm_buffer_len"],
             help="decode steps between two writes of a state slot under --use-replayssm (2..128)",
+        )
+        g.add_argument(
+            "--enable-prefix-caching",
+            action=argparse.BooleanOptionalAction,
+            default=d["enable_prefix_caching"],
+            help="restore cached Mamba state checkpoints of shared prefixes (pure Mamba "
+            "models for now; default off)",
+        )
+        g.add_argument(
+            "--mamba-block-size",
+            type=int,
+            default=d["mamba_block_size"],
+            help="tokens per hashed block of the Mamba state prefix cache",
+        )
+        g.add_argument(
+            "--num-checkpoint-lines",
+            type=int,
+            default=d["num_checkpoint_lines"],
+            help="state-pool lines for prefix-cache checkpoints (default: max_num_seqs)",
         )
         g.add_argument(
             "--no-async-scheduling",

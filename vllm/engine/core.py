@@ -77,6 +77,8 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | None = None  # the stop token id that ended it
     error: str | None = None
+    # With the first output token: the prompt tokens restored from the prefix cache.
+    num_cached_tokens: int | None = None
 
 
 @dataclass
@@ -106,12 +108,25 @@ class EngineCore:
             from vllm.engine.kv_cache_manager import KVCacheManager
 
             kv = KVCacheManager(self.executor.num_kv_blocks, config.block_size)
+        self.prefix = None  # StatePrefixCache with enable_prefix_caching
+        if config.enable_prefix_caching:
+            if kv is not None:
+                raise ValueError(
+                    "enable_prefix_caching: models with attention layers are not supported "
+                    "yet (pure Mamba models only; docs/prefix_caching.md)"
+                )
+            from vllm.engine.prefix_cache import StatePrefixCache
+
+            first = config.max_num_seqs + 1  # checkpoint lines follow the sequences' lines
+            lines = range(first, first + config.num_checkpoint_lines)
+            self.prefix = StatePrefixCache(lines, config.mamba_block_size)
         self.scheduler = Scheduler(
             config.max_num_seqs,
             config.max_num_batched_tokens,
             kv,
             config.max_model_len,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            on_admit=self._restore if self.prefix is not None else None,
         )
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
@@ -152,7 +167,18 @@ class EngineCore:
             if seq is not None:
                 self._finish(seq, "abort")
 
+    def _restore(self, seq: Sequence) -> None:
+        """Admission under prefix caching: restore the longest checkpointed prefix of the
+        prompt into the sequence's slot (not for prompt logprobs, which need every row)."""
+        if seq.params.prompt_logprobs is not None:
+            return
+        n = self.prefix.restore(seq.prompt_token_ids, seq.slot)
+        seq.num_computed_tokens = seq.num_cached_tokens = n
+
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if self.prefix is not None and reason in ("stop", "length") and seq.slot is not None:
+            # Its line still holds its state: queue the copy before the slot is freed.
+            self.prefix.checkpoint(seq.token_ids, seq.num_computed_tokens, seq.slot)
         self.scheduler.finish(seq, reason)
         if seq.params.seed is not None:
             self._forget.append(seq.request_id)
@@ -185,6 +211,8 @@ class EngineCore:
         """Dispatch one step and read the one before it (under async scheduling; without
         it, read this one); the outputs of every request that got a token or finished."""
         t0 = time.perf_counter()
+        index = self.prefix.index if self.prefix is not None else None
+        looked = (index.queries, index.hits) if index is not None else (0, 0)
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
         prefill = num_prompt_tokens(batch)
@@ -214,6 +242,9 @@ class EngineCore:
             device_s=out.device_s if out is not None else None,
             kernel_compiles=out.kernel_compiles if out is not None else 0,
         )
+        if index is not None:
+            self.last_step.prefix_cache_queries = index.queries - looked[0]
+            self.last_step.prefix_cache_hits = index.hits - looked[1]
         return outputs
 
     def _dispatch(self, batch: ScheduledBatch) -> _Dispatched | None:
@@ -221,8 +252,12 @@ class EngineCore:
         try:
             inputs, sampled, spans = build_step_inputs(batch, self._forget)
             self._forget = []
+            if self.prefix is not None:
+                inputs.state_copies = self.prefix.take_copies()
             handle = self.executor.execute_model(inputs)
         except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine lives
+            if self.prefix is not None:
+                self.prefix.drop_all()  # the step's copies may not have run
             if self.executor.failed:
                 self._die(err)
                 return None
@@ -283,6 +318,8 @@ class EngineCore:
                 new.new_logprobs = [lps.position(row, seq.params.logprobs)]
             if pos == seq.num_prompt_tokens and seq.prompt_logprobs is not None:
                 new.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+            if pos == seq.num_prompt_tokens:
+                new.num_cached_tokens = seq.num_cached_tokens
             reason, stop_token = self._check_stop(seq, pos)
             if reason is not None:
                 del seq.token_ids[pos + 1 :]  # a later step's pending token

@@ -79,6 +79,14 @@ class PrometheusStatLogger(StatLoggerBase):
         self.generation_tokens = counter(
             "vllm:generation_tokens_total", "Number of generation tokens processed."
         )
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+        )
         self._request_success = Counter(
             "vllm:request_success_total",
             "Count of finished requests, by finish reason.",
@@ -185,6 +193,9 @@ class PrometheusStatLogger(StatLoggerBase):
                 self.kernel_compiles.inc(step.kernel_compiles)
             for counter, attr in self._step_phases:
                 counter.inc(getattr(step, attr))
+            if step.prefix_cache_queries:
+                self.prefix_cache_queries.inc(step.prefix_cache_queries)
+                self.prefix_cache_hits.inc(step.prefix_cache_hits)
             self.step_tokens["prefill"].inc(step.num_prefill_tokens)
             self.step_tokens["decode"].inc(step.num_decode_tokens)
             self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)

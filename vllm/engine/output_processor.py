@@ -140,6 +140,7 @@ class _Request:
     arrival_time: float
     prompt_logprobs: list | None = None
     sent_prompt_logprobs: bool = False
+    num_cached_tokens: int | None = None
     first_token_time: float | None = None
     last_token_time: float = 0.0
     num_generation_tokens: int = 0
@@ -252,6 +253,8 @@ class OutputProcessor:
                 continue
             if stopped:
                 to_abort.append(sample.core_id)
+            if out.num_cached_tokens is not None and sample.index == 0:
+                req.num_cached_tokens = out.num_cached_tokens
             if out.prompt_logprobs is not None and sample.index == 0:
                 req.prompt_logprobs = [
                     None if p is None else sample.logprobs_of(p) for p in out.prompt_logprobs
@@ -320,4 +323,5 @@ class OutputProcessor:
             outputs=outputs,
             finished=req.finished,
             prompt_logprobs=prompt_lps,
+            num_cached_tokens=req.num_cached_tokens,
         )

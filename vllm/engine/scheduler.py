@@ -70,10 +70,13 @@ class Scheduler:
         kv=None,
         max_model_len: int | None = None,
         long_prefill_token_threshold: int = 0,
+        on_admit=None,
     ):
         """``kv``: the ``KVCacheManager`` of a model with attention layers (None: none).
         ``long_prefill_token_threshold``: the most prompt tokens of one sequence in a step
-        (0: no cap but the budget)."""
+        (0: no cap but the budget). ``on_admit(seq)``: called when a waiting sequence gets
+        its slot, before its first chunk is cut (the prefix cache restores its state there
+        and sets ``num_computed_tokens``)."""
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if long_prefill_token_threshold < 0:
@@ -87,6 +90,7 @@ class Scheduler:
         self.kv = kv
         self.max_model_len = max_model_len
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.on_admit = on_admit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -145,9 +149,15 @@ class Scheduler:
             if self.kv is not None:
                 self.kv.reserve(seq.request_id, self.worst_case_tokens(seq))
             self.running.append(seq)
+            if self.on_admit is not None:
+                self.on_admit(seq)
             n = self._chunk(seq, budget)
-            back.append(seq)
-            back_counts.append(n)
+            if n == 1 and seq.num_computed_tokens > 0:  # restored to its last prompt token
+                seqs.append(seq)
+                counts.append(1)
+            else:
+                back.append(seq)
+                back_counts.append(n)
             budget -= n
         batch = ScheduledBatch(seqs + back, counts + back_counts, len(seqs))
         if self.kv is not None:

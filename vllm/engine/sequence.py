@@ -47,6 +47,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.slot: int | None = None
         self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens restored from the prefix cache
         self.pending_row = 0  # row of the newest pending token in its step's tokens
         self.output_text = ""
         self.finish_reason: str | None = None

@@ -38,7 +38,9 @@ class StepStats:
     ``kernel_compiles``: Triton kernel variants the batch the call read compiled (launches
     that missed the launchers' caches: ``vllm.triton_utils.launch``, counted by the
     worker); the start-up warm-up compiles every variant a step can pick, so anything but
-    0 is a variant it missed."""
+    0 is a variant it missed. ``prefix_cache_queries`` / ``prefix_cache_hits``: with prefix
+    caching, the prompt tokens the batch's newly admitted requests looked up and those
+    restored from checkpoints."""
 
     schedule_s: float = 0.0
     dispatch_s: float = 0.0
@@ -50,6 +52,8 @@ class StepStats:
     waited_on_prefill: bool = False
     device_s: float | None = None
     kernel_compiles: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass
@@ -138,6 +142,12 @@ def startup_line(s: dict) -> str:
             f", of which the replay rings (replayssm_buffer_len "
             f"{s['replayssm_buffer_len']}) {s['replay_ring_gib']:.2f} GiB"
             if s.get("replayssm_buffer_len")
+            else ""
+        )
+        + (
+            f", of which {s['num_checkpoint_lines']} prefix-cache checkpoint lines "
+            f"{s['checkpoint_gib']:.2f} GiB"
+            if s.get("num_checkpoint_lines")
             else ""
         )
         + "), kernel compile "

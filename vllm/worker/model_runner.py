@@ -68,7 +68,7 @@ class ModelRunner:
         self.builder = self.model.metadata_builder(self.device)
         self.cache = CacheEngine(
             self.model,
-            num_slots=n_seq,
+            num_slots=n_seq + config.num_checkpoint_lines,
             block_size=config.block_size,
             ssm_dtype=config.ssm_state_dtype,
             device=self.device,
@@ -126,6 +126,13 @@ class ModelRunner:
             "state_pool_gib": 0.0 if self.pool is None else self.pool.nbytes() / 2**30,
             "replayssm_buffer_len": 0 if self.pool is None else self.pool.replay_len,
             "replay_ring_gib": 0.0 if self.pool is None else self.pool.ring_nbytes() / 2**30,
+            "num_checkpoint_lines": config.num_checkpoint_lines,
+            "checkpoint_gib": 0.0
+            if self.pool is None
+            else self.pool.nbytes()
+            * config.num_checkpoint_lines
+            / (self.pool.num_slots + 1)
+            / 2**30,
             "num_kv_blocks": self.cache.num_blocks,
             "kv_cache_gib": self.cache.kv_nbytes() / 2**30,
         }
@@ -195,6 +202,15 @@ class ModelRunner:
         for mixer in self.model.modules():
             if isinstance(mixer, MambaMixer2):
                 mixer.materialise(idx)
+
+    @torch.no_grad()
+    def copy_state_lines(self, copies) -> None:
+        """Prefix caching: copy whole state-pool lines, (src, dst) in order (a checkpoint
+        written from a sequence's line, or restored into one); queued, no sync."""
+        if self.pool is None:
+            raise RuntimeError("state copies for a model without Mamba layers")
+        for src, dst in copies:
+            self.pool.copy_line(src, dst)
 
     def dummy_step(self, rows: list[tuple[int, bool]]) -> torch.Tensor:
         """One forward over (tokens, has_initial_state) rows in state slots 1 ..

@@ -107,6 +107,8 @@ class Worker:
         span = DeviceSpan.open(self.device) if self.is_driver else None
         # Taken now, so that after a failed step no later one fills from stale tokens.
         prev, self._prev_tokens = self._prev_tokens, None
+        if inputs.state_copies:
+            self.runner.copy_state_lines(inputs.state_copies)
         result = self.runner.execute_inputs(inputs, self._pending_tokens(inputs, prev))
         self._num_prev = len(inputs.sample_rows)
         if not self.is_driver:

@@ -282,6 +282,16 @@ class MambaStatePool:
         if self.rings:
             self.rings["count"][:, lines].zero_()
 
+    def copy_line(self, src: int, dst: int) -> None:
+        """Copy line ``src``'s states into line ``dst`` in every layer, the replay ring and
+        its counters included (so a replayed line needs no materialising first)."""
+        lines = self.num_slots + 1
+        for name, line in (("src", src), ("dst", dst)):
+            if isinstance(line, bool) or not isinstance(line, int) or not 1 <= line < lines:
+                raise ValueError(f"{name} must be a line in 1 .. {lines - 1}, got {line!r}")
+        for t in (self.conv_state, self.ssm_state, *self.rings.values()):
+            t[:, dst].copy_(t[:, src])
+
     def clone(self) -> MambaStatePool:
         """A deep copy with the same layout (strides kept)."""
         twin = object.__new__(MambaStatePool)

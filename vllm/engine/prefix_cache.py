@@ -1,0 +1,355 @@
+"""Prefix caching, engine side: block hashes as a chain and the index of state checkpoints.
+
+Plain data and decisions, no device work (``docs/prefix_caching.md`` has the design).
+
+- **Hash chain.** A prompt is cut into full blocks of ``block_size`` tokens; block ``i``'s
+  hash covers its parent's hash, its own tokens and the request's extra keys (anything
+  besides the tokens that changes the state, e.g. a LoRA or a multimodal input's id), so
+  one hash names the whole prefix up to the end of its block. A partial last block has no
+  hash: only full blocks are cached.
+- **Checkpoint index.** A budget of extra state-pool lines (beyond the sequences' lines)
+  holds (conv, SSM) checkpoints, one per cached block hash: the state after the last token
+  of that block. An entry is *pending* from ``reserve`` (a line is chosen, the engine
+  schedules the copy into it) until ``commit`` (the copy is enqueued on the device, ahead of
+  any later step's reads), and only committed entries match. A sequence restoring from a
+  line holds a reference (``acquire``/``release``) so that the line is neither evicted nor
+  rewritten before its copy has run. Unreferenced committed entries sit in an LRU; when no
+  line is free, ``reserve`` evicts the least recently used one. Refused calls change
+  nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# The chain's root: the parent of a prompt's first block.
+ROOT_HASH = b"\x00" * 32
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: tuple = ()) -> bytes:
+    """The hash of one block: sha256 over (parent hash, token ids, extra keys).
+
+    Deterministic across processes (no ``hash()``, whose seed differs per process), so that
+    an engine core in a process of its own and the front end agree."""
+    if not isinstance(parent, bytes) or len(parent) != 32:
+        raise ValueError(f"parent must be a 32-byte hash, got {parent!r}")
+    h = hashlib.sha256(parent)
+    h.update(len(tokens).to_bytes(4, "little"))
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"tokens must be non-negative ints, got {t!r}")
+        h.update(t.to_bytes(8, "little"))
+    h.update(repr(tuple(extra_keys)).encode())
+    return h.digest()
+
+
+def hash_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_keys: tuple = (),
+    parent: bytes = ROOT_HASH,
+    start_block: int = 0,
+) -> list[bytes]:
+    """Hashes of the full blocks of ``token_ids`` from block ``start_block`` on, chained
+    from ``parent`` (the hash of block ``start_block - 1``, or the root). A growing sequence
+    extends its list by passing its last hash and the number of blocks it already has."""
+    _check_int("block_size", block_size, 1)
+    _check_int("start_block", start_block, 0)
+    out: list[bytes] = []
+    for b in range(start_block, len(token_ids) // block_size):
+        parent = hash_block(parent, token_ids[b * block_size : (b + 1) * block_size], extra_keys)
+        out.append(parent)
+    return out
+
+
+def max_hit_blocks(num_prompt_tokens: int, block_size: int) -> int:
+    """How many leading blocks a prompt may restore: at least one prompt token must still be
+    computed, since the first output token is sampled from the last prompt token's logits."""
+    _check_int("num_prompt_tokens", num_prompt_tokens, 1)
+    _check_int("block_size", block_size, 1)
+    return (num_prompt_tokens - 1) // block_size
+
+
+@dataclass
+class _Entry:
+    line: int
+    refs: int = 0
+    committed: bool = False
+
+
+class CheckpointIndex:
+    """Block hash -> state-pool line of its checkpoint, under a budget of ``lines``."""
+
+    def __init__(self, lines: Iterable[int]):
+        lines = list(lines)
+        if not lines:
+            raise ValueError("lines must name at least one checkpoint line of the state pool")
+        for line in lines:
+            _check_int("lines[i]", line, 1)  # line 0 is the null line
+        if len(set(lines)) != len(lines):
+            raise ValueError(f"lines must be distinct, got {lines}")
+        self.lines = tuple(lines)
+        self._free = list(reversed(lines))  # popped from the end: the first line first
+        self._entries: dict[bytes, _Entry] = {}
+        self._lru: OrderedDict[bytes, None] = OrderedDict()  # committed, refs == 0; oldest first
+        # Prefix-cache counters, in tokens (vLLM's prefix_cache_queries / _hits).
+        self.queries = 0
+        self.hits = 0
+        self.evictions = 0
+
+    # --- queries --------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        e = self._entries.get(block_hash)
+        return e is not None and e.committed
+
+    @property
+    def num_free_lines(self) -> int:
+        """Lines holding no entry."""
+        return len(self._free)
+
+    @property
+    def num_evictable(self) -> int:
+        """Committed entries no sequence references: a ``reserve`` may take their lines."""
+        return len(self._lru)
+
+    def line_of(self, block_hash: bytes) -> int | None:
+        e = self._entries.get(block_hash)
+        return e.line if e is not None else None
+
+    def refs_of(self, block_hash: bytes) -> int:
+        e = self._entries.get(block_hash)
+        return e.refs if e is not None else 0
+
+    def match(self, block_hashes: Sequence[bytes]) -> tuple[int, int | None]:
+        """The longest checkpointed prefix: (number of blocks it covers, its line), or
+        (0, None). A chained hash names its whole prefix, so the last committed one wins;
+        earlier blocks need no checkpoint of their own. Pure: counts and LRU order are left
+        alone (``record`` and ``acquire`` do that)."""
+        for i in range(len(block_hashes) - 1, -1, -1):
+            e = self._entries.get(block_hashes[i])
+            if e is not None and e.committed:
+                return i + 1, e.line
+        return 0, None
+
+    # --- accounting -----------------------------------------------------------------
+
+    def record(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one lookup, in tokens: the prompt's tokens queried and those restored."""
+        _check_int("num_query_tokens", num_query_tokens, 0)
+        _check_int("num_hit_tokens", num_hit_tokens, 0)
+        if num_hit_tokens > num_query_tokens:
+            raise ValueError(
+                f"num_hit_tokens ({num_hit_tokens}) exceeds num_query_tokens ({num_query_tokens})"
+            )
+        self.queries += num_query_tokens
+        self.hits += num_hit_tokens
+
+    # --- references -----------------------------------------------------------------
+
+    def _get(self, block_hash: bytes, what: str) -> _Entry:
+        e = self._entries.get(block_hash)
+        if e is None:
+            raise KeyError(f"{what}: block hash {block_hash.hex()[:16]}... is not in the index")
+        return e
+
+    def acquire(self, block_hash: bytes) -> int:
+        """Pin a committed checkpoint for a sequence restoring from it; returns its line."""
+        e = self._get(block_hash, "acquire")
+        if not e.committed:
+            raise ValueError("acquire: the checkpoint is still pending (not committed)")
+        if e.refs == 0:
+            del self._lru[block_hash]
+        e.refs += 1
+        return e.line
+
+    def release(self, block_hash: bytes) -> None:
+        """Drop one pin; the last one puts the entry at the LRU's young end."""
+        e = self._get(block_hash, "release")
+        if e.refs == 0:
+            raise ValueError("release: the checkpoint holds no reference (double release?)")
+        e.refs -= 1
+        if e.refs == 0:
+            self._lru[block_hash] = None
+
+    # --- writing --------------------------------------------------------------------
+
+    def reserve(self, block_hash: bytes) -> int | None:
+        """A line for a new checkpoint of ``block_hash``, pending until ``commit``: a free
+        line, else the least recently used unreferenced entry's line (evicted). None when
+        the hash already has an entry (pending or committed: nothing to write; a committed
+        unreferenced one is refreshed in the LRU) or when every line is pinned or pending."""
+        e = self._entries.get(block_hash)
+        if e is not None:
+            if e.committed and e.refs == 0:
+                self._lru.move_to_end(block_hash)
+            return None
+        if self._free:
+            line = self._free.pop()
+        elif self._lru:
+            victim, _ = self._lru.popitem(last=False)
+            line = self._entries.pop(victim).line
+            self.evictions += 1
+        else:
+            return None
+        self._entries[block_hash] = _Entry(line)
+        return line
+
+    def commit(self, block_hash: bytes) -> None:
+        """The copy into the pending entry's line is enqueued: the entry may match now."""
+        e = self._get(block_hash, "commit")
+        if e.committed:
+            raise ValueError("commit: the checkpoint is already committed")
+        e.committed = True
+        if e.refs == 0:
+            self._lru[block_hash] = None
+
+    def discard(self, block_hash: bytes) -> None:
+        """Drop a pending entry whose copy was never enqueued (its request was aborted)."""
+        e = self._get(block_hash, "discard")
+        if e.committed:
+            raise ValueError(
+                "discard: the checkpoint is committed; only a pending one can be discarded"
+            )
+        del self._entries[block_hash]
+        self._free.append(e.line)
+
+    def clear(self) -> None:
+        """Forget every unreferenced committed entry (e.g. after a weight reload); pinned
+        and pending ones stay."""
+        for h in list(self._lru):
+            self._free.append(self._entries.pop(h).line)
+        self._lru.clear()
+
+    def check(self) -> None:
+        """Assert the invariants (tests call it after every operation)."""
+        lines = [e.line for e in self._entries.values()] + self._free
+        assert sorted(lines) == sorted(self.lines), "a line is lost or held twice"
+        lru = {h for h, e in self._entries.items() if e.committed and e.refs == 0}
+        assert lru == set(self._lru), "the LRU is out of step with the entries"
+        assert all(e.committed or e.refs == 0 for e in self._entries.values())
+
+
+def boundary_hash(
+    block_hashes: Sequence[bytes], num_computed_tokens: int, block_size: int
+) -> bytes | None:
+    """The hash whose checkpoint a sequence can write now: that of the block ending exactly
+    at ``num_computed_tokens``, or None when its state is not on a block boundary (the
+    sequence's state is only a valid checkpoint at the end of a step on the grid)."""
+    _check_int("num_computed_tokens", num_computed_tokens, 0)
+    _check_int("block_size", block_size, 1)
+    if num_computed_tokens == 0 or num_computed_tokens % block_size:
+        return None
+    b = num_computed_tokens // block_size
+    return block_hashes[b - 1] if b <= len(block_hashes) else None
+
+
+class StatePrefixCache:
+    """The engine core's prefix cache of Mamba states (pure Mamba models; first slice).
+
+    - At admission (``restore``), a request's prompt is looked up: the longest prefix of at
+      most ``len(prompt) - 1`` tokens with a committed checkpoint is restored by a copy of
+      the checkpoint's line into the sequence's line, and the sequence starts with those
+      tokens computed.
+    - At the end of a request that stopped or ran out of tokens (``checkpoint``), the state
+      of its line, which covers its first ``num_computed_tokens`` tokens (prompt and
+      output), is copied into a checkpoint line, keyed by the hash of exactly those tokens:
+      the full blocks' chain plus, when the length is off the grid, a *tail* hash of the
+      last partial block under its parent. ``_tails`` lists the tail lengths seen under
+      each parent, so a lookup tries only those.
+
+    The copies are device work: they queue in ``copies`` ((src line, dst line), in order)
+    and go with the next dispatched step, ahead of its forward. Writes are queued when a
+    request finishes (while its line still holds its state) and restores when one is
+    admitted, so a restore that reads a checkpoint written in the same step comes after the
+    write, and a line freed by a finished request is copied out before a new owner's
+    forward writes it. An entry is therefore committed as soon as its copy is queued.
+    """
+
+    def __init__(self, lines: Iterable[int], block_size: int):
+        self.block_size = _check_int("block_size", block_size, 1)
+        self.index = CheckpointIndex(lines)
+        self.copies: list[tuple[int, int]] = []
+        self._pinned: list[bytes] = []
+        self._tails: dict[bytes, set[int]] = {}
+
+    def _key(self, tokens: Sequence[int], length: int, hashes: Sequence[bytes]) -> bytes:
+        full, tail = divmod(length, self.block_size)
+        parent = hashes[full - 1] if full else ROOT_HASH
+        if not tail:
+            return parent
+        return hash_block(parent, tokens[full * self.block_size : length])
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[int, bytes | None]:
+        """(tokens of the longest restorable prefix, its key), or (0, None)."""
+        limit = len(prompt) - 1
+        bs = self.block_size
+        hashes = hash_blocks(prompt[:limit], bs)
+        for i in range(len(hashes), -1, -1):
+            parent = hashes[i - 1] if i else ROOT_HASH
+            tails = self._tails.get(parent)
+            for t in sorted(tails or (), reverse=True):
+                if i * bs + t > limit:
+                    continue
+                h = hash_block(parent, prompt[i * bs : i * bs + t])
+                if h in self.index:
+                    return i * bs + t, h
+            if i and hashes[i - 1] in self.index:
+                return i * bs, hashes[i - 1]
+        return 0, None
+
+    def restore(self, prompt: Sequence[int], slot: int) -> int:
+        """Look the prompt up, count the query, and on a hit pin the checkpoint and queue
+        its copy into ``slot``; the tokens restored (0 on a miss)."""
+        n, key = self.lookup(prompt)
+        self.index.record(len(prompt), n)
+        if key is not None:
+            self.copies.append((self.index.acquire(key), slot))
+            self._pinned.append(key)
+        return n
+
+    def checkpoint(self, token_ids: Sequence[int], num_computed: int, slot: int) -> bool:
+        """Queue a checkpoint of ``slot``, whose state covers ``token_ids[:num_computed]``;
+        False when there is nothing to write (no tokens, a token not read yet, the key
+        already cached, or every line pinned)."""
+        tokens = token_ids[:num_computed]
+        if num_computed < 1 or len(tokens) < num_computed or min(tokens) < 0:
+            return False
+        hashes = hash_blocks(tokens, self.block_size)
+        key = self._key(tokens, num_computed, hashes)
+        line = self.index.reserve(key)
+        if line is None:
+            return False
+        self.copies.append((slot, line))
+        self.index.commit(key)  # its copy is queued ahead of any restore reading it
+        if num_computed % self.block_size:
+            parent = hashes[-1] if hashes else ROOT_HASH
+            self._tails.setdefault(parent, set()).add(num_computed % self.block_size)
+        return True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The queued copies, for the step being dispatched; the restores' pins end here
+        (a later write to their lines is queued after these copies)."""
+        copies, self.copies = self.copies, []
+        for key in self._pinned:
+            self.index.release(key)
+        self._pinned = []
+        return copies
+
+    def drop_all(self) -> None:
+        """Forget every checkpoint (a dispatch failed: its copies may not have run)."""
+        self.take_copies()
+        self.index.clear()
+        self._tails.clear()
