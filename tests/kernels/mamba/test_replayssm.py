@@ -11,13 +11,14 @@ Padded rows leave every line alone; materialising a fresh line only empties its 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID, PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay import (
     ReplayedSSMState,
     _replay_ssm_op,
@@ -107,9 +108,15 @@ def draw(case: Case, device, gen) -> tuple:
     return x, dt, B, C
 
 
-def indices(case: Case, lines: int, device, gen) -> torch.Tensor:
+def seed(case: Case) -> int:
+    """The same per case in every process (``hash`` of a str is salted per process)."""
+    return zlib.crc32(case.id.encode())
+
+
+def indices(case: Case, lines: int, device, gen, marker: int = PAD_SLOT_ID) -> torch.Tensor:
+    # Real rows own any of lines 1 .. lines-1 (the last one included: no line is a sink).
     real = 1 + torch.randperm(lines - 1, generator=gen)[: case.batch - case.pads]  # 0: null
-    idx = torch.cat([real, torch.full((case.pads,), PAD_SLOT_ID)])
+    idx = torch.cat([real, torch.full((case.pads,), marker)])
     idx = idx[torch.randperm(case.batch, generator=gen)]
     return idx.to(device, torch.int64 if case.idx64 else torch.int32)
 
@@ -119,7 +126,7 @@ def rel(a, b) -> float:
 
 
 def run_against_every_step(case: Case, device) -> None:
-    gen = torch.Generator().manual_seed(hash(case.id) % 2**31)
+    gen = torch.Generator().manual_seed(seed(case))
     lines = case.batch + 3
     rs = make_rs(case, lines, device, gen)
     ref = rs.state.to(FP32, copy=True)
@@ -189,29 +196,38 @@ def test_launch_configs_agree(cfg, device, monkeypatch):
     run_against_every_step(Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=3), device)
 
 
+@pytest.mark.parametrize("marker", [PAD_SLOT_ID, NULL_BLOCK_ID], ids=["pad-1", "null0"])
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: c.id)
-def test_kernel_matches_reference(case, device):
+def test_kernel_matches_reference(case, marker, device):
     """Kernel vs ``replay_update_ref``: rings and counters equal, outputs and states to
-    rounding (the reference forms every row's state; the kernel only the flushing ones)."""
-    gen = torch.Generator().manual_seed(1 + hash(case.id) % 2**31)
+    rounding (the reference forms every row's state; the kernel only the flushing ones).
+    Padded rows (the engine's null line 0, or -1) write no line in either: every line of the
+    pool is compared, the last one too (real rows may own it)."""
+    gen = torch.Generator().manual_seed(1 + seed(case))
     lines = case.batch + 3
     rs = make_rs(case, lines, device, gen)
     twin = ReplayedSSMState(*(t.clone() for t in rs.tensors()))
+    before = ReplayedSSMState(*(t.clone() for t in rs.tensors()))
     p = params(case, device, gen)
-    idx = indices(case, lines, device, gen)
-    real_lines = idx[idx != PAD_SLOT_ID].long()
+    idx = indices(case, lines, device, gen, marker)
+    real_lines = idx[idx != marker].long()
     for step in range(case.L + 1):
         x, dt, B, C = draw(case, device, gen)
-        y = replay_ssm_update(rs, x, dt, p["A"], B, C, **_kw(p), state_batch_indices=idx)
+        y = replay_ssm_update(rs, x, dt, p["A"], B, C, **_kw(p), state_batch_indices=idx,
+                              pad_slot_id=marker)  # fmt: skip
         y_ref = torch.empty_like(y)
         replay_update_ref(twin, x, dt, p["A"], B, C, p["D"], p["dt_bias"], True, case.limit,
-                          idx, PAD_SLOT_ID, y_ref)  # fmt: skip
+                          idx, marker, y_ref)  # fmt: skip
         torch.testing.assert_close(y, y_ref, atol=2e-5, rtol=2e-5, msg=f"step {step}")
         for name in ("ring_x", "ring_B", "count"):
-            got, want = getattr(rs, name)[real_lines], getattr(twin, name)[real_lines]
+            got, want = getattr(rs, name), getattr(twin, name)
             assert torch.equal(got, want), f"step {step}: {name}"
-        torch.testing.assert_close(rs.ring_dt[real_lines], twin.ring_dt[real_lines])
-        torch.testing.assert_close(rs.state[real_lines], twin.state[real_lines])
+        torch.testing.assert_close(rs.ring_dt, twin.ring_dt)
+        torch.testing.assert_close(rs.state, twin.state)
+    untouched = torch.ones(lines, dtype=torch.bool, device=device)
+    untouched[real_lines] = False
+    for got, was in zip(twin.tensors(), before.tensors(), strict=True):
+        assert torch.equal(got[untouched], was[untouched]), "the reference wrote a line no row owns"
     slots = real_lines.to(idx.dtype)
     replay_ssm_materialise(rs, p["A"], slots)
     replay_materialise_ref(twin, p["A"], slots, None)

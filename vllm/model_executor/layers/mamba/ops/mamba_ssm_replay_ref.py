@@ -96,6 +96,25 @@ def _write_back(rs: ReplayedSSMState, lines, h, flush) -> None:
     rs.state.index_copy_(0, lines, torch.where(flush[..., None, None], h.to(old.dtype), old))
 
 
+class _Rows:
+    """The pool lines of a step's rows: ``read`` for every row (a padded row reads the
+    marker's line, or line 0 when the marker names none), ``store`` writes the real rows'
+    new values only."""
+
+    def __init__(self, idx: torch.Tensor, pad_slot_id: int, num_lines: int):
+        self.is_pad = (idx == pad_slot_id) | (idx < 0)
+        self.marker_is_line = 0 <= pad_slot_id < num_lines
+        self.read = torch.where(self.is_pad, pad_slot_id if self.marker_is_line else 0, idx)
+        self.real = None if self.marker_is_line else (~self.is_pad).nonzero().squeeze(1)
+
+    def store(self, t: torch.Tensor, new: torch.Tensor) -> None:
+        if self.real is None:  # padded rows put their (marker) line back as it was
+            pad = self.is_pad.view(-1, *([1] * (new.dim() - 1)))
+            t.index_copy_(0, self.read, torch.where(pad, t.index_select(0, self.read), new))
+        else:
+            t.index_copy_(0, self.read[self.real], new[self.real])
+
+
 def replay_update_ref(
     rs: ReplayedSSMState,
     x: torch.Tensor,
@@ -115,29 +134,29 @@ def replay_update_ref(
     check_state_update_shapes(rs.state, x, dt, A, B, C, D, dt_bias, state_batch_indices, out)
     ring = rs.ring_x.shape[2]
     hpg = x.shape[1] // B.shape[1]
-    idx = state_batch_indices.long()
-    is_pad = idx == pad_slot_id
-    lines = torch.where(is_pad, rs.state.shape[0] - 1, idx)
+    rows = _Rows(state_batch_indices.long(), pad_slot_id, rs.state.shape[0])
+    lines = rows.read
     n = rs.count.index_select(0, lines)[:, :, 0].long()
     dt_now = _discretize_dt(dt, dt_bias, dt_softplus, dt_limit)
     h = _replayed(rs, lines, n, A, dt_now, x, B)
     y = torch.einsum("rhpn,rhn->rhp", h, C.float().repeat_interleave(hpg, dim=1))
     if D is not None:
         y = y + D.float()[:, None] * x.float()
-    out.copy_(torch.where(is_pad[:, None, None], 0.0, y))
+    out.copy_(torch.where(rows.is_pad[:, None, None], 0.0, y))
     flush = n >= ring
-    _write_back(rs, lines, h, flush)
+    old = rs.state.index_select(0, lines)
+    rows.store(rs.state, torch.where(flush[..., None, None], h.to(old.dtype), old))
     # Append this step at entry n of every row that did not flush.
     put = (torch.arange(ring, device=n.device) == n[..., None]) & ~flush[..., None]
     ring_x = rs.ring_x.index_select(0, lines)
-    rs.ring_x.index_copy_(0, lines, torch.where(put[..., None], x[:, :, None, :], ring_x))
+    rows.store(rs.ring_x, torch.where(put[..., None], x[:, :, None, :], ring_x))
     ring_dt = rs.ring_dt.index_select(0, lines)
-    rs.ring_dt.index_copy_(0, lines, torch.where(put, dt_now[..., None], ring_dt))
+    rows.store(rs.ring_dt, torch.where(put, dt_now[..., None], ring_dt))
     put_g = put[:, ::hpg]
     ring_B = rs.ring_B.index_select(0, lines)
-    rs.ring_B.index_copy_(0, lines, torch.where(put_g[..., None], B[:, :, None, :], ring_B))
+    rows.store(rs.ring_B, torch.where(put_g[..., None], B[:, :, None, :], ring_B))
     count = torch.where(flush, 0, n + 1).to(torch.int8)
-    rs.count.index_copy_(0, lines, count[..., None].expand(-1, -1, rs.count.shape[2]))
+    rows.store(rs.count, count[..., None].expand(-1, -1, rs.count.shape[2]))
     return out
 
 

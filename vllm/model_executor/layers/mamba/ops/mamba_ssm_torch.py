@@ -12,8 +12,8 @@ Tensors (logical shapes, token-major; views with any strides are fine):
 
 - ``x``: (num_tokens, nheads, headdim); ``dt``: (num_tokens, nheads) before the bias;
   ``B``, ``C``: (num_tokens, ngroups, dstate); ``A``, ``D``, ``dt_bias``: (nheads,).
-- ``state``: (num_lines, nheads, headdim, dstate), the SSM state pool. Its LAST line is the
-  sink of padded rows in ``selective_state_update_torch`` (the state pool reserves it).
+- ``state``: (num_lines, nheads, headdim, dstate), the SSM state pool; line 0 is the null
+  line (``NULL_BLOCK_ID``) that padded rows name.
 
 ``chunk_scan_varlen`` runs the prefill sequences of a step, each from its own initial state,
 and returns their final states; the caller moves states between the pool and the sequences.
