@@ -13,7 +13,7 @@ from tests.models.hf_builders import make_bamba_hf
 from tests.models.hybrid_utils import assert_loaded_as_hf, save_checkpoint
 from tests.models.mamba2_utils import TINY, Driver, Row, hf_config, make_hf_model
 from vllm.model_executor.model_loader import get_model
-from vllm.model_executor.model_loader.weight_utils import dummy_weights
+from vllm.model_executor.model_loader.weight_utils import _dummy_value, dummy_weights
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 
@@ -72,6 +72,27 @@ def test_dummy_weights_for_any_config_without_disk():
     assert (mixer.A_log.exp() >= 1).all() and (mixer.A_log.exp() <= 16).all()
     logits = Driver(a).step([Row(1, [1, 2, 3, 4, 5])])[0]
     assert torch.isfinite(logits).all() and logits.std() > 0
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [("layers.0.mixer.in_proj.weight", (96, 32)), ("layers.0.moe.experts.w2", (4, 32, 96))],
+)
+def test_dummy_matrices_keep_unit_variance(name, shape):
+    """A dummy matrix scales by its input dimension (the last), so a unit-variance input
+    gives unit-variance outputs for a (out, in) matrix and each expert of a stack."""
+    w = _dummy_value(name, shape, torch.device("cpu"), seed=0)
+    x = torch.randn(4096, shape[-1], generator=torch.Generator().manual_seed(0))
+    y = x @ w.reshape(-1, shape[-1]).t()
+    assert 0.8 < y.var().item() < 1.25, y.var().item()
+
+
+@pytest.mark.parametrize("name", ["layers.0.mixer.dt_bias", "layers.0.mixer.dt_proj.bias"])
+def test_dummy_dt_bias_is_an_inverse_softplus(name):
+    """Mamba2's dt_bias and Mamba1's dt_proj.bias both give dt = softplus(bias) in HF's
+    initial range [1e-3, 0.1] (a generic bias would give dt near 0.7)."""
+    dt = torch.nn.functional.softplus(_dummy_value(name, (64,), torch.device("cpu"), seed=0))
+    assert (dt >= 1e-3 * 0.999).all() and (dt <= 0.1 * 1.001).all()
 
 
 def test_dummy_from_a_directory_with_config_only(tmp_path, hf_dir):

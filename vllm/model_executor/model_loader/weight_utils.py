@@ -295,7 +295,7 @@ def _dummy_value(name: str, shape: tuple[int, ...], device, seed: int) -> torch.
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "A_log":
         return draw(1.0, 16.0).log()
-    if leaf == "dt_bias":
+    if leaf == "dt_bias" or name.endswith("dt_proj.bias"):  # Mamba2's, Mamba1's
         dt = draw(math.log(1e-3), math.log(1e-1)).exp()
         return dt + torch.log(-torch.expm1(-dt))
     if leaf == "D":
@@ -311,5 +311,5 @@ def _dummy_value(name: str, shape: tuple[int, ...], device, seed: int) -> torch.
         return draw(0.8, 1.2)
     if "embeddings" in name:
         return draw(-1.0, 1.0)
-    bound = math.sqrt(3.0 / shape[1])  # (out, in) matrices
+    bound = math.sqrt(3.0 / shape[-1])  # (out, in) matrices, (experts, out, in) stacks
     return draw(-bound, bound)
