@@ -6,10 +6,12 @@ model over the engine's caches, and the engine-level checks every hybrid shares.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.models.mamba2_utils import BF16_ERROR_VS_HF_BF16, assert_close, gen_for
@@ -17,6 +19,7 @@ from tests.tiny_model import save_tiny_tokenizer
 from vllm import LLM, SamplingParams
 from vllm.distributed import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
+from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
 from vllm.worker.cache_engine import CacheEngine
 
@@ -162,6 +165,35 @@ def mixed_steps() -> list[list[tuple[str, list[int]]]]:
         [("b", tokens(1, "B+")), ("a", a[5:11]), ("c", c)],  # a decode, a continuation, a fresh one
         [("b", tokens(1, "B++")), ("c", tokens(1, "C+")), ("a", a[11:])],  # two decodes, a's end
     ]
+
+
+def check_varlen_batch_and_chunks(model) -> None:
+    """Three prompts in one step (then a decode each) give each one's logits alone; a
+    prompt fed in chunks of 3, 1 and 5 tokens gives its one-prefill logits."""
+    prompts = {s: tokens(n, "varlen", s) for s, n in (("a", 7), ("b", 2), ("c", 9))}
+    nexts = {s: tokens(1, "next", s) for s in prompts}
+    batched = HybridDriver(model)
+    first = batched.step(list(prompts.items()))
+    second = batched.step(list(nexts.items()))
+    for i, sid in enumerate(prompts):
+        alone = HybridDriver(model)
+        assert_close(first[i], alone.step([(sid, prompts[sid])])[0], "batching", msg=sid)
+        assert_close(second[i], alone.step([(sid, nexts[sid])])[0], "batching", msg=sid)
+    whole = prompts["c"]
+    one = HybridDriver(model).step([("c", whole)])[0]
+    chunked = HybridDriver(model)
+    parts = [chunked.step([("c", part)])[0] for part in (whole[:3], whole[3:4], whole[4:])]
+    assert_close(torch.cat(parts), one, "batching")
+
+
+def check_bad_config_refused(path: Path, tmp_path: Path, edit: dict, match: str) -> None:
+    """The checkpoint's config.json with ``edit`` applied is refused at load, the
+    ValueError matching ``match``."""
+    raw = json.loads((path / "config.json").read_text())
+    raw.update(edit)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=match):
+        get_model(tmp_path, load_format="dummy")
 
 
 def check_mixed_steps_match_hf(model, hf) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from tests.models.hf_builders import make_bamba_hf as make_hf
 from tests.models.hybrid_utils import (
+    check_bad_config_refused,
     check_bf16_tracks_hf,
     check_generate_matches_hf,
     check_graphs_match_eager,
@@ -99,11 +100,7 @@ def test_bamba_9b_preset_shape():
 )
 def test_bad_configs(hf_and_dir, tmp_path, edit, match):
     _, path = hf_and_dir
-    raw = json.loads((path / "config.json").read_text())
-    raw.update(edit)
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=match):
-        get_model(tmp_path, load_format="dummy")
+    check_bad_config_refused(path, tmp_path, edit, match)
 
 
 def test_unknown_architecture_lists_the_served_ones(tmp_path):

@@ -10,8 +10,6 @@ encoding and with tied embeddings. Tests that compare routed models watch the ro
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -21,15 +19,14 @@ from tests.models.granitemoehybrid_utils import (
     make_granite_hf,
 )
 from tests.models.hybrid_utils import (
-    HybridDriver,
+    check_bad_config_refused,
     check_bf16_tracks_hf,
     check_generate_matches_hf,
     check_graphs_match_eager,
     check_mixed_steps_match_hf,
+    check_varlen_batch_and_chunks,
     save_checkpoint,
-    tokens,
 )
-from tests.models.mamba2_utils import assert_close
 from vllm import LLM, SamplingParams
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.model_loader import get_model
@@ -67,20 +64,7 @@ def test_varlen_batch_equals_each_alone_and_chunks_equal_one_prefill(hf_and_dir)
     _, path = hf_and_dir
     model = get_model(path)
     margins = RoutingMargins().watch_ours(model)
-    prompts = {s: tokens(n, "varlen", s) for s, n in (("a", 7), ("b", 2), ("c", 9))}
-    nexts = {s: tokens(1, "next", s) for s in prompts}
-    batched = HybridDriver(model)
-    first = batched.step(list(prompts.items()))
-    second = batched.step(list(nexts.items()))
-    for i, sid in enumerate(prompts):
-        alone = HybridDriver(model)
-        assert_close(first[i], alone.step([(sid, prompts[sid])])[0], "batching", msg=sid)
-        assert_close(second[i], alone.step([(sid, nexts[sid])])[0], "batching", msg=sid)
-    whole = prompts["c"]
-    one = HybridDriver(model).step([("c", whole)])[0]
-    chunked = HybridDriver(model)
-    parts = [chunked.step([("c", part)])[0] for part in (whole[:3], whole[3:4], whole[4:])]
-    assert_close(torch.cat(parts), one, "batching")
+    check_varlen_batch_and_chunks(model)
     margins.check()
 
 
@@ -208,12 +192,7 @@ def test_dummy_weights_from_a_config_run_through_the_engine():
     ids=["kind", "gqa", "conv", "arch"],
 )
 def test_bad_checkpoint_configs(hf_and_dir, tmp_path, edit, match):
-    _, path = hf_and_dir
-    raw = json.loads((path / "config.json").read_text())
-    raw.update(edit)
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=match):
-        get_model(tmp_path, load_format="dummy")
+    check_bad_config_refused(hf_and_dir[1], tmp_path, edit, match)
 
 
 def test_max_model_len_beyond_the_rope_table(hf_and_dir):

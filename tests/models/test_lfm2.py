@@ -4,7 +4,6 @@ interpreter), the GPU cases marked."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -12,11 +11,13 @@ import torch
 
 from tests.models.hybrid_utils import (
     HybridDriver,
+    check_bad_config_refused,
     check_bf16_tracks_hf,
     check_generate_matches_hf,
     check_graphs_match_eager,
     check_loads_every_hf_weight,
     check_mixed_steps_match_hf,
+    check_varlen_batch_and_chunks,
     hf_logits,
     save_checkpoint,
     tokens,
@@ -61,20 +62,7 @@ def test_varlen_batch_equals_each_alone_and_chunks_equal_one_prefill(hf_and_dir)
     prompt fed in chunks of 3, 1 and 5 tokens gives its one-prefill logits."""
     _, path = hf_and_dir
     model = get_model(path)
-    prompts = {s: tokens(n, "varlen", s) for s, n in (("a", 7), ("b", 2), ("c", 9))}
-    nexts = {s: tokens(1, "next", s) for s in prompts}
-    batched = HybridDriver(model)
-    first = batched.step(list(prompts.items()))
-    second = batched.step(list(nexts.items()))
-    for i, sid in enumerate(prompts):
-        alone = HybridDriver(model)
-        assert_close(first[i], alone.step([(sid, prompts[sid])])[0], "batching", msg=sid)
-        assert_close(second[i], alone.step([(sid, nexts[sid])])[0], "batching", msg=sid)
-    whole = prompts["c"]
-    one = HybridDriver(model).step([("c", whole)])[0]
-    chunked = HybridDriver(model)
-    parts = [chunked.step([("c", part)])[0] for part in (whole[:3], whole[3:4], whole[4:])]
-    assert_close(torch.cat(parts), one, "batching")
+    check_varlen_batch_and_chunks(model)
 
 
 def test_loads_every_hf_weight_by_name(hf_and_dir):
@@ -192,12 +180,7 @@ def test_dummy_weights_from_a_config_run_through_the_engine(attn):
     ids=["kind", "attn_index", "rope", "gqa", "conv", "mlp", "head_dim"],
 )
 def test_bad_configs(hf_and_dir, tmp_path, edit, match):
-    _, path = hf_and_dir
-    raw = json.loads((path / "config.json").read_text())
-    raw.update(edit)
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=match):
-        get_model(tmp_path, load_format="dummy")
+    check_bad_config_refused(hf_and_dir[1], tmp_path, edit, match)
 
 
 def test_shapes_that_do_not_shard_name_their_field():

@@ -7,12 +7,11 @@ prefill. GPU cases are marked.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from tests.models.hybrid_utils import (
+    check_bad_config_refused,
     check_loads_every_hf_weight,
     hf_greedy,
     save_checkpoint,
@@ -217,11 +216,7 @@ def test_dummy_weights_from_a_config_run_through_the_engine():
 )
 def test_bad_configs(hf_and_dir, tmp_path, edit, match):
     _, _, path = hf_and_dir
-    raw = json.loads((path / "config.json").read_text())
-    raw.update(edit)
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=match):
-        get_model(tmp_path, load_format="dummy")
+    check_bad_config_refused(path, tmp_path, edit, match)
 
 
 def test_tp_check_names_the_field():

@@ -34,61 +34,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vllm.model_executor.layers.activation import get_act_fn
-from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import (
-    MergedColumnParallelLinear,
-    RowParallelLinear,
-)
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
-from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.hybrid_base import (
-    AttentionProjections,
+    GatedMLP,
     MambaHybridForCausalLM,
+    RotaryAttention,
     residual_norm,
 )
-
-
-class BambaMLP(nn.Module):
-    """SwiGLU MLP: gate|up one ``MergedColumnParallelLinear`` (this rank's intermediate
-    block of each), down a ``RowParallelLinear``."""
-
-    def __init__(self, config: BambaModelConfig, dtype: torch.dtype):
-        super().__init__()
-        h, i, bias = config.hidden_size, config.mlp_size(), config.mlp_bias
-        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
-        self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
-        self.act_fn = get_act_fn(config.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act_fn(gate) * up)
-
-
-class BambaAttention(AttentionProjections):
-    def __init__(self, config: BambaModelConfig, dtype: torch.dtype, prefix: str):
-        super().__init__()
-        shape = config.attention_shape()
-        d = shape.head_dim
-        heads, kv_heads = self._init_projections(
-            shape, config.hidden_size, config.attention_bias, dtype
-        )
-        self.rotary_emb = RotaryEmbedding(
-            d,
-            config.rotary_dim,
-            config.rope_positions,
-            config.rope_theta,
-            is_neox_style=True,
-        )
-        self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._qkv(x)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
 
 
 class BambaDecoderLayer(nn.Module):
@@ -99,8 +54,10 @@ class BambaDecoderLayer(nn.Module):
         if self.layer_type == "mamba":
             self.mamba = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
         else:
-            self.self_attn = BambaAttention(config, dtype, prefix=f"{prefix}.self_attn")
-        self.feed_forward = BambaMLP(config, dtype)
+            self.self_attn = RotaryAttention(config, dtype, prefix=f"{prefix}.self_attn")
+        self.feed_forward = GatedMLP(
+            config.hidden_size, config.mlp_size(), config.mlp_bias, config.hidden_act, dtype
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
 

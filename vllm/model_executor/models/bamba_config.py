@@ -10,14 +10,12 @@ mixers; every layer then has a SwiGLU MLP. RoPE rotates the first
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.models.config_utils import (
     AttentionShape,
-    ModelShapes,
+    BambaMambaFields,
     as_limit,
     check_attention_heads,
     check_bools,
@@ -25,13 +23,12 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
     rope_settings,
 )
 
 
 @dataclass(frozen=True)
-class BambaModelConfig(ModelShapes):
+class BambaModelConfig(BambaMambaFields):
     architecture: ClassVar[str] = "BambaForCausalLM"
     model_type: ClassVar[str] = "bamba"
     mamba_tp_fields: ClassVar[tuple[str, str]] = ("mamba_n_heads", "mamba_n_groups")
@@ -95,25 +92,6 @@ class BambaModelConfig(ModelShapes):
     def rope_positions(self) -> int:
         """Positions the RoPE table covers (max_model_len may not exceed it)."""
         return self.max_position_embeddings
-
-    @property
-    def chunk_size(self) -> int:
-        return self.mamba_chunk_size
-
-    def mamba_shape(self) -> Mamba2Shape:
-        return Mamba2Shape(
-            hidden_size=self.hidden_size,
-            num_heads=self.mamba_n_heads,
-            head_dim=self.mamba_d_head,
-            n_groups=self.mamba_n_groups,
-            state_size=self.mamba_d_state,
-            conv_kernel=self.mamba_d_conv,
-            chunk_size=self.mamba_chunk_size,
-            use_bias=self.mamba_proj_bias,
-            use_conv_bias=self.mamba_conv_bias,
-            norm_eps=self.rms_norm_eps,
-            time_step_limit=self.time_step_limit,
-        )
 
     def attention_shape(self) -> AttentionShape:
         return AttentionShape(self.num_attention_heads, self.num_key_value_heads, self.head_dim)
@@ -188,10 +166,6 @@ class BambaModelConfig(ModelShapes):
         if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:
             kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 32)  # as HF
         return cls(**kwargs)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> BambaModelConfig:
-        return cls.from_dict(read_config_json(model_dir))
 
 
 # ibm-fms/Bamba-9B's config.json (hf-format release): 32 layers, attention at 9, 18, 27.

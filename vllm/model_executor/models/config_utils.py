@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from vllm.model_executor.layers.linear import qkv_tp_problems
 from vllm.model_executor.layers.mamba.mamba_tp import mamba2_tp_problems
@@ -70,6 +70,11 @@ class ModelShapes:
             problems.append(f"intermediate_size={mlp} is not divisible by tp_size={tp_size}")
         return problems
 
+    @classmethod
+    def from_pretrained(cls, model_dir: str | os.PathLike) -> Self:
+        """From ``model_dir/config.json`` (each config's ``from_dict`` maps the fields)."""
+        return cls.from_dict(read_config_json(model_dir))
+
     def check_tp(self, tp_size: int) -> None:
         """ValueError listing every field that does not shard over ``tp_size`` ranks; the
         engine calls it before any worker process starts."""
@@ -81,6 +86,32 @@ class ModelShapes:
                 f"tensor_parallel_size={tp_size} does not fit this model "
                 f"({type(self).__name__}): " + "; ".join(problems)
             )
+
+
+class BambaMambaFields(ModelShapes):
+    """A config that spells its Mamba2 mixers with Bamba's field names (``mamba_n_heads``,
+    ``mamba_d_head``, ``mamba_n_groups``, ``mamba_d_state``, ``mamba_d_conv``,
+    ``mamba_chunk_size``, ``mamba_proj_bias``, ``mamba_conv_bias``), as GraniteMoeHybrid's
+    and Falcon-H1's do, with ``rms_norm_eps`` and a ``time_step_limit``."""
+
+    @property
+    def chunk_size(self) -> int:
+        return self.mamba_chunk_size
+
+    def mamba_shape(self) -> Mamba2Shape:
+        return Mamba2Shape(
+            hidden_size=self.hidden_size,
+            num_heads=self.mamba_n_heads,
+            head_dim=self.mamba_d_head,
+            n_groups=self.mamba_n_groups,
+            state_size=self.mamba_d_state,
+            conv_kernel=self.mamba_d_conv,
+            chunk_size=self.mamba_chunk_size,
+            use_bias=self.mamba_proj_bias,
+            use_conv_bias=self.mamba_conv_bias,
+            norm_eps=self.rms_norm_eps,
+            time_step_limit=self.time_step_limit,
+        )
 
 
 def read_config_json(model_dir: str | os.PathLike) -> dict[str, Any]:

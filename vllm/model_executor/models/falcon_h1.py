@@ -40,22 +40,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.distributed.communication_op import tensor_model_parallel_all_reduce
-from vllm.model_executor.layers.activation import get_act_fn
-from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
-    MergedColumnParallelLinear,
     RowParallelLinear,
     RowShards,
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_tp import Mixer2RMSNormGated, mamba2_layout
-from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.falcon_h1_config import FalconH1ModelConfig
 from vllm.model_executor.models.hybrid_base import (
-    AttentionProjections,
+    GatedMLP,
     MambaHybridForCausalLM,
+    RotaryAttention,
     residual_norm,
 )
 
@@ -104,48 +101,15 @@ def falcon_h1_mixer(config: FalconH1ModelConfig, layer_idx: int, dtype) -> Mamba
     return mixer
 
 
-class FalconH1MLP(nn.Module):
-    """SwiGLU MLP: gate|up one ``MergedColumnParallelLinear``, down a ``RowParallelLinear``
-    (the multipliers live in their weights once loaded)."""
-
-    def __init__(self, config: FalconH1ModelConfig, dtype: torch.dtype):
-        super().__init__()
-        h, i, bias = config.hidden_size, config.mlp_size(), config.mlp_bias
-        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=bias, dtype=dtype)
-        self.down_proj = RowParallelLinear(i, h, bias=bias, dtype=dtype)
-        self.act_fn = get_act_fn(config.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act_fn(gate) * up)
-
-
-class FalconH1Attention(AttentionProjections):
-    def __init__(self, config: FalconH1ModelConfig, dtype: torch.dtype, prefix: str):
-        super().__init__()
-        shape = config.attention_shape()
-        d = shape.head_dim
-        heads, kv_heads = self._init_projections(
-            shape, config.hidden_size, config.attention_bias, dtype
-        )
-        self.rotary_emb = RotaryEmbedding(
-            d, d, config.rope_positions, config.rope_theta, is_neox_style=True
-        )
-        self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._qkv(x)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
-
-
 class FalconH1DecoderLayer(nn.Module):
     def __init__(self, config: FalconH1ModelConfig, layer_idx: int, dtype, prefix: str):
         super().__init__()
         eps = config.rms_norm_eps
         self.mamba = falcon_h1_mixer(config, layer_idx, dtype)
-        self.self_attn = FalconH1Attention(config, dtype, prefix=f"{prefix}.self_attn")
-        self.feed_forward = FalconH1MLP(config, dtype)
+        self.self_attn = RotaryAttention(config, dtype, prefix=f"{prefix}.self_attn")
+        self.feed_forward = GatedMLP(
+            config.hidden_size, config.mlp_size(), config.mlp_bias, config.hidden_act, dtype
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
 

@@ -20,14 +20,12 @@ out_proj bias (its in_proj's is ``mamba_proj_bias``). RoPE rotates the whole hea
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.models.config_utils import (
     AttentionShape,
-    ModelShapes,
+    BambaMambaFields,
     as_float,
     as_limit,
     check_attention_heads,
@@ -36,7 +34,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
     rope_settings,
 )
 
@@ -53,7 +50,7 @@ _LISTS = {"mlp_multipliers": 2, "ssm_multipliers": 5}
 
 
 @dataclass(frozen=True)
-class FalconH1ModelConfig(ModelShapes):
+class FalconH1ModelConfig(BambaMambaFields):
     architecture: ClassVar[str] = "FalconH1ForCausalLM"
     model_type: ClassVar[str] = "falcon_h1"
     mamba_tp_fields: ClassVar[tuple[str, str]] = ("mamba_n_heads", "mamba_n_groups")
@@ -135,32 +132,18 @@ class FalconH1ModelConfig(ModelShapes):
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def rotary_dim(self) -> int:
+        """RoPE turns the whole head."""
+        return self.attention_head_dim
+
+    @property
     def rope_positions(self) -> int:
         """Positions the RoPE table covers (max_model_len may not exceed it)."""
         return self.max_position_embeddings
 
     @property
-    def chunk_size(self) -> int:
-        return self.mamba_chunk_size
-
-    @property
     def layer_types(self) -> tuple[str, ...]:
         return ("hybrid",) * self.num_hidden_layers
-
-    def mamba_shape(self) -> Mamba2Shape:
-        return Mamba2Shape(
-            hidden_size=self.hidden_size,
-            num_heads=self.mamba_n_heads,
-            head_dim=self.mamba_d_head,
-            n_groups=self.mamba_n_groups,
-            state_size=self.mamba_d_state,
-            conv_kernel=self.mamba_d_conv,
-            chunk_size=self.mamba_chunk_size,
-            use_bias=self.mamba_proj_bias,
-            use_conv_bias=self.mamba_conv_bias,
-            norm_eps=self.rms_norm_eps,
-            time_step_limit=self.time_step_limit,
-        )
 
     def attention_shape(self) -> AttentionShape:
         return AttentionShape(
@@ -234,7 +217,3 @@ class FalconH1ModelConfig(ModelShapes):
         # transformers' Falcon-H1 RoPE rotates the whole head (it reads no partial factor)
         kwargs["rope_theta"] = rope_settings(raw)["rope_theta"]
         return cls(**kwargs)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> FalconH1ModelConfig:
-        return cls.from_dict(read_config_json(model_dir))

@@ -21,16 +21,14 @@ the attention layers RoPE (neox style, the whole head, ``rope_theta``); absent, 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from vllm.model_executor.layers.linear import qkv_tp_problems
 from vllm.model_executor.layers.mamba.mamba_tp import mamba2_tp_problems
-from vllm.model_executor.layers.mamba.mamba_utils import Mamba2Shape
 from vllm.model_executor.models.config_utils import (
     AttentionShape,
-    ModelShapes,
+    BambaMambaFields,
     as_float,
     as_limit,
     check_attention_heads,
@@ -39,7 +37,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
     rope_settings,
 )
 
@@ -60,7 +57,7 @@ _MULTIPLIERS = (
 
 
 @dataclass(frozen=True)
-class GraniteMoeHybridModelConfig(ModelShapes):
+class GraniteMoeHybridModelConfig(BambaMambaFields):
     architecture: ClassVar[str] = "GraniteMoeHybridForCausalLM"
     model_type: ClassVar[str] = "granitemoehybrid"
     mamba_tp_fields: ClassVar[tuple[str, str]] = ("mamba_n_heads", "mamba_n_groups")
@@ -144,25 +141,6 @@ class GraniteMoeHybridModelConfig(ModelShapes):
     @property
     def has_experts(self) -> bool:
         return self.num_local_experts > 0
-
-    @property
-    def chunk_size(self) -> int:
-        return self.mamba_chunk_size
-
-    def mamba_shape(self) -> Mamba2Shape:
-        return Mamba2Shape(
-            hidden_size=self.hidden_size,
-            num_heads=self.mamba_n_heads,
-            head_dim=self.mamba_d_head,
-            n_groups=self.mamba_n_groups,
-            state_size=self.mamba_d_state,
-            conv_kernel=self.mamba_d_conv,
-            chunk_size=self.mamba_chunk_size,
-            use_bias=self.mamba_proj_bias,
-            use_conv_bias=self.mamba_conv_bias,
-            norm_eps=self.rms_norm_eps,
-            time_step_limit=self.time_step_limit,
-        )
 
     def attention_shape(self) -> AttentionShape | None:
         if "attention" not in self.layer_types:
@@ -284,10 +262,6 @@ class GraniteMoeHybridModelConfig(ModelShapes):
             # transformers' Granite RoPE rotates the whole head (it reads no partial factor)
             kwargs["rope_theta"] = rope_settings(raw)["rope_theta"]
         return cls(**kwargs)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> GraniteMoeHybridModelConfig:
-        return cls.from_dict(read_config_json(model_dir))
 
 
 # The ibm-granite/granite-4.0-h-tiny shape (40 layers, attention at 5, 15, 25, 35; 64

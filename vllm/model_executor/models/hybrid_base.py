@@ -22,10 +22,17 @@ import torch
 from torch import nn
 
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.activation import get_act_fn
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend, MambaStatePool
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.model_loader.weight_utils import load_model_weights
 from vllm.model_executor.models.config_utils import AttentionShape
@@ -61,6 +68,49 @@ class AttentionProjections(nn.Module):
 
     def _qkv(self, x: torch.Tensor):
         return self.qkv_proj.split_qkv(self.qkv_proj(x))
+
+
+class RotaryAttention(AttentionProjections):
+    """Grouped-query attention with neox-style RoPE over ``config.rotary_dim`` of each head:
+    Bamba's (a partial rotary) and Falcon-H1's (the whole head). Reads the config's
+    ``attention_shape()``, ``attention_bias``, ``rotary_dim``, ``rope_positions`` and
+    ``rope_theta``."""
+
+    def __init__(self, config, dtype: torch.dtype, prefix: str):
+        super().__init__()
+        shape = config.attention_shape()
+        d = shape.head_dim
+        heads, kv_heads = self._init_projections(
+            shape, config.hidden_size, config.attention_bias, dtype
+        )
+        self.rotary_emb = RotaryEmbedding(
+            d, config.rotary_dim, config.rope_positions, config.rope_theta, is_neox_style=True
+        )
+        self.attn = Attention(heads, d, d**-0.5, num_kv_heads=kv_heads, prefix=f"{prefix}.attn")
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class GatedMLP(nn.Module):
+    """A gated MLP, ``down(act(gate(x)) * up(x))``: gate|up one ``MergedColumnParallelLinear``
+    (this rank's intermediate block of each, loaded from the checkpoint's ``gate_proj`` and
+    ``up_proj`` or one fused tensor), down a ``RowParallelLinear``: Bamba's, Falcon-H1's,
+    Jamba's and LFM2's MLPs (SwiGLU with ``hidden_act`` "silu")."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool, hidden_act: str, dtype):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate, intermediate], bias=bias, dtype=dtype
+        )
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, dtype=dtype)
+        self.act_fn = get_act_fn(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class MambaHybridForCausalLM(nn.Module):

@@ -36,42 +36,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vllm.model_executor.layers.activation import get_act_fn
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, expert_weight_target
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
-    MergedColumnParallelLinear,
     ReplicatedLinear,
-    RowParallelLinear,
 )
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
 from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.hybrid_base import (
     AttentionProjections,
+    GatedMLP,
     MambaHybridForCausalLM,
     residual_norm,
 )
 from vllm.model_executor.models.jamba_config import JambaModelConfig
 
 _EXPERTS = ".feed_forward.experts."
-
-
-class JambaMLP(nn.Module):
-    """SwiGLU MLP: gate|up one ``MergedColumnParallelLinear`` (this rank's intermediate
-    block of each), down a ``RowParallelLinear``."""
-
-    def __init__(self, config: JambaModelConfig, dtype: torch.dtype):
-        super().__init__()
-        h, i = config.hidden_size, config.mlp_size()
-        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, dtype=dtype)
-        self.down_proj = RowParallelLinear(i, h, bias=False, dtype=dtype)
-        self.act_fn = get_act_fn(config.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act_fn(gate) * up)
 
 
 class JambaMoE(nn.Module):
@@ -117,7 +99,11 @@ class JambaDecoderLayer(nn.Module):
         else:
             self.self_attn = JambaAttention(config, dtype, prefix=f"{prefix}.self_attn")
         moe = config.moe_layers[layer_idx]
-        self.feed_forward = JambaMoE(config, dtype) if moe else JambaMLP(config, dtype)
+        self.feed_forward = (
+            JambaMoE(config, dtype)
+            if moe
+            else GatedMLP(config.hidden_size, config.mlp_size(), False, config.hidden_act, dtype)
+        )
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)

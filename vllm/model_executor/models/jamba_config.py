@@ -22,7 +22,6 @@ inference (``use_mamba_kernels``, ``router_aux_loss_coef``, initialisation, toke
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -36,7 +35,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
 )
 
 
@@ -202,10 +200,6 @@ class JambaModelConfig(ModelShapes):
         if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:
             kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 32)  # as HF
         return cls(**kwargs)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> JambaModelConfig:
-        return cls.from_dict(read_config_json(model_dir))
 
 
 # ai21labs/Jamba-v0.1 (transformers' defaults, spelled out): 32 layers, attention at 4, 12,

@@ -28,18 +28,17 @@ collective (a rank holds whole heads).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend
 from vllm.model_executor.layers.mamba.short_conv import ShortConv
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.hybrid_base import (
     AttentionProjections,
+    GatedMLP,
     MambaHybridForCausalLM,
     residual_norm,
 )
@@ -51,20 +50,6 @@ _RENAMES = (
     (".self_attn.out_proj.", ".self_attn.o_proj."),
     (".conv.conv.", ".conv.conv1d."),
 )
-
-
-class Lfm2MLP(nn.Module):
-    """SwiGLU: w1 | w3 one ``MergedColumnParallelLinear``, w2 a ``RowParallelLinear``."""
-
-    def __init__(self, config: Lfm2ModelConfig, dtype: torch.dtype):
-        super().__init__()
-        h, i = config.hidden_size, config.mlp_size()
-        self.gate_up_proj = MergedColumnParallelLinear(h, [i, i], bias=False, dtype=dtype)
-        self.down_proj = RowParallelLinear(i, h, bias=False, dtype=dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
 
 
 class Lfm2Attention(AttentionProjections):
@@ -100,7 +85,7 @@ class Lfm2DecoderLayer(nn.Module):
             )
         else:
             self.self_attn = Lfm2Attention(config, dtype, prefix=f"{prefix}.self_attn")
-        self.feed_forward = Lfm2MLP(config, dtype)
+        self.feed_forward = GatedMLP(config.hidden_size, config.mlp_size(), False, "silu", dtype)
         self.operator_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, dtype=dtype)
         self.ffn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, dtype=dtype)
 

@@ -15,7 +15,6 @@ rounded up to a multiple of ``block_multiple_of`` (``mlp_size()``).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,7 +29,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
     rope_settings,
 )
 
@@ -196,10 +194,6 @@ class Lfm2ModelConfig(ModelShapes):
                 f"num_attention_heads = {config.head_dim}, the only head size served"
             )
         return config
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> Lfm2ModelConfig:
-        return cls.from_dict(read_config_json(model_dir))
 
 
 # LiquidAI/LFM2-1.2B's config.json (as public copies quote it: block_ff_dim 12288, which

@@ -58,7 +58,12 @@ class Mamba2DecoderLayer(nn.Module):
         super().__init__()
         self.residual_in_fp32 = config.residual_in_fp32
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
-        self.mixer = MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
+        self.mixer = self.make_mixer(config, layer_idx, dtype)
+
+    @staticmethod
+    def make_mixer(config, layer_idx: int, dtype: torch.dtype) -> nn.Module:
+        """The layer's mixer (``MambaDecoderLayer`` makes a Mamba1 one)."""
+        return MambaMixer2(config.mamba_shape(), dtype=dtype, layer_idx=layer_idx)
 
     def forward(self, hidden_states, residual):
         """(mixer output, residual stream): the residual add of a layer is fused into the
@@ -72,11 +77,13 @@ class Mamba2DecoderLayer(nn.Module):
 
 
 class Mamba2Model(nn.Module):
+    layer_cls: type[nn.Module] = Mamba2DecoderLayer
+
     def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
-            Mamba2DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)
+            self.layer_cls(config, i, dtype) for i in range(config.num_hidden_layers)
         )
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon, dtype=dtype)
 
@@ -97,12 +104,13 @@ class Mamba2Model(nn.Module):
 class Mamba2ForCausalLM(nn.Module):
     # Runs on a tensor-parallel group of any size its heads and groups shard over.
     supports_tensor_parallel = True
+    model_cls: type[nn.Module] = Mamba2Model
 
     def __init__(self, config: Mamba2ModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.backbone = Mamba2Model(config, dtype)
+        self.backbone = self.model_cls(config, dtype)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype)
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(self.backbone.embeddings)
@@ -118,7 +126,7 @@ class Mamba2ForCausalLM(nn.Module):
         passes it to every model alike.
         """
         metadata = get_forward_context().mamba2_metadata
-        check_step_inputs("Mamba2ForCausalLM", input_ids, None, metadata)
+        check_step_inputs(type(self).__name__, input_ids, None, metadata)
         if metadata.num_tokens == 0:
             return torch.empty(
                 0, self.config.hidden_size, dtype=self.dtype, device=input_ids.device

@@ -10,7 +10,6 @@ of 64, state 128, 8 groups, conv 4). ``from_dict`` reads a ``config.json`` writt
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,7 +21,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
 )
 
 _ARCHITECTURE = "Mamba2ForCausalLM"
@@ -128,8 +126,3 @@ class Mamba2ModelConfig(ModelShapes):
             )
         check_required(raw, ("hidden_size", "num_hidden_layers", "vocab_size"))
         return cls(**fields_from_dict(cls, raw, floats=("layer_norm_epsilon",)))
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> Mamba2ModelConfig:
-        """From ``model_dir/config.json``."""
-        return cls.from_dict(read_config_json(model_dir))

@@ -16,7 +16,6 @@ FalconMamba puts on dt, B and C in every mixer.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,7 +26,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
 )
 
 
@@ -124,11 +122,6 @@ class MambaModelConfig(ModelShapes):
             )
         check_required(raw, ("hidden_size", "num_hidden_layers", "vocab_size"))
         return cls(**fields_from_dict(cls, raw, floats=cls.float_fields))
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> MambaModelConfig:
-        """From ``model_dir/config.json``."""
-        return cls.from_dict(read_config_json(model_dir))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ new ones, as in ``NemotronHConfig.__post_init__``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,7 +30,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
 )
 
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -291,7 +289,3 @@ class NemotronHModelConfig(ModelShapes):
         )
         kwargs["layer_types"] = layer_types_from(raw)
         return cls(**kwargs)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> NemotronHModelConfig:
-        return cls.from_dict(read_config_json(model_dir))

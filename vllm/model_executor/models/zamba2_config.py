@@ -13,7 +13,6 @@ does (its RoPE stays unscaled there too).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,7 +27,6 @@ from vllm.model_executor.models.config_utils import (
     check_positive_ints,
     check_required,
     fields_from_dict,
-    read_config_json,
     rope_settings,
 )
 
@@ -215,7 +213,3 @@ class Zamba2ModelConfig(ModelShapes):
         if raw.get("use_mem_rope"):
             kwargs["rope_theta"] = rope_settings(raw)["rope_theta"]
         return cls(**kwargs)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike) -> Zamba2ModelConfig:
-        return cls.from_dict(read_config_json(model_dir))

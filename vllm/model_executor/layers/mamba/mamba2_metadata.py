@@ -264,3 +264,23 @@ class Mamba2MetadataBuilder:
             scan=None if self.triton_ssd else layout,
             token_perm=dev.get("token_perm") if "token_perm" in plan.host else None,
         )
+
+
+def check_layer_inputs(where: str, hidden_states, hidden_size: int, md) -> None:
+    """A Mamba-family layer's step inputs: the forward context's ``Mamba2Metadata`` and
+    (num_tokens, hidden_size) hidden states of its token count; errors name ``where``."""
+    if not isinstance(md, Mamba2Metadata):
+        raise RuntimeError(
+            f"{where}: the forward context carries no Mamba2Metadata (got "
+            f"{type(md).__name__}); the model runner builds one per step"
+        )
+    if hidden_states.dim() != 2 or hidden_states.shape[1] != hidden_size:
+        raise ValueError(
+            f"{where}: hidden_states must be (num_tokens, {hidden_size}), "
+            f"got {tuple(hidden_states.shape)}"
+        )
+    if md.num_tokens != hidden_states.shape[0]:
+        raise ValueError(
+            f"{where}: metadata was built for {md.num_tokens} tokens, "
+            f"hidden_states has {hidden_states.shape[0]}"
+        )

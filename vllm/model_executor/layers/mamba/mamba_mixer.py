@@ -52,7 +52,7 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
     RowShards,
 )
-from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata
+from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata, check_layer_inputs
 from vllm.model_executor.layers.mamba.mamba_tp import DepthwiseConvWeights, row_parameter
 from vllm.model_executor.layers.mamba.mamba_utils import (
     ConvBackend,
@@ -259,21 +259,7 @@ class MambaMixer(nn.Module):
 
     def _check_inputs(self, hidden_states, conv_state, ssm_state, md) -> None:
         where = f"MambaMixer (layer {self.layer_idx})"
-        if not isinstance(md, Mamba2Metadata):
-            raise RuntimeError(
-                f"{where}: the forward context carries no Mamba2Metadata (got "
-                f"{type(md).__name__}); the model runner builds one per step"
-            )
-        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
-            raise ValueError(
-                f"{where}: hidden_states must be (num_tokens, {self.hidden_size}), "
-                f"got {tuple(hidden_states.shape)}"
-            )
-        if md.num_tokens != hidden_states.shape[0]:
-            raise ValueError(
-                f"{where}: metadata was built for {md.num_tokens} tokens, "
-                f"hidden_states has {hidden_states.shape[0]}"
-            )
+        check_layer_inputs(where, hidden_states, self.hidden_size, md)
         lines = conv_state.shape[0]
         for name, state, shape in (
             ("conv_state", conv_state, self.conv_shape),

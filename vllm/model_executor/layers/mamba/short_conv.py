@@ -39,7 +39,7 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
     RowShards,
 )
-from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata
+from vllm.model_executor.layers.mamba.mamba2_metadata import check_layer_inputs
 from vllm.model_executor.layers.mamba.mamba_tp import DepthwiseConvWeights
 from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend, check_conv_state_layout
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
@@ -157,21 +157,7 @@ class ShortConv(nn.Module):
 
     def _check_inputs(self, hidden_states, conv_state, md) -> None:
         where = f"ShortConv (layer {self.layer_idx})"
-        if not isinstance(md, Mamba2Metadata):
-            raise RuntimeError(
-                f"{where}: the forward context carries no Mamba2Metadata (got "
-                f"{type(md).__name__}); the model runner builds one per step"
-            )
-        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
-            raise ValueError(
-                f"{where}: hidden_states must be (num_tokens, {self.hidden_size}), "
-                f"got {tuple(hidden_states.shape)}"
-            )
-        if md.num_tokens != hidden_states.shape[0]:
-            raise ValueError(
-                f"{where}: metadata was built for {md.num_tokens} tokens, "
-                f"hidden_states has {hidden_states.shape[0]}"
-            )
+        check_layer_inputs(where, hidden_states, self.hidden_size, md)
         if conv_state.dim() != 3 or tuple(conv_state.shape[1:]) != self.conv_shape:
             raise ValueError(
                 f"{where}: conv_state must be (lines, {self.dim}, {self.conv_kernel - 1}), "
