@@ -179,7 +179,7 @@ def table_rows(runs: dict) -> list[dict]:
 def _cell(value) -> str:
     if value is None:
         return "-"
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def format_markdown(rows: list[dict]) -> str:

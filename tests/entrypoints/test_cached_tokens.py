@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 CACHE_ARGS = [*SERVER_ARGS, "--enable-prefix-caching", "--mamba-block-size", "4"]
 QUESTION = "what is the state space model and why is the scan fast"
 MORE = " and what does the kernel do"
-ANSWER_TOKENS = 6
+ANSWER_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def hits_total(server) -> float:
 
 
 def complete(server, prompt, **kw) -> dict:
-    body = {"prompt": prompt, "max_tokens": ANSWER_TOKENS, "temperature": 0.0, **kw}
+    body = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0, **kw}
     r = httpx.post(server.url_for("v1", "completions"), json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -68,7 +68,7 @@ def turn2(tiny_model_dir, tokenizer, server) -> list[int]:
     answer = list(out.outputs[0].token_ids)
     del llm
     before = hits_total(server)
-    one = complete(server, prompt, ignore_eos=True)
+    one = complete(server, prompt, ignore_eos=True, max_tokens=ANSWER_TOKENS)
     assert one["choices"][0]["text"] == out.outputs[0].text
     # A new prompt: nothing restored, and the field says 0.
     assert one["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
@@ -76,7 +76,7 @@ def turn2(tiny_model_dir, tokenizer, server) -> list[int]:
     return prompt + answer + tokenizer(MORE, add_special_tokens=False).input_ids
 
 
-def test_second_turn_reports_restored_tokens(server, turn2):
+def test_second_turn_reports_restored_tokens(server, turn2, tokenizer):
     before = hits_total(server)
     two = complete(server, turn2)
     restored = hits_total(server) - before
@@ -84,6 +84,13 @@ def test_second_turn_reports_restored_tokens(server, turn2):
     assert cached > 0 and cached == restored
     assert set(two["usage"]["prompt_tokens_details"]) == {"cached_tokens"}
     assert two["usage"]["prompt_tokens"] == len(turn2) > cached
+    # Several prompts: the usage sums what each restored (turn 2 again, and a new prompt).
+    other = tokenizer("hello there", add_special_tokens=False).input_ids
+    before = hits_total(server)
+    both = complete(server, [turn2, other])
+    assert both["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+    assert hits_total(server) - before == cached
+    assert both["usage"]["prompt_tokens"] == len(turn2) + len(other)
 
 
 def test_stream_final_usage_chunk_carries_cached_tokens(server, turn2):
