@@ -8,7 +8,11 @@ Backends: ``openai`` (POST /v1/completions, ``prompt``, ``max_tokens``) and ``op
 Timing (``time.perf_counter``): TTFT is the arrival of the first chunk that carries text,
 each later text chunk adds one inter-token latency (the gap since the previous one; the
 server sends one chunk per engine step), and the end-to-end latency ends at the last text
-chunk. The output token count is the ``completion_tokens`` of the final usage chunk.
+chunk. The output token count is the ``completion_tokens`` of the final usage chunk; its
+``prompt_tokens`` and, from a server run with --enable-prompt-tokens-details,
+``prompt_tokens_details.cached_tokens`` (the prompt tokens its prefix cache restored) are
+kept too. A chat request's prompt is one user message, or a list of messages (the history
+of a multi-turn conversation, multiturn.py).
 
 A request fails, with its error text kept, on an HTTP status other than 200 (the error
 body's message), an error event in the stream, a connection error or timeout, a stream
@@ -29,7 +33,7 @@ REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=6 * 60 * 60)
 
 @dataclass
 class RequestInput:
-    prompt: str
+    prompt: str | list[dict]  # a list: the chat messages (openai-chat only)
     prompt_len: int
     output_len: int
     api_url: str
@@ -48,16 +52,25 @@ class RequestOutput:
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
     error: str = ""
+    server_prompt_tokens: int | None = None  # usage.prompt_tokens
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    turn: int = 0  # the conversation turn (multiturn.py; 0: a single-turn request)
+    reusable_tokens: int = 0  # multiturn.py: what the previous turn ran through the model
 
 
 def completions_payload(inp: RequestInput) -> dict:
+    if not isinstance(inp.prompt, str):
+        raise ValueError("the openai backend takes a text prompt, not chat messages")
     return {"model": inp.model, "prompt": inp.prompt, "max_tokens": inp.output_len}
 
 
 def chat_payload(inp: RequestInput) -> dict:
+    messages = inp.prompt
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
     return {
         "model": inp.model,
-        "messages": [{"role": "user", "content": inp.prompt}],
+        "messages": messages,
         "max_completion_tokens": inp.output_len,
     }
 
@@ -126,6 +139,10 @@ class _Stream:
         usage = data.get("usage")
         if usage and usage.get("completion_tokens") is not None:
             self.out.output_tokens = usage["completion_tokens"]
+        if usage:
+            self.out.server_prompt_tokens = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            self.out.cached_tokens = details.get("cached_tokens")
 
     def fail(self, message: str) -> None:
         if not self.out.error:  # the first error is the cause; later ones follow from it

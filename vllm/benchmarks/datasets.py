@@ -16,6 +16,11 @@ Random (``--dataset-name random``): each prompt is random non-special token ids 
 text, re-encoded and cut until it is ``input_len`` tokens long (or as close as the
 tokenizer allows; the count recorded is the real one); lengths vary by ``range_ratio``
 around ``input_len`` and ``output_len``.
+
+Prefix repetition (``--dataset-name prefix_repetition``, vLLM's dataset and option names):
+``num_prefixes`` random prefixes of ``prefix_len`` tokens, each followed by
+``num_requests // num_prefixes`` random suffixes of ``suffix_len`` tokens, the prompts
+shuffled by the seed; a shared-prefix workload for prefix caching.
 """
 
 from __future__ import annotations
@@ -146,6 +151,28 @@ def sample_sharegpt(
     return out
 
 
+def _non_special_ids(tokenizer) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
+def random_token_text(tokenizer, rng: random.Random, allowed: list[int], target: int):
+    """Random text of ``target`` tokens (as close as the tokenizer allows): (text, its ids
+    without special tokens)."""
+    ids = [rng.choice(allowed) for _ in range(target)]
+    # Decoded text does not re-encode to the same ids (merges, broken characters): take
+    # the text's own ids, cut or extend them to the target, and decode again, for as many
+    # rounds as it takes to settle (a few).
+    for _ in range(10):
+        text = tokenizer.decode(ids)
+        own = tokenizer(text, add_special_tokens=False).input_ids
+        if len(own) == target:
+            break
+        extra = [rng.choice(allowed) for _ in range(target - len(own))]
+        ids = own[:target] + extra
+    return text, own
+
+
 def sample_random(
     tokenizer,
     num_requests: int,
@@ -157,8 +184,7 @@ def sample_random(
     if not 0.0 <= range_ratio < 1.0:
         raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
     rng = random.Random(seed)
-    special = set(tokenizer.all_special_ids)
-    allowed = [i for i in range(len(tokenizer)) if i not in special]
+    allowed = _non_special_ids(tokenizer)
 
     def length(n: int) -> int:
         return rng.randint(max(1, int(n * (1 - range_ratio))), max(1, int(n * (1 + range_ratio))))
@@ -166,16 +192,45 @@ def sample_random(
     out = []
     for _ in range(num_requests):
         target, n_out = length(input_len), length(output_len)
-        ids = [rng.choice(allowed) for _ in range(target)]
-        # Decoded text does not re-encode to the same ids (merges, broken characters): take
-        # the text's own ids, cut or extend them to the target, and decode again, for as many
-        # rounds as it takes to settle (a few).
-        for _ in range(10):
-            prompt = tokenizer.decode(ids)
-            own = tokenizer(prompt, add_special_tokens=False).input_ids
-            if len(own) == target:
-                break
-            extra = [rng.choice(allowed) for _ in range(target - len(own))]
-            ids = own[:target] + extra
+        prompt, _ = random_token_text(tokenizer, rng, allowed, target)
         out.append(SampleRequest(prompt, len(tokenizer(prompt).input_ids), n_out))
+    return out
+
+
+def sample_prefix_repetition(
+    tokenizer,
+    num_requests: int,
+    prefix_len: int,
+    suffix_len: int,
+    num_prefixes: int,
+    output_len: int,
+    seed: int = 0,
+) -> list[SampleRequest]:
+    """``num_prefixes`` shared prefixes, ``num_requests // num_prefixes`` prompts each."""
+    for name, value in (
+        ("--prefix-repetition-prefix-len", prefix_len),
+        ("--prefix-repetition-suffix-len", suffix_len),
+        ("--prefix-repetition-num-prefixes", num_prefixes),
+        ("--prefix-repetition-output-len", output_len),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    per_prefix = num_requests // num_prefixes
+    if per_prefix == 0:
+        raise ValueError(
+            f"--num-prompts ({num_requests}) must be at least "
+            f"--prefix-repetition-num-prefixes ({num_prefixes})"
+        )
+    rng = random.Random(seed)
+    allowed = _non_special_ids(tokenizer)
+    out = []
+    for _ in range(num_prefixes):
+        prefix, prefix_ids = random_token_text(tokenizer, rng, allowed, prefix_len)
+        for _ in range(per_prefix):
+            _, suffix_ids = random_token_text(tokenizer, rng, allowed, suffix_len)
+            # The prompt is the ids decoded together, so that the prefix's tokens stay the
+            # same in every prompt of the group (the tokenizer may merge across the seam).
+            prompt = tokenizer.decode(prefix_ids + suffix_ids)
+            out.append(SampleRequest(prompt, len(tokenizer(prompt).input_ids), output_len))
+    rng.shuffle(out)
     return out

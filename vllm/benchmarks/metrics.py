@@ -9,6 +9,12 @@ counts. Throughputs divide by the run's wall time. Each selected metric gets
 ``--metric-percentiles``, written as vLLM writes it: 99, 99.9); a metric with no sample is
 0, as vLLM reports it. Failed requests are counted (``failed``), their distinct error
 texts counted in ``failure_reasons``.
+
+Prefix caching: when the server reports ``prompt_tokens_details.cached_tokens`` (vLLM's
+--enable-prompt-tokens-details), ``total_cached_tokens`` sums them over the successful
+requests and ``prefix_cache_hit_rate`` divides that by their prompt tokens as the server
+counts them (``usage.prompt_tokens``: a chat prompt's rendered template included); both
+are None when no request reported them.
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ def calculate_metrics(
         result[f"std_{m}_ms"] = float(np.std(values))
         for q in percentiles:
             result[f"p{percentile_label(q)}_{m}_ms"] = float(np.percentile(values, q))
+    result.update(cache_hits(outputs))
     result.update(
         input_lens=[o.prompt_len for o in outputs],
         output_lens=output_lens,
@@ -93,6 +100,17 @@ def calculate_metrics(
         errors=[o.error for o in outputs],
     )
     return result
+
+
+def cache_hits(outputs: list) -> dict:
+    """``total_cached_tokens`` and ``prefix_cache_hit_rate`` of the successful requests
+    that report cached tokens (None without any)."""
+    done = [o for o in outputs if o.success and o.cached_tokens is not None]
+    if not done:
+        return {"total_cached_tokens": None, "prefix_cache_hit_rate": None}
+    cached = sum(o.cached_tokens for o in done)
+    prompt = sum(o.server_prompt_tokens or o.prompt_len for o in done)
+    return {"total_cached_tokens": cached, "prefix_cache_hit_rate": cached / max(prompt, 1)}
 
 
 def _row(label: str, value) -> str:
@@ -117,6 +135,9 @@ def format_table(result: dict, metrics: list[str], percentiles: list[float]) -> 
         _row("Output token throughput (tok/s):", result["output_throughput"]),
         _row("Total token throughput (tok/s):", result["total_token_throughput"]),
     ]
+    if result.get("prefix_cache_hit_rate") is not None:
+        lines.append(_row("Cached prompt tokens:", result["total_cached_tokens"]))
+        lines.append(_row("Prefix cache hit rate:", result["prefix_cache_hit_rate"]))
     for m in metrics:
         name = m.upper()
         lines.append("{s:-^51}".format(s=f" {METRICS[m]} "))

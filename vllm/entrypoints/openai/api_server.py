@@ -96,8 +96,9 @@ def build_app(engine, args: argparse.Namespace, stat_logger: PrometheusStatLogge
         get_tokenizer, config.tokenizer_dir, engine.tokenizer.vocab_size
     )
     async_tokenizer = AsyncTokenizer(engine.tokenizer, make_tokenizer)
-    completion = OpenAIServingCompletion(engine, models, async_tokenizer)
-    chat = OpenAIServingChat(engine, models, async_tokenizer)
+    details = bool(getattr(args, "enable_prompt_tokens_details", False))
+    completion = OpenAIServingCompletion(engine, models, async_tokenizer, details)
+    chat = OpenAIServingChat(engine, models, async_tokenizer, details)
     tokenization = OpenAIServingTokenization(engine, models, async_tokenizer)
 
     @asynccontextmanager
@@ -230,6 +231,12 @@ def make_arg_parser(parser: argparse.ArgumentParser, positional_model: bool):
         action="store_true",
         help="serve GET /tokenizer_info (the tokenizer's special tokens and chat template; "
         "lm-eval's tokenizer_backend=remote reads it)",
+    )
+    g.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage gets prompt_tokens_details.cached_tokens: the prompt tokens restored "
+        "from the prefix cache (vLLM's option; off by default)",
     )
     EngineArgs.add_cli_args(parser)
     return parser

@@ -13,7 +13,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 # vLLM's default --max-logprobs: more top alternatives per token than this is refused.
 MAX_LOGPROBS = 20
@@ -144,10 +152,23 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    cached_tokens: int = 0  # prompt tokens the prefix cache restored (not recomputed)
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     total_tokens: int = 0
     completion_tokens: int | None = 0
+    # Only with the server's --enable-prompt-tokens-details; left out of the JSON otherwise.
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_details(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if data.get("prompt_tokens_details", 0) is None:
+            del data["prompt_tokens_details"]
+        return data
 
 
 class CompletionResponseChoice(OpenAIBaseModel):

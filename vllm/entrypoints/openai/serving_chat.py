@@ -23,11 +23,16 @@ from vllm.entrypoints.openai.protocol import (
     ChatCompletionStreamResponse,
     ChatMessage,
     DeltaMessage,
-    UsageInfo,
     now,
     random_id,
 )
-from vllm.entrypoints.openai.serving_engine import MIN_LOGPROB, OpenAIServing, clamp, ranked
+from vllm.entrypoints.openai.serving_engine import (
+    MIN_LOGPROB,
+    OpenAIServing,
+    cached_tokens,
+    clamp,
+    ranked,
+)
 from vllm.entrypoints.openai.sse import DONE, SSEResponse, sse_data, sse_error, unless_disconnected
 from vllm.logger import init_logger
 
@@ -53,7 +58,7 @@ class OpenAIServingChat(OpenAIServing):
         requests = await self.add_requests(request_id, [token_ids], [params])
         if request.stream:
             return SSEResponse(self._stream(request, request_id, model, len(token_ids), requests))
-        [final] = await unless_disconnected(raw_request, self._collect(requests))
+        [(final, num_cached)] = await unless_disconnected(raw_request, self._collect(requests))
         choices, generated = [], 0
         for out in sorted(final, key=lambda o: o.index):
             generated += len(out.token_ids)
@@ -69,20 +74,19 @@ class OpenAIServingChat(OpenAIServing):
                     stop_reason=out.stop_reason,
                 )
             )
-        usage = UsageInfo(
-            prompt_tokens=len(token_ids),
-            completion_tokens=generated,
-            total_tokens=len(token_ids) + generated,
-        )
+        usage = self.usage(len(token_ids), generated, num_cached)
         return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
-    async def _collect(self, requests) -> list[list]:
-        """Each request's final outputs, its n samples merged by index."""
+    async def _collect(self, requests) -> list[tuple[list, int]]:
+        """Each request's final outputs (its n samples merged by index) and its cached
+        prompt tokens."""
         finals: list[dict] = [{} for _ in requests]
+        cached = [0] * len(requests)
         async with aclosing(self.iterate(requests)) as outputs:
             async for i, res in outputs:
                 finals[i].update({o.index: o for o in res.outputs})
-        return [list(f.values()) for f in finals]
+                cached[i] = max(cached[i], cached_tokens(res))
+        return [(list(f.values()), c) for f, c in zip(finals, cached, strict=True)]
 
     def _logprobs(self, token_ids, positions, top: int) -> ChatCompletionLogProbs:
         """OpenAI's chat format: per token its text, bytes, logprob and the ``top`` most
@@ -130,6 +134,7 @@ class OpenAIServingChat(OpenAIServing):
         usage_field = request.include_usage
         top = (request.top_logprobs or 0) if request.logprobs else None
         generated: dict[int, int] = defaultdict(int)
+        num_cached = 0
         try:
             for index in range(request.n):
                 role = ChatCompletionResponseStreamChoice(
@@ -141,6 +146,7 @@ class OpenAIServingChat(OpenAIServing):
                 yield self._chunk(request_id, created, model, role, usage_field)
             async with aclosing(self.iterate(requests)) as outputs:
                 async for _, res in outputs:
+                    num_cached = max(num_cached, cached_tokens(res))
                     for out in res.outputs:
                         generated[out.index] += len(out.token_ids)
                         if (
@@ -160,11 +166,7 @@ class OpenAIServingChat(OpenAIServing):
                         yield self._chunk(request_id, created, model, choice, usage_field)
             if request.include_usage:
                 num_generated = sum(generated.values())
-                usage = UsageInfo(
-                    prompt_tokens=num_prompt_tokens,
-                    completion_tokens=num_generated,
-                    total_tokens=num_prompt_tokens + num_generated,
-                )
+                usage = self.usage(num_prompt_tokens, num_generated, num_cached)
                 chunk = ChatCompletionStreamResponse(
                     id=request_id, created=created, model=model, choices=[], usage=usage
                 )

@@ -25,11 +25,10 @@ from vllm.entrypoints.openai.protocol import (
     CompletionResponseChoice,
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
-    UsageInfo,
     now,
     random_id,
 )
-from vllm.entrypoints.openai.serving_engine import OpenAIServing, clamp, ranked
+from vllm.entrypoints.openai.serving_engine import OpenAIServing, cached_tokens, clamp, ranked
 from vllm.entrypoints.openai.sse import DONE, SSEResponse, sse_data, sse_error, unless_disconnected
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
@@ -161,11 +160,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                 )
         num_prompt = sum(len(p.token_ids) for p in prompts)
-        usage = UsageInfo(
-            prompt_tokens=num_prompt,
-            completion_tokens=generated,
-            total_tokens=num_prompt + generated,
-        )
+        num_cached = sum(cached_tokens(final) for final in finals)
+        usage = self.usage(num_prompt, generated, num_cached)
         return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
     async def _stream(self, request, request_id, model, prompts, requests) -> AsyncIterator[str]:
@@ -173,9 +169,11 @@ class OpenAIServingCompletion(OpenAIServing):
         generated: dict[int, int] = defaultdict(int)
         offsets: dict[int, int] = defaultdict(int)
         echoed: set[int] = set()
+        cached: dict[int, int] = defaultdict(int)  # per prompt
         try:
             async with aclosing(self.iterate(requests)) as outputs:
                 async for i, res in outputs:
+                    cached[i] = max(cached[i], cached_tokens(res))
                     for out in res.outputs:
                         index = i * request.n + out.index
                         text, token_ids, positions, finish, stop = _shown(request, out)
@@ -210,11 +208,7 @@ class OpenAIServingCompletion(OpenAIServing):
             if request.include_usage:
                 num_prompt = sum(len(p.token_ids) for p in prompts)
                 num_generated = sum(generated.values())
-                usage = UsageInfo(
-                    prompt_tokens=num_prompt,
-                    completion_tokens=num_generated,
-                    total_tokens=num_prompt + num_generated,
-                )
+                usage = self.usage(num_prompt, num_generated, sum(cached.values()))
                 yield sse_data(
                     CompletionStreamResponse(
                         id=request_id, created=created, model=model, choices=[], usage=usage

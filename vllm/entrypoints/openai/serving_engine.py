@@ -11,7 +11,7 @@ from http import HTTPStatus
 
 from vllm.entrypoints.openai.async_tokenizer import AsyncTokenizer, TokenizerProcessError
 from vllm.entrypoints.openai.errors import APIError, bad_request
-from vllm.entrypoints.openai.protocol import ChatMessageParam
+from vllm.entrypoints.openai.protocol import ChatMessageParam, PromptTokenUsageInfo, UsageInfo
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.logger import init_logger
 from vllm.outputs import Logprob, RequestOutput
@@ -24,8 +24,16 @@ MIN_LOGPROB = -9999.0
 
 
 class OpenAIServing:
-    def __init__(self, engine, models: OpenAIServingModels, async_tokenizer: AsyncTokenizer):
+    def __init__(
+        self,
+        engine,
+        models: OpenAIServingModels,
+        async_tokenizer: AsyncTokenizer,
+        enable_prompt_tokens_details: bool = False,
+    ):
         self.engine = engine
+        # --enable-prompt-tokens-details: usage gets prompt_tokens_details.cached_tokens.
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.models = models
         self.tokenizer = engine.tokenizer
         self.async_tokenizer = async_tokenizer
@@ -221,6 +229,18 @@ class OpenAIServing:
     # Logprobs
     # ----------------------------------------------------------------------------------
 
+    def usage(self, num_prompt: int, num_generated: int, num_cached: int) -> UsageInfo:
+        """The usage of a response; ``num_cached``, the prompt tokens the prefix cache
+        restored, shows only with --enable-prompt-tokens-details (as in vLLM)."""
+        usage = UsageInfo(
+            prompt_tokens=num_prompt,
+            completion_tokens=num_generated,
+            total_tokens=num_prompt + num_generated,
+        )
+        if self.enable_prompt_tokens_details:
+            usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=num_cached)
+        return usage
+
     def token_text(self, token_id: int, lp: Logprob | None) -> str:
         if lp is not None and lp.decoded_token is not None:
             return lp.decoded_token
@@ -233,6 +253,11 @@ def ranked(position: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
         position.items(),
         key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 62, -kv[1].logprob),
     )
+
+
+def cached_tokens(out: RequestOutput) -> int:
+    """The prompt tokens of ``out``'s request that the prefix cache restored."""
+    return out.num_cached_tokens or 0
 
 
 def clamp(logprob: float) -> float:
