@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
 from tests.engine.utils import PREFIX_BLOCK as B
+from tests.engine.utils import STREAMS_CONFIG as CONFIG
 from tests.engine.utils import greedy_logprobs, prefix_llm, run_greedy
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.prefix_cache import hash_blocks
@@ -79,19 +79,19 @@ def test_shared_prefix_junction_is_cut_written_and_hit(device, async_scheduling)
     core = on.llm_engine.engine_core
     index, policy = core.prefix.index, core.prompt_checkpoints
     junction = hash_blocks(system, B)[8 // B - 1]
-    out1 = run_greedy(on, r1, 3)
+    out1 = run_greedy(on, r1, 2)
     assert out1[2] == 0 and policy.num_cuts == 0 and policy.num_written == 0
     assert junction not in index  # r1 wrote only its end-of-request checkpoint
-    out2 = run_greedy(on, r2, 3)
+    out2 = run_greedy(on, r2, 2)
     # r2 saw r1's blocks: one chunk cut at the junction (13 tokens fit the budget), written.
     assert out2[2] == 0 and policy.num_cuts == 1 and policy.num_written == 1
     assert junction in index
     run_greedy(on, OTHER, 2)
-    out3 = run_greedy(on, r3, 3)
+    out3 = run_greedy(on, r3, 2)
     assert out3[2] == 8 and index.hits == 8
     assert policy.num_cuts == 1  # r3 starts at the junction: nothing more to cut
     for out, prompt in ((out1, r1), (out2, r2), (out3, r3)):
-        same(out, reference(device.type, tuple(prompt), 3))
+        same(out, reference(device.type, tuple(prompt), 2))
 
 
 def test_all_mode_checkpoints_every_boundary(device):
@@ -106,10 +106,10 @@ def test_all_mode_checkpoints_every_boundary(device):
     assert len(index) == 4  # and the end-of-request one
     run_greedy(on, OTHER, 2)
     later = prompt[: 2 * B] + [77, 78, 79]  # shares k = 2 blocks
-    out2 = run_greedy(on, later, 3)
+    out2 = run_greedy(on, later, 2)
     assert out2[2] == 2 * B and index.hits == 2 * B
     same(out1, reference(device.type, tuple(prompt), 2))
-    same(out2, reference(device.type, tuple(later), 3))
+    same(out2, reference(device.type, tuple(later), 2))
 
 
 def test_abort_mid_prefill_writes_only_what_it_reached(device):
@@ -126,9 +126,9 @@ def test_abort_mid_prefill_writes_only_what_it_reached(device):
     assert hashes[0] in index and len(index) == 1  # nothing for blocks it never reached
     assert not engine.has_unfinished_requests()
     run_greedy(on, OTHER, 2)  # the engine keeps serving
-    out = run_greedy(on, prompt, 3)
+    out = run_greedy(on, prompt, 2)
     assert out[2] == B and index.hits == B
-    same(out, reference(device.type, tuple(prompt), 3))
+    same(out, reference(device.type, tuple(prompt), 2))
 
 
 def test_mode_flags_parse_validate_and_none_caches_nothing(device):

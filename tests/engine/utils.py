@@ -168,8 +168,9 @@ def check_batch(sched: Scheduler, batch, running_before: list[Sequence]) -> None
     assert {s.request_id for s in running_before} <= {s.request_id for s in batch.seqs}
 
 
-# Prefix caching of Mamba states in the engine (test_prefix_cache_prompt.py): the async
-# scheduling shape, tiny Mamba blocks, greedy tokens with their logprobs.
+# Prefix caching of Mamba states in the engine (test_prefix_cache_prompt.py): the streams'
+# one-layer shape (four heads: the cheapest under the interpreter), tiny Mamba blocks,
+# greedy tokens with their logprobs.
 PREFIX_BLOCK = 4
 
 
@@ -186,7 +187,7 @@ def prefix_llm(device, cache: bool, **kw) -> LLM:
         mamba_block_size=PREFIX_BLOCK,
         num_checkpoint_lines=32,  # no eviction in these tests
     )
-    return LLM(ASYNC_SCHED_CONFIG, **{**options, **kw})
+    return LLM(STREAMS_CONFIG, **{**options, **kw})
 
 
 def greedy_logprobs(n: int) -> SamplingParams:
