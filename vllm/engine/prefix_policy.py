@@ -115,11 +115,6 @@ class PromptCheckpoints:
         self._plans[seq] = _Plan(hashes, self.targets(len(prompt), hashes, seq.num_computed_tokens))
         self._remember(hashes)
 
-    def planned(self, seq: Sequence) -> list[int]:
-        """The targets still ahead of ``seq`` (a copy; empty when it has no plan)."""
-        plan = self._plans.get(seq)
-        return list(plan.targets) if plan is not None else []
-
     # --- the scheduler's hook -------------------------------------------------------
 
     def cut(self, seq: Sequence, n: int) -> int:
