@@ -19,6 +19,10 @@ from vllm.transformers_utils.hub import resolve_model, resolve_tokenizer
 
 logger = init_logger(__name__)
 
+# --mamba-cache-mode (upstream's name): which prompt checkpoints are written under prefix
+# caching (docs/prefix_caching.md, "Where checkpoints are written").
+MAMBA_CACHE_MODES = ("none", "align", "all")
+
 _SSM_CACHE_DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -85,7 +89,12 @@ class EngineConfig:
     finishes (stop or length) in one of ``num_checkpoint_lines`` extra state-pool lines
     (default ``max_num_seqs``, counted in the pool's memory), keyed by the hash chain of its
     tokens in blocks of ``mamba_block_size``; a later prompt that extends it restores the
-    state and prefills only the rest (docs/prefix_caching.md).
+    state and prefills only the rest (docs/prefix_caching.md). ``mamba_cache_mode``
+    (upstream's ``--mamba-cache-mode``) adds prompt checkpoints on the block grid:
+    ``align`` (default) at the end of prefill chunks the budget cuts anyway, rounded down to
+    the grid, and, with ``enable_mamba_shared_prefix_checkpoint`` (default True), at the
+    deepest block boundary a former prompt shared; ``all`` at every boundary (one step per
+    block); ``none`` caches no Mamba state at all.
 
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
@@ -120,6 +129,8 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     mamba_block_size: int = 64
     num_checkpoint_lines: int | None = None
+    mamba_cache_mode: str = "align"
+    enable_mamba_shared_prefix_checkpoint: bool = True
     # Set from the fields above: where the model's and the tokenizer's files are.
     model_dir: Any = field(init=False, default=None, repr=False)
     tokenizer_dir: Any = field(init=False, default=None, repr=False)
@@ -232,8 +243,18 @@ class EngineConfig:
         size = self.mamba_block_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"mamba_block_size must be an integer >= 1, got {size!r}")
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ValueError(
+                f"mamba_cache_mode (--mamba-cache-mode) must be one of "
+                f"{', '.join(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}"
+            )
+        if not isinstance(self.enable_mamba_shared_prefix_checkpoint, bool):
+            raise ValueError(
+                "enable_mamba_shared_prefix_checkpoint must be True or False, got "
+                f"{self.enable_mamba_shared_prefix_checkpoint!r}"
+            )
         lines = self.num_checkpoint_lines
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or self.mamba_cache_mode == "none":
             self.num_checkpoint_lines = 0
             return
         if lines is None:

@@ -9,11 +9,13 @@ import pytest
 from vllm.engine.prefix_cache import (
     ROOT_HASH,
     CheckpointIndex,
+    StatePrefixCache,
     boundary_hash,
     hash_block,
     hash_blocks,
     max_hit_blocks,
 )
+from vllm.engine.prefix_policy import PromptCheckpoints
 
 # --- hash chain -------------------------------------------------------------------------
 
@@ -172,3 +174,32 @@ def test_random_operations_keep_the_invariants():
         # A pinned entry is never evicted or rewritten.
         assert all(p in idx and idx.refs_of(p) > 0 for p in pins)
     assert idx.evictions > 0
+
+
+# --- prompt-checkpoint targets (vllm/engine/prefix_policy.py) ---------------------------
+
+
+def test_prompt_targets_by_mode_and_the_seen_bound():
+    prompt = list(range(1, 15))  # 14 tokens: boundaries 4, 8, 12 short of the end
+    hashes = hash_blocks(prompt, 4)
+    prefix = StatePrefixCache(range(3, 9), 4)
+    every = PromptCheckpoints(prefix, "all")
+    assert every.targets(14, hashes, 0) == [4, 8, 12]
+    assert every.targets(14, hashes, 5) == [8, 12]  # past the restored prefix
+    assert every.targets(12, hashes[:3], 0) == [4, 8]  # short of the prompt's end
+    assert prefix.write(hashes[1], 1)  # cached already: skipped
+    assert every.targets(14, hashes, 0) == [4, 12]
+
+    align = PromptCheckpoints(StatePrefixCache(range(3, 9), 4), "align", seen_bound=3)
+    assert align.targets(14, hashes, 0) == []  # nothing seen yet
+    align._remember(hash_blocks(prompt[:10] + [99, 98], 4))  # shares blocks 1 and 2
+    assert align.targets(14, hashes, 0) == [8]  # the deepest shared boundary only
+    assert align.targets(14, hashes, 8) == []  # restored up to it
+    align._remember(hash_blocks([50] * 12, 4))  # three new hashes push the old ones out
+    assert align.targets(14, hashes, 0) == []
+    off = PromptCheckpoints(StatePrefixCache(range(3, 9), 4), "align", shared_prefix=False)
+    off._remember(hashes)
+    assert off.targets(14, hashes, 0) == []
+    for mode in ("none", "bogus"):
+        with pytest.raises(ValueError, match="mamba_cache_mode"):
+            PromptCheckpoints(prefix, mode)

@@ -79,12 +79,14 @@ def test_next_turn_restores_the_finished_request(device, async_scheduling, repla
     index = core.prefix.index
     out1, _ = run(on, first, 5)
     assert index.hits == 0 and index.queries == len(first)
-    # The finished request's state covers its prompt and all but its last output token.
-    assert len(index) == 1
+    # The finished request's state covers its prompt and all but its last output token;
+    # the budget cut the first chunk (6 of 7 tokens) and align rounded it to 4: a second.
+    assert len(index) == 2
     # Another request takes the freed slot (lowest first) and overwrites its state, so the
     # second turn's state can only come from the checkpoint.
     run(on, OTHER, 2)
-    assert len(index) == 2 and index.hits == 0
+    # Its checkpoint took the oldest of the two lines (align's): the end one is kept.
+    assert len(index) == 2 and index.hits == 0 and index.evictions == 1
     second = first + out1 + [12, 60, 2]
     restored = len(first) + len(out1) - 1
     out2, lps2 = run(on, second, 4, cached=restored)
@@ -142,7 +144,9 @@ def test_a_one_line_budget_evicts_the_older_checkpoint(device):
     assert index.evictions == 1 and len(index) == 1
     second = first + out1 + [4]
     out2, lps2 = run(on, second, 2, cached=0)  # evicted: a full prefill, no stale restore
-    assert index.evictions == 2  # the second request's own checkpoint took the line
+    # align's checkpoint at 4 (its first chunk, cut by the budget), then the second
+    # request's own end-of-request checkpoint took the line
+    assert index.evictions == 3
     third = second + out2 + [9]
     run(on, third, 1, cached=len(second) + len(out2) - 1)  # the newest checkpoint hits
     off = make_llm(device, False, False)

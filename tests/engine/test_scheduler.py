@@ -7,9 +7,12 @@ import random
 import pytest
 
 from tests.engine.utils import check_batch, fake_step, make_seq
+from vllm.engine.prefix_cache import StatePrefixCache, hash_blocks
+from vllm.engine.prefix_policy import PromptCheckpoints
 from vllm.engine.scheduler import Scheduler
 from vllm.engine.sequence import Sequence, SequenceStatus
 from vllm.engine.state_manager import SlotManager
+from vllm.sampling_params import SamplingParams
 
 
 def test_slot_manager_hands_out_each_slot_once():
@@ -102,3 +105,62 @@ def test_admission_hook_restores_and_a_one_token_rest_is_a_decode_row():
     batch = sched.schedule()
     assert [s.request_id for s in batch.seqs] == ["0", "1"]
     assert batch.num_tokens == [1, 4] and batch.num_decodes == 1
+
+
+@pytest.mark.parametrize("mode,budget", [("align", 3), ("align", 6), ("align", 11), ("all", 5)])
+def test_prompt_checkpoints_land_on_their_boundaries(mode, budget):
+    """The scheduler with the prompt-checkpoint policy, no model: a checkpoint is written
+    only when its sequence has computed exactly its block's end; under ``all`` no chunk
+    crosses a boundary not cached yet, and every boundary of every prompt ends up cached;
+    under ``align`` the system prompt shared by every other request gets its junction."""
+    rng = random.Random(budget)
+    prefix = StatePrefixCache(range(10, 400), 4)
+    policy = PromptCheckpoints(prefix, mode)
+    sched = Scheduler(3, budget, on_admit=policy.admit, cut_chunk=policy.cut)
+    writes = []
+    real_write = prefix.write
+
+    def write(key, slot):
+        seq = next(s for s in sched.running if s.slot == slot)
+        done = seq.num_computed_tokens
+        assert done % 4 == 0 and done < seq.num_prompt_tokens
+        assert key == hash_blocks(seq.prompt_token_ids, 4)[done // 4 - 1]
+        written = real_write(key, slot)  # False: cached already (another sequence wrote it)
+        writes.extend([key] if written else [])
+        return written
+
+    prefix.write = write
+    system = [rng.randrange(50) for _ in range(10)]
+    seqs = []
+    for i in range(24):
+        tail = [rng.randrange(50) for _ in range(rng.randint(1, 14))]
+        seqs.append(
+            Sequence(str(i), (system if i % 2 else []) + tail, SamplingParams(max_tokens=2))
+        )
+    pending = list(seqs)
+    while pending or sched.has_unfinished():
+        for _ in range(rng.choice([0, 1, 2])):
+            if pending:
+                sched.add(pending.pop(0))
+        batch = sched.schedule()
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            start, prompt = seq.num_computed_tokens, seq.prompt_token_ids
+            hashes = hash_blocks(prompt, 4)
+            if mode == "all" and start < len(prompt):
+                crossed = [b for b in range(start + 1, start + n) if b % 4 == 0]
+                assert all(hashes[b // 4 - 1] in prefix.index for b in crossed)
+            seq.num_computed_tokens += n
+        policy.after_dispatch(batch.seqs)
+        for seq in batch.seqs:
+            if seq.num_computed_tokens == len(seq.token_ids):
+                seq.token_ids.append(7)
+                if len(seq.output_token_ids) >= 2:
+                    sched.finish(seq, "length")
+    assert all(s.is_finished for s in seqs) and writes and policy.num_written == len(writes)
+    if mode == "all":
+        for seq in seqs:
+            hashes = hash_blocks(seq.prompt_token_ids, 4)
+            last = (seq.num_prompt_tokens - 1) // 4  # boundaries short of the prompt's end
+            assert all(hashes[b - 1] in prefix.index for b in range(1, last + 1))
+    else:
+        assert hash_blocks(system, 4)[1] in prefix.index  # the junction at 8

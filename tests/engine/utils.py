@@ -166,3 +166,37 @@ def check_batch(sched: Scheduler, batch, running_before: list[Sequence]) -> None
     assert all(n == 1 for n in batch.num_tokens[: batch.num_decodes])
     # preemption-free: every sequence running before the step is in the step
     assert {s.request_id for s in running_before} <= {s.request_id for s in batch.seqs}
+
+
+# Prefix caching of Mamba states in the engine (test_prefix_cache_prompt.py): the streams'
+# one-layer shape (four heads: the cheapest under the interpreter), tiny Mamba blocks,
+# greedy tokens with their logprobs.
+PREFIX_BLOCK = 4
+
+
+def prefix_llm(device, cache: bool, **kw) -> LLM:
+    """The tiny Mamba2 engine with caching on or off (fp32 state); ``kw`` overrides."""
+    options = dict(
+        load_format="dummy",
+        dtype="float32",
+        device=device.type,
+        max_num_seqs=2,
+        max_num_batched_tokens=6,
+        async_scheduling=False,
+        enable_prefix_caching=cache,
+        mamba_block_size=PREFIX_BLOCK,
+        num_checkpoint_lines=32,  # no eviction in these tests
+    )
+    return LLM(STREAMS_CONFIG, **{**options, **kw})
+
+
+def greedy_logprobs(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=1)
+
+
+def run_greedy(llm: LLM, prompt: list[int], n: int):
+    """(greedy tokens, their logprobs, the prompt tokens the request reports restored)."""
+    req = llm.generate([{"prompt_token_ids": prompt}], greedy_logprobs(n), use_tqdm=False)[0]
+    out = req.outputs[0]
+    lps = [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
+    return list(out.token_ids), lps, req.num_cached_tokens

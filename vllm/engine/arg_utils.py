@@ -46,6 +46,8 @@ class EngineArgs:
     enable_prefix_caching: bool = False
     mamba_block_size: int = 64
     num_checkpoint_lines: int | None = None
+    mamba_cache_mode: str = "align"
+    enable_mamba_shared_prefix_checkpoint: bool = True
 
     def create_engine_config(self) -> EngineConfig:
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -183,6 +185,20 @@ class EngineArgs:
             type=int,
             default=d["num_checkpoint_lines"],
             help="state-pool lines for prefix-cache checkpoints (default: max_num_seqs)",
+        )
+        g.add_argument(
+            "--mamba-cache-mode",
+            default=d["mamba_cache_mode"],
+            help="prompt checkpoints under --enable-prefix-caching: align (default: the end "
+            "of a prefill chunk the budget cuts, rounded down to the block grid), all (every "
+            "block boundary, one step per block) or none (no Mamba state cached)",
+        )
+        g.add_argument(
+            "--enable-mamba-shared-prefix-checkpoint",
+            action=argparse.BooleanOptionalAction,
+            default=d["enable_mamba_shared_prefix_checkpoint"],
+            help="under --mamba-cache-mode align, checkpoint the deepest block boundary an "
+            "earlier prompt shared (a common system prompt; default on)",
         )
         g.add_argument(
             "--no-async-scheduling",

@@ -109,17 +109,30 @@ class EngineCore:
 
             kv = KVCacheManager(self.executor.num_kv_blocks, config.block_size)
         self.prefix = None  # StatePrefixCache with enable_prefix_caching
+        self.prompt_checkpoints = None  # its prompt-checkpoint policy (prefix_policy.py)
         if config.enable_prefix_caching:
             if kv is not None:
                 raise ValueError(
                     "enable_prefix_caching: models with attention layers are not supported "
                     "yet (pure Mamba models only; docs/prefix_caching.md)"
                 )
-            from vllm.engine.prefix_cache import StatePrefixCache
+            if config.mamba_cache_mode == "none":
+                logger.warning(
+                    "enable_prefix_caching with mamba_cache_mode='none': no Mamba state is "
+                    "cached (nothing written, nothing restored)"
+                )
+            else:
+                from vllm.engine.prefix_cache import StatePrefixCache
+                from vllm.engine.prefix_policy import PromptCheckpoints
 
-            first = config.max_num_seqs + 1  # checkpoint lines follow the sequences' lines
-            lines = range(first, first + config.num_checkpoint_lines)
-            self.prefix = StatePrefixCache(lines, config.mamba_block_size)
+                first = config.max_num_seqs + 1  # checkpoint lines follow the sequences'
+                lines = range(first, first + config.num_checkpoint_lines)
+                self.prefix = StatePrefixCache(lines, config.mamba_block_size)
+                self.prompt_checkpoints = PromptCheckpoints(
+                    self.prefix,
+                    config.mamba_cache_mode,
+                    config.enable_mamba_shared_prefix_checkpoint,
+                )
         self.scheduler = Scheduler(
             config.max_num_seqs,
             config.max_num_batched_tokens,
@@ -127,6 +140,7 @@ class EngineCore:
             config.max_model_len,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             on_admit=self._restore if self.prefix is not None else None,
+            cut_chunk=self.prompt_checkpoints.cut if self.prefix is not None else None,
         )
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
@@ -169,11 +183,12 @@ class EngineCore:
 
     def _restore(self, seq: Sequence) -> None:
         """Admission under prefix caching: restore the longest checkpointed prefix of the
-        prompt into the sequence's slot (not for prompt logprobs, which need every row)."""
-        if seq.params.prompt_logprobs is not None:
-            return
-        n = self.prefix.restore(seq.prompt_token_ids, seq.slot)
-        seq.num_computed_tokens = seq.num_cached_tokens = n
+        prompt into the sequence's slot (not for prompt logprobs, which need every row),
+        then plan its prompt checkpoints."""
+        if seq.params.prompt_logprobs is None:
+            n = self.prefix.restore(seq.prompt_token_ids, seq.slot)
+            seq.num_computed_tokens = seq.num_cached_tokens = n
+        self.prompt_checkpoints.admit(seq)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if self.prefix is not None and reason in ("stop", "length") and seq.slot is not None:
@@ -267,6 +282,8 @@ class EngineCore:
             return None
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed_tokens += n
+        if self.prompt_checkpoints is not None:  # lines now on a checkpoint target
+            self.prompt_checkpoints.after_dispatch(batch.seqs)
         positions = []
         for row, seq in enumerate(sampled):
             positions.append(len(seq.token_ids))

@@ -328,15 +328,22 @@ class StatePrefixCache:
         if num_computed < 1 or len(tokens) < num_computed or min(tokens) < 0:
             return False
         hashes = hash_blocks(tokens, self.block_size)
-        key = self._key(tokens, num_computed, hashes)
+        if not self.write(self._key(tokens, num_computed, hashes), slot):
+            return False
+        if num_computed % self.block_size:
+            parent = hashes[-1] if hashes else ROOT_HASH
+            self._tails.setdefault(parent, set()).add(num_computed % self.block_size)
+        return True
+
+    def write(self, key: bytes, slot: int) -> bool:
+        """Queue a copy of ``slot`` into a checkpoint line for ``key`` and commit it (the copy
+        runs ahead of any restore reading it); False when the key is cached or every line
+        is pinned or pending."""
         line = self.index.reserve(key)
         if line is None:
             return False
         self.copies.append((slot, line))
-        self.index.commit(key)  # its copy is queued ahead of any restore reading it
-        if num_computed % self.block_size:
-            parent = hashes[-1] if hashes else ROOT_HASH
-            self._tails.setdefault(parent, set()).add(num_computed % self.block_size)
+        self.index.commit(key)
         return True
 
     def take_copies(self) -> list[tuple[int, int]]:

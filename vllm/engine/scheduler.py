@@ -71,12 +71,15 @@ class Scheduler:
         max_model_len: int | None = None,
         long_prefill_token_threshold: int = 0,
         on_admit=None,
+        cut_chunk=None,
     ):
         """``kv``: the ``KVCacheManager`` of a model with attention layers (None: none).
         ``long_prefill_token_threshold``: the most prompt tokens of one sequence in a step
         (0: no cap but the budget). ``on_admit(seq)``: called when a waiting sequence gets
         its slot, before its first chunk is cut (the prefix cache restores its state there
-        and sets ``num_computed_tokens``)."""
+        and sets ``num_computed_tokens``). ``cut_chunk(seq, n)``: a prefill chunk of ``n``
+        tokens shortened (to 1..n) after the budget and the threshold cut it (the prefix
+        cache ends chunks on the block boundaries it checkpoints)."""
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if long_prefill_token_threshold < 0:
@@ -91,6 +94,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.on_admit = on_admit
+        self.cut_chunk = cut_chunk
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -111,10 +115,12 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """The tokens ``seq`` computes this step when it prefills: what is left of its
-        prompt, at most ``budget`` and, when the threshold is on, at most the threshold."""
+        prompt, at most ``budget`` and, when the threshold is on, at most the threshold;
+        then ``cut_chunk``, if any."""
         n = min(seq.num_uncomputed, budget)
         cap = self.long_prefill_token_threshold
-        return min(n, cap) if cap > 0 else n
+        n = min(n, cap) if cap > 0 else n
+        return n if self.cut_chunk is None else self.cut_chunk(seq, n)
 
     def schedule(self) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
