@@ -1,0 +1,144 @@
+"""Prefix caching of hybrids in the engine (tiny random Bamba and Zamba2, fp32): the second
+turn of a conversation restores its Mamba checkpoint and shares the first turn's attention
+KV blocks (the full ones by reference, the partial last one by a queued copy), and gives the
+greedy tokens and logprobs of the engine without caching; under a tiny KV budget the cached
+blocks are reclaimed and the outputs stay equal."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.utils import BAMBA
+from vllm import LLM, SamplingParams
+from vllm.engine.prefix_cache import hash_blocks
+from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
+
+pytestmark = pytest.mark.timeout(900)
+ATTN_BLOCK = 8  # attention blocks: the first turn's 11 tokens are one full block + a tail
+MAMBA_BLOCK = 4
+OTHER = [90, 2, 2, 61, 33, 7]  # an unrelated prompt
+FIRST = [5, 17, 3, 3, 40, 9, 71]
+ZAMBA2 = Zamba2ModelConfig(vocab_size=128, hidden_size=32, layer_types=("mamba", "hybrid"),
+                           num_attention_heads=4, n_mamba_heads=4, mamba_d_state=8,
+                           adapter_rank=4, intermediate_size=48, chunk_size=8,
+                           use_shared_attention_adapter=True, use_mem_rope=True,
+                           max_position_embeddings=64)  # fmt: skip
+MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2}
+
+
+def make_llm(device, model, cache: bool, **kw) -> LLM:
+    options = dict(
+        load_format="dummy",
+        dtype="float32",
+        device=device.type,
+        max_model_len=48,
+        max_num_seqs=2,
+        max_num_batched_tokens=6,  # chunked prompts
+        block_size=ATTN_BLOCK,
+        enable_prefix_caching=cache,
+        mamba_block_size=MAMBA_BLOCK,
+    )
+    return LLM(MODELS[model], **{**options, **kw})
+
+
+def recording(llm: LLM) -> list:
+    """Every step's StepInputs from now on."""
+    executor = llm.llm_engine.engine_core.executor
+    execute, seen = executor.execute_model, []
+
+    def record(inputs):
+        seen.append(inputs)
+        return execute(inputs)
+
+    executor.execute_model = record
+    return seen
+
+
+def run(llm: LLM, prompt: list[int], n: int, cached: int = 0):
+    """Greedy tokens and their logprobs; ``cached``: the prompt tokens it must restore."""
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=1)
+    req = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    assert req.num_cached_tokens == cached
+    out = req.outputs[0]
+    lps = [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
+    return list(out.token_ids), lps
+
+
+def same(got, ref) -> None:
+    assert got[0] == ref[0]
+    assert got[1] == pytest.approx(ref[1], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("model,async_scheduling", [("bamba", False), ("zamba2", True)])
+def test_next_turn_shares_the_first_turns_kv_blocks(device, model, async_scheduling):
+    on = make_llm(device, model, True, async_scheduling=async_scheduling)
+    core = on.llm_engine.engine_core
+    kv, index = core.scheduler.kv, core.prefix.index
+    out1 = run(on, FIRST, 5)
+    # Its state and KV cover the prompt and all but the last output: 11 tokens, one full
+    # attention block and a tail of 3.
+    tokens = FIRST + out1[0][:-1]
+    full = kv.block_of(hash_blocks(tokens, ATTN_BLOCK)[0])
+    tail = kv.block_of(kv.tail_hash(tokens, 11, hash_blocks(tokens, ATTN_BLOCK)))
+    assert full is not None and tail is not None and kv.num_cached_blocks == 2
+    # Another request takes the freed slot and free blocks and overwrites the slot's state.
+    run(on, OTHER, 2)
+    steps = recording(on)
+    second = FIRST + out1[0] + [12, 60, 2]
+    out2 = run(on, second, 4, cached=11)
+    assert index.hits == 11, "the second turn did not hit the cache"
+    table = steps[0].block_tables[0]
+    assert table[0] == full, "the first block is not shared"
+    assert steps[0].kv_copies == [(tail, table[1])], "the tail block was not copied"
+    assert table[1] != tail
+    assert all(not s.kv_copies for s in steps[1:])
+    kv.check()
+    assert kv.num_reserved == 0 and all(kv.refs_of(b) == 0 for b in range(kv.num_blocks))
+
+    off = make_llm(device, model, False, async_scheduling=async_scheduling)
+    same(out1, run(off, FIRST, 5))
+    same(out2, run(off, second, 4))
+
+
+def test_a_hit_on_the_attention_grid_copies_nothing(device):
+    # 16 restored tokens: two full attention blocks, no tail to copy.
+    on = make_llm(device, "bamba", True, async_scheduling=False)
+    kv = on.llm_engine.engine_core.scheduler.kv
+    first = [8, 1, 30, 30, 30, 6, 7, 8, 9, 10, 11, 12]
+    out1 = run(on, first, 5)  # 12 + 4 computed = 16 tokens
+    run(on, OTHER, 2)
+    steps = recording(on)
+    second = first + out1[0] + [3]
+    out2 = run(on, second, 3, cached=16)
+    hashes = hash_blocks(second, ATTN_BLOCK)
+    assert steps[0].block_tables[0][:2] == [kv.block_of(h) for h in hashes[:2]]
+    assert not any(s.kv_copies for s in steps)
+    off = make_llm(device, "bamba", False, async_scheduling=False)
+    run(off, first, 5)
+    same(out2, run(off, second, 3))
+
+
+def test_a_tiny_kv_budget_reclaims_cached_blocks(device):
+    # Five blocks of 8: one max_model_len sequence. The long unrelated request needs four
+    # blocks, so it evicts the first turn's tail (the oldest cached block): the second turn
+    # misses (its Mamba checkpoint alone is not a hit) and still equals caching off; its own
+    # blocks are then cached and the third turn hits them.
+    kw = dict(async_scheduling=False, max_model_len=40, num_gpu_blocks_override=5)
+    on = make_llm(device, "bamba", True, **kw)
+    core = on.llm_engine.engine_core
+    kv, index = core.scheduler.kv, core.prefix.index
+    other = [(7 * i) % 97 for i in range(25)]
+    out1 = run(on, FIRST, 5)
+    run(on, other, 2)
+    assert kv.evictions == 1
+    second = FIRST + out1[0] + [12, 60, 2]
+    assert core.prefix.lookup(second)[0] == 0 and FIRST + out1[0][:-1] == second[:11]
+    out2 = run(on, second, 4, cached=0)
+    assert index.hits == 0 and kv.evictions > 1
+    third = second + out2[0] + [4]
+    out3 = run(on, third, 2, cached=len(second) + 3)
+    kv.check()
+    off = make_llm(device, "bamba", False, **kw)
+    run(off, FIRST, 5)
+    same(out2, run(off, second, 4))
+    same(out3, run(off, third, 2))
