@@ -6,7 +6,10 @@ blocks are reclaimed and the outputs stay equal."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+import torch
 
 from tests.engine.utils import BAMBA
 from vllm import LLM, SamplingParams
@@ -24,6 +27,21 @@ ZAMBA2 = Zamba2ModelConfig(vocab_size=128, hidden_size=32, layer_types=("mamba",
                            use_shared_attention_adapter=True, use_mem_rope=True,
                            max_position_embeddings=64)  # fmt: skip
 MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The engines without caching, one per model (outputs do not depend on the KV budget
+    or on async scheduling), shared by the tests."""
+    engines = {}
+
+    def get(model: str) -> LLM:
+        if model not in engines:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            engines[model] = make_llm(device, model, False, async_scheduling=False)
+        return engines[model]
+
+    return get
 
 
 def make_llm(device, model, cache: bool, **kw) -> LLM:
@@ -70,7 +88,7 @@ def same(got, ref) -> None:
 
 
 @pytest.mark.parametrize("model,async_scheduling", [("bamba", False), ("zamba2", True)])
-def test_next_turn_shares_the_first_turns_kv_blocks(device, model, async_scheduling):
+def test_next_turn_shares_the_first_turns_kv_blocks(device, reference, model, async_scheduling):
     on = make_llm(device, model, True, async_scheduling=async_scheduling)
     core = on.llm_engine.engine_core
     kv, index = core.scheduler.kv, core.prefix.index
@@ -95,12 +113,12 @@ def test_next_turn_shares_the_first_turns_kv_blocks(device, model, async_schedul
     kv.check()
     assert kv.num_reserved == 0 and all(kv.refs_of(b) == 0 for b in range(kv.num_blocks))
 
-    off = make_llm(device, model, False, async_scheduling=async_scheduling)
+    off = reference(model)
     same(out1, run(off, FIRST, 5))
     same(out2, run(off, second, 4))
 
 
-def test_a_hit_on_the_attention_grid_copies_nothing(device):
+def test_a_hit_on_the_attention_grid_copies_nothing(device, reference):
     # 16 restored tokens: two full attention blocks, no tail to copy.
     on = make_llm(device, "bamba", True, async_scheduling=False)
     kv = on.llm_engine.engine_core.scheduler.kv
@@ -113,12 +131,10 @@ def test_a_hit_on_the_attention_grid_copies_nothing(device):
     hashes = hash_blocks(second, ATTN_BLOCK)
     assert steps[0].block_tables[0][:2] == [kv.block_of(h) for h in hashes[:2]]
     assert not any(s.kv_copies for s in steps)
-    off = make_llm(device, "bamba", False, async_scheduling=False)
-    run(off, first, 5)
-    same(out2, run(off, second, 3))
+    same(out2, run(reference("bamba"), second, 3))
 
 
-def test_a_tiny_kv_budget_reclaims_cached_blocks(device):
+def test_a_tiny_kv_budget_reclaims_cached_blocks(device, reference):
     # Five blocks of 8: one max_model_len sequence. The long unrelated request needs four
     # blocks, so it evicts the first turn's tail (the oldest cached block): the second turn
     # misses (its Mamba checkpoint alone is not a hit) and still equals caching off; its own
@@ -138,7 +154,43 @@ def test_a_tiny_kv_budget_reclaims_cached_blocks(device):
     third = second + out2[0] + [4]
     out3 = run(on, third, 2, cached=len(second) + 3)
     kv.check()
-    off = make_llm(device, "bamba", False, **kw)
-    run(off, FIRST, 5)
+    off = reference("bamba")
     same(out2, run(off, second, 4))
     same(out3, run(off, third, 2))
+
+
+def test_random_multi_turn_traffic_keeps_the_block_invariants(monkeypatch):
+    """Random conversations (each new prompt extends a finished one's tokens, or not),
+    aborts in flight, a KV budget that forces evictions: after every step the shared
+    blocks' counts, the LRU and the reservations are consistent, hits, tail copies and
+    evictions all happen, and at the end no block is held. The bookkeeping is what is
+    tested, so the kernels run as their PyTorch references (TRITON_INTERPRET=0)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    llm = make_llm(torch.device("cpu"), "bamba", True, max_num_seqs=3,
+                   max_num_batched_tokens=9, num_gpu_blocks_override=20,
+                   num_checkpoint_lines=6)  # fmt: skip
+    engine, rng = llm.llm_engine, random.Random(0)
+    core = engine.engine_core
+    kv, sched = core.scheduler.kv, core.scheduler
+    steps = recording(llm)
+    done: list[list[int]] = []
+    next_id = 0
+    while next_id < 120 or engine.has_unfinished_requests():
+        if next_id < 120 and rng.random() < 0.5:
+            base = rng.choice(done[-4:]) if done and rng.random() < 0.8 else []
+            base = base if len(base) <= 36 else []  # room for the new tokens and the output
+            prompt = base + [rng.randrange(128) for _ in range(rng.randint(1, 6))]
+            params = SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 6),
+                                    ignore_eos=True)  # fmt: skip
+            engine.add_request(f"r{next_id}", prompt, params)
+            next_id += 1
+        if sched.running and rng.random() < 0.03:
+            engine.abort_request(rng.choice(sched.running).request_id)
+        for out in engine.step():
+            if out.finished and out.outputs[0].finish_reason == "length":
+                done.append(list(out.prompt_token_ids) + list(out.outputs[0].token_ids))
+        kv.check()
+    # Seen: 1142 tokens restored, 170 blocks evicted, 68 tail copies.
+    assert core.prefix.index.hits > 500 and kv.evictions > 50
+    assert sum(len(s.kv_copies) for s in steps) > 20
+    assert kv.num_reserved == 0 and all(kv.refs_of(b) == 0 for b in range(kv.num_blocks))
