@@ -188,3 +188,30 @@ def test_hybrid_lookup_falls_back_when_a_kv_block_was_evicted():
     kv.free("x")
     cache.drop_all()
     kv.check()
+
+
+def test_a_running_sequences_prefix_can_be_named_and_shared():
+    # Prompt-boundary checkpoints name the blocks of a sequence still running: its full
+    # blocks up to the boundary are shared by reference, its tail only ever copied.
+    kv = PrefixKVCacheManager(num_blocks=8, block_size=BS)
+    tokens = list(range(20, 34))
+    kv.reserve("a", 16)
+    table = list(kv.allocate("a", 14))
+    assert kv.register("a", tokens[:6]) == 2  # block 0 and the tail of 2 in block 1
+    assert kv.cached_blocks(tokens, 6, hash_blocks(tokens, BS)) == ([table[0]], table[1])
+    kv.reserve("b", 8)
+    kv.attach("b", [table[0]])
+    assert kv.refs_of(table[0]) == 2
+    # At its end the owner names its longer tail (7 tokens) on the same block too.
+    assert kv.register("a", tokens[:7]) == 1
+    assert kv.cached_blocks(tokens, 7, hash_blocks(tokens, BS)) == ([table[0]], table[1])
+    assert kv.cached_blocks(tokens, 6, hash_blocks(tokens, BS)) == ([table[0]], table[1])
+    kv.free("a")
+    kv.check()
+    assert kv.refs_of(table[0]) == 1 and kv.num_cached_blocks == 2
+    kv.free("b")
+    kv.reserve("c", 32)
+    kv.allocate("c", 32)  # every block: both names of the tail block go with it
+    assert kv.cached_blocks(tokens, 6, hash_blocks(tokens, BS)) is None
+    assert kv.cached_blocks(tokens, 7, hash_blocks(tokens, BS)) is None
+    kv.check()

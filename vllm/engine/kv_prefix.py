@@ -39,7 +39,7 @@ class PrefixKVCacheManager(KVCacheManager):
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)
         self._refs = [0] * num_blocks
-        self._hash_of: dict[int, bytes] = {}  # cached block -> its hash
+        self._hash_of: dict[int, set[bytes]] = {}  # cached block -> its names (hashes)
         self._block_of: dict[bytes, int] = {}  # hash -> cached block
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached, refs == 0; oldest first
         self.evictions = 0
@@ -54,7 +54,8 @@ class PrefixKVCacheManager(KVCacheManager):
             block = self._free.pop()
         else:
             block, _ = self._lru.popitem(last=False)
-            del self._block_of[self._hash_of.pop(block)]
+            for h in self._hash_of.pop(block):
+                del self._block_of[h]
             self.evictions += 1
         self._refs[block] = 1
         return block
@@ -136,8 +137,9 @@ class PrefixKVCacheManager(KVCacheManager):
     def register(self, seq_id: Hashable, tokens: Sequence[int]) -> int:
         """Cache the sequence's blocks that hold ``tokens`` (its KV covers exactly them):
         full blocks under their chain hashes, a partial last block under its tail hash. A
-        hash already cached, or a block already named, is left as it is. The blocks newly
-        named."""
+        hash already cached is left as it is; a block may have several names (a tail named at
+        a prompt boundary, then the longer tail or the full block at the end). The names
+        added."""
         table = self._tables.get(seq_id, [])
         if len(table) < self.blocks_needed(len(tokens)):
             return 0
@@ -147,8 +149,9 @@ class PrefixKVCacheManager(KVCacheManager):
             named.append((self.tail_hash(tokens, len(tokens), hashes), table[len(hashes)]))
         count = 0
         for h, block in named:
-            if h not in self._block_of and block not in self._hash_of:
-                self._block_of[h], self._hash_of[block] = block, h
+            if h not in self._block_of:
+                self._block_of[h] = block
+                self._hash_of.setdefault(block, set()).add(h)
                 count += 1
         return count
 
@@ -174,7 +177,8 @@ class PrefixKVCacheManager(KVCacheManager):
         assert len(held) + len(free) + len(lru) == self.num_blocks, "a block is lost"
         assert lru == {b for b in self._hash_of if not refs[b]}, "the LRU is out of step"
         assert not (free & set(self._hash_of)), "a free block has a hash"
-        assert {h: b for b, h in self._hash_of.items()} == self._block_of
+        names = {h: b for b, hs in self._hash_of.items() for h in hs}
+        assert names == self._block_of and all(self._hash_of.values()), "names out of step"
         own = sum(self._own_reserved(s, len(self._tables.get(s, ()))) for s in self._promised)
         assert own == self._reserved, "the reservation count is out of step"
         assert 0 <= self._reserved <= self._num_takeable(), "over-committed"
