@@ -1,4 +1,4 @@
-"""Prefix caching of hybrids in the engine (tiny random Bamba and Zamba2, fp32): the second
+"""Prefix caching of hybrids in the engine (tiny random Bamba, Zamba2, NemotronH; fp32): the second
 turn of a conversation restores its Mamba checkpoint and shares the first turn's attention
 KV blocks (the full ones by reference, the partial last one by a queued copy), and gives the
 greedy tokens and logprobs of the engine without caching; under a tiny KV budget the cached
@@ -14,6 +14,7 @@ import torch
 from tests.engine.utils import BAMBA
 from vllm import LLM, SamplingParams
 from vllm.engine.prefix_cache import hash_blocks
+from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
 pytestmark = pytest.mark.timeout(900)
@@ -26,7 +27,12 @@ ZAMBA2 = Zamba2ModelConfig(vocab_size=128, hidden_size=32, layer_types=("mamba",
                            adapter_rank=4, intermediate_size=48, chunk_size=8,
                            use_shared_attention_adapter=True, use_mem_rope=True,
                            max_position_embeddings=64)  # fmt: skip
-MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2}
+NEMOTRON_H = NemotronHModelConfig(layer_types=("mamba", "attention", "mlp"), vocab_size=128,
+                                  hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=8, max_position_embeddings=64, intermediate_size=48,
+                                  ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=16,
+                                  n_groups=2, chunk_size=8)  # fmt: skip
+MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2, "nemotron_h": NEMOTRON_H}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +93,9 @@ def same(got, ref) -> None:
     assert got[1] == pytest.approx(ref[1], rel=1e-4, abs=1e-5)
 
 
-@pytest.mark.parametrize("model,async_scheduling", [("bamba", False), ("zamba2", True)])
+@pytest.mark.parametrize(
+    "model,async_scheduling", [("bamba", False), ("zamba2", True), ("nemotron_h", True)]
+)
 def test_next_turn_shares_the_first_turns_kv_blocks(device, reference, model, async_scheduling):
     on = make_llm(device, model, True, async_scheduling=async_scheduling)
     core = on.llm_engine.engine_core
