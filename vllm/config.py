@@ -84,8 +84,8 @@ class EngineConfig:
     end-to-end decode step with it is not measured yet (docs/benchmarks/replayssm_h200.md).
     None is accepted and means off.
 
-    ``enable_prefix_caching`` (vLLM's flag; off by default, first slice: pure Mamba
-    models, refused for models with attention layers) keeps the state of every request that
+    ``enable_prefix_caching`` (vLLM's flag; off by default; for a hybrid a hit also shares
+    the attention KV blocks, ``vllm/engine/kv_prefix.py``) keeps the state of every request that
     finishes (stop or length) in one of ``num_checkpoint_lines`` extra state-pool lines
     (default ``max_num_seqs``, counted in the pool's memory), keyed by the hash chain of its
     tokens in blocks of ``mamba_block_size``; a later prompt that extends it restores the

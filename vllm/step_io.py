@@ -77,6 +77,10 @@ class StepInputs:
     sampling: SamplingMetadata | None = None
     # Prefix caching: (src line, dst line) state-pool copies run in order before the forward.
     state_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Prefix caching of hybrids: (src block, dst block) KV copies in every attention layer,
+    # run in order after ``state_copies`` and before the forward (a cached tail block into
+    # a restoring sequence's fresh block).
+    kv_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -10,7 +10,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
-from tests.engine.utils import bamba_llm
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.metrics import PrometheusStatLogger
@@ -117,11 +116,6 @@ def test_a_prompt_one_token_past_the_checkpoint_restores_to_a_decode_row(device)
     ref2, ref_lps2 = run(off, second, 3)
     assert out2 == ref2
     assert lps2 == pytest.approx(ref_lps2, rel=1e-4, abs=1e-5)
-
-
-def test_attention_models_are_refused_by_name():
-    with pytest.raises(ValueError, match="enable_prefix_caching"):
-        bamba_llm(enable_prefix_caching=True)
 
 
 def test_step_stats_reach_the_prometheus_counters():

@@ -104,35 +104,36 @@ class EngineCore:
         self.dead: BaseException | None = None  # a failed tensor-parallel step
         self.vocab_size = self.executor.vocab_size
         kv = None
+        caching = config.enable_prefix_caching and config.mamba_cache_mode != "none"
         if self.executor.num_kv_blocks:
             from vllm.engine.kv_cache_manager import KVCacheManager
+            from vllm.engine.kv_prefix import PrefixKVCacheManager
 
-            kv = KVCacheManager(self.executor.num_kv_blocks, config.block_size)
-        self.prefix = None  # StatePrefixCache with enable_prefix_caching
+            manager = PrefixKVCacheManager if caching else KVCacheManager
+            kv = manager(self.executor.num_kv_blocks, config.block_size)
+        self.prefix = None  # StatePrefixCache (HybridPrefixCache) with enable_prefix_caching
         self.prompt_checkpoints = None  # its prompt-checkpoint policy (prefix_policy.py)
-        if config.enable_prefix_caching:
-            if kv is not None:
-                raise ValueError(
-                    "enable_prefix_caching: models with attention layers are not supported "
-                    "yet (pure Mamba models only; docs/prefix_caching.md)"
-                )
-            if config.mamba_cache_mode == "none":
-                logger.warning(
-                    "enable_prefix_caching with mamba_cache_mode='none': no Mamba state is "
-                    "cached (nothing written, nothing restored)"
-                )
-            else:
-                from vllm.engine.prefix_cache import StatePrefixCache
-                from vllm.engine.prefix_policy import PromptCheckpoints
+        if config.enable_prefix_caching and not caching:
+            logger.warning(
+                "enable_prefix_caching with mamba_cache_mode='none': no Mamba state is "
+                "cached (nothing written, nothing restored)"
+            )
+        if caching:
+            from vllm.engine.kv_prefix import HybridPrefixCache
+            from vllm.engine.prefix_cache import StatePrefixCache
+            from vllm.engine.prefix_policy import PromptCheckpoints
 
-                first = config.max_num_seqs + 1  # checkpoint lines follow the sequences'
-                lines = range(first, first + config.num_checkpoint_lines)
+            first = config.max_num_seqs + 1  # checkpoint lines follow the sequences' lines
+            lines = range(first, first + config.num_checkpoint_lines)
+            if kv is None:
                 self.prefix = StatePrefixCache(lines, config.mamba_block_size)
-                self.prompt_checkpoints = PromptCheckpoints(
-                    self.prefix,
-                    config.mamba_cache_mode,
-                    config.enable_mamba_shared_prefix_checkpoint,
-                )
+            else:  # a hit also shares the attention KV blocks (kv_prefix.py)
+                self.prefix = HybridPrefixCache(lines, config.mamba_block_size, kv)
+            self.prompt_checkpoints = PromptCheckpoints(
+                self.prefix, config.mamba_cache_mode, config.enable_mamba_shared_prefix_checkpoint
+            )
+        # The request id goes with the prefix cache's calls when KV blocks are shared.
+        self._kv_key = (lambda seq: (seq.request_id,)) if kv is not None else (lambda seq: ())
         self.scheduler = Scheduler(
             config.max_num_seqs,
             config.max_num_batched_tokens,
@@ -186,14 +187,16 @@ class EngineCore:
         prompt into the sequence's slot (not for prompt logprobs, which need every row),
         then plan its prompt checkpoints."""
         if seq.params.prompt_logprobs is None:
-            n = self.prefix.restore(seq.prompt_token_ids, seq.slot)
+            n = self.prefix.restore(seq.prompt_token_ids, seq.slot, *self._kv_key(seq))
             seq.num_computed_tokens = seq.num_cached_tokens = n
         self.prompt_checkpoints.admit(seq)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if self.prefix is not None and reason in ("stop", "length") and seq.slot is not None:
             # Its line still holds its state: queue the copy before the slot is freed.
-            self.prefix.checkpoint(seq.token_ids, seq.num_computed_tokens, seq.slot)
+            self.prefix.checkpoint(
+                seq.token_ids, seq.num_computed_tokens, seq.slot, *self._kv_key(seq)
+            )
         self.scheduler.finish(seq, reason)
         if seq.params.seed is not None:
             self._forget.append(seq.request_id)
@@ -269,6 +272,8 @@ class EngineCore:
             self._forget = []
             if self.prefix is not None:
                 inputs.state_copies = self.prefix.take_copies()
+                if self.scheduler.kv is not None:
+                    inputs.kv_copies = self.prefix.take_kv_copies()
             handle = self.executor.execute_model(inputs)
         except Exception as err:  # noqa: BLE001 - the batch's requests fail, the engine lives
             if self.prefix is not None:

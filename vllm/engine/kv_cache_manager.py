@@ -14,6 +14,10 @@ the blocks.
 
 Invariant: promised-not-allocated blocks (``num_reserved``) <= ``num_free_blocks``.
 Every operation is O(1) per block it moves; a refused call changes nothing.
+
+Where blocks come from and go back to is three hooks (``_num_takeable``, ``_take``,
+``_give_back``): here a free list; the prefix cache's manager (``kv_prefix.py``) adds
+shared blocks with reference counts and an LRU of cached ones.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks no sequence holds (promised ones included)."""
-        return len(self._free)
+        return self._num_takeable()
 
     @property
     def num_reserved(self) -> int:
@@ -56,7 +60,7 @@ class KVCacheManager:
     @property
     def num_available_blocks(self) -> int:
         """Free blocks no reservation claims: what a sequence without one can take."""
-        return len(self._free) - self._reserved
+        return self._num_takeable() - self._reserved
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
@@ -78,7 +82,7 @@ class KVCacheManager:
         """(blocks the sequence lacks for num_tokens, blocks it may take for them)."""
         have = len(self._tables.get(seq_id, ()))
         extra = self.blocks_needed(num_tokens) - have
-        usable = len(self._free) - (self._reserved - self._own_reserved(seq_id, have))
+        usable = self._num_takeable() - (self._reserved - self._own_reserved(seq_id, have))
         return extra, usable
 
     def can_allocate(self, seq_id: Hashable, num_tokens: int) -> bool:
@@ -100,7 +104,7 @@ class KVCacheManager:
         if extra > usable:
             raise NoFreeBlocksError(
                 f"sequence {seq_id!r} needs {extra} more blocks of {self.block_size} tokens for "
-                f"{num_tokens} tokens; {len(self._free)} are free and {usable} of them not "
+                f"{num_tokens} tokens; {self._num_takeable()} are free and {usable} of them not "
                 "promised to other sequences"
             )
         table = self._tables.setdefault(seq_id, [])
@@ -108,7 +112,7 @@ class KVCacheManager:
             return table
         before = self._own_reserved(seq_id, len(table))
         for _ in range(extra):
-            table.append(self._free.pop())
+            table.append(self._take())
         self._reserved -= before - self._own_reserved(seq_id, len(table))
         return table
 
@@ -142,4 +146,18 @@ class KVCacheManager:
         self.unreserve(seq_id)
         table = self._tables.pop(seq_id, None)
         if table:
-            self._free.extend(reversed(table))
+            self._give_back(table)
+
+    # --- where blocks come from and go back to (hooks) ------------------------------
+
+    def _num_takeable(self) -> int:
+        """Blocks no sequence holds: what ``_take`` can hand out."""
+        return len(self._free)
+
+    def _take(self) -> int:
+        """One block for a sequence's table (the caller checked ``_num_takeable``)."""
+        return self._free.pop()
+
+    def _give_back(self, table: list[int]) -> None:
+        """A freed sequence's blocks (its first block is handed out first again)."""
+        self._free.extend(reversed(table))

@@ -346,6 +346,11 @@ class StatePrefixCache:
         self.index.commit(key)
         return True
 
+    def write_prompt(self, key: bytes, slot: int, tokens: Sequence[int], seq_id=None) -> bool:
+        """A prompt-boundary checkpoint of ``slot`` (covering ``tokens``): ``write``;
+        ``HybridPrefixCache`` also names the sequence ``seq_id``'s KV blocks of ``tokens``."""
+        return self.write(key, slot)
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The queued copies, for the step being dispatched; the restores' pins end here
         (a later write to their lines is queued after these copies)."""

@@ -157,7 +157,10 @@ class PromptCheckpoints:
             if plan.targets and plan.targets[0] == done:
                 plan.targets.pop(0)
                 key = boundary_hash(plan.hashes, done, self.block_size)
-                if key is not None and self.prefix.write(key, seq.slot):
+                tokens = seq.prompt_token_ids[:done]
+                if key is not None and self.prefix.write_prompt(
+                    key, seq.slot, tokens, seq.request_id
+                ):
                     self.num_written += 1
             if done >= seq.num_prompt_tokens:
                 del self._plans[seq]  # the prompt is done: no more targets

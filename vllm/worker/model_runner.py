@@ -212,6 +212,16 @@ class ModelRunner:
         for src, dst in copies:
             self.pool.copy_line(src, dst)
 
+    @torch.no_grad()
+    def copy_kv_blocks(self, copies) -> None:
+        """Prefix caching of hybrids: copy whole KV blocks, (src, dst) in order, in every
+        attention layer's cache (this rank's heads); queued, no sync."""
+        if not self.cache.kv_caches:
+            raise RuntimeError("KV block copies for a model without attention layers")
+        for cache in self.cache.kv_caches.values():  # (2, num_blocks, block_size, ...)
+            for src, dst in copies:
+                cache[:, dst].copy_(cache[:, src])
+
     def dummy_step(self, rows: list[tuple[int, bool]]) -> torch.Tensor:
         """One forward over (tokens, has_initial_state) rows in state slots 1 ..
         len(rows) and distinct KV blocks from 0 (a row with an initial state has

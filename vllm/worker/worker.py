@@ -109,6 +109,8 @@ class Worker:
         prev, self._prev_tokens = self._prev_tokens, None
         if inputs.state_copies:
             self.runner.copy_state_lines(inputs.state_copies)
+        if inputs.kv_copies:
+            self.runner.copy_kv_blocks(inputs.kv_copies)
         result = self.runner.execute_inputs(inputs, self._pending_tokens(inputs, prev))
         self._num_prev = len(inputs.sample_rows)
         if not self.is_driver:
