@@ -14,6 +14,8 @@ import torch
 from tests.engine.utils import BAMBA
 from vllm import LLM, SamplingParams
 from vllm.engine.prefix_cache import hash_blocks
+from vllm.model_executor.models.jamba_config import JambaModelConfig
+from vllm.model_executor.models.lfm2_config import Lfm2ModelConfig
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 from vllm.model_executor.models.zamba2_config import Zamba2ModelConfig
 
@@ -32,7 +34,18 @@ NEMOTRON_H = NemotronHModelConfig(layer_types=("mamba", "attention", "mlp"), voc
                                   head_dim=8, max_position_embeddings=64, intermediate_size=48,
                                   ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=16,
                                   n_groups=2, chunk_size=8)  # fmt: skip
-MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2, "nemotron_h": NEMOTRON_H}
+# Jamba: Mamba1 mixers (a (d_inner, d_state) SSM state) with attention and experts; LFM2:
+# short convs (a conv state only) with attention.
+JAMBA = JambaModelConfig(vocab_size=128, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
+                         expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
+                         mamba_d_state=8, mamba_dt_rank=4, max_position_embeddings=64)  # fmt: skip
+LFM2 = Lfm2ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=96,
+                       num_hidden_layers=2, layer_types=("conv", "full_attention"),
+                       num_attention_heads=4, num_key_value_heads=2, block_multiple_of=16,
+                       max_position_embeddings=64)  # fmt: skip
+MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2, "nemotron_h": NEMOTRON_H, "jamba": JAMBA, "lfm2": LFM2}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +107,8 @@ def same(got, ref) -> None:
 
 
 @pytest.mark.parametrize(
-    "model,async_scheduling", [("bamba", False), ("zamba2", True), ("nemotron_h", True)]
+    "model,async_scheduling",
+    [("bamba", False), ("zamba2", True), ("nemotron_h", True), ("jamba", False), ("lfm2", True)],
 )
 def test_next_turn_shares_the_first_turns_kv_blocks(device, reference, model, async_scheduling):
     on = make_llm(device, model, True, async_scheduling=async_scheduling)

@@ -15,6 +15,7 @@ import torch
 from tests.engine.utils import PREFIX_BLOCK as B
 from tests.engine.utils import STREAMS_CONFIG as CONFIG
 from tests.engine.utils import greedy_logprobs, prefix_llm, run_greedy
+from tests.models.mamba1_utils import dummy_config as mamba1_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.prefix_cache import hash_blocks
 
@@ -92,6 +93,27 @@ def test_shared_prefix_junction_is_cut_written_and_hit(device, async_scheduling)
     assert policy.num_cuts == 1  # r3 starts at the junction: nothing more to cut
     for out, prompt in ((out1, r1), (out2, r2), (out3, r3)):
         same(out, reference(device.type, tuple(prompt), 2))
+
+
+def test_mamba1_restores_junction_and_end_of_request_checkpoints(device):
+    """FalconMamba (Mamba1 mixers: a (d_inner, d_state) SSM state, an unchunked scan): the
+    junction checkpoint of a shared prefix and a finished turn's checkpoint restore, and
+    every output equals caching off."""
+    model = mamba1_config("falcon_mamba", vocab_size=128)
+    on = prefix_llm(device, True, model=model, max_num_batched_tokens=16)
+    off = prefix_llm(device, False, model=model, max_num_batched_tokens=16)
+    system = prompt_of(10, salt=3)
+    r1, r2, r3 = (system + q for q in ([3, 1, 4], [1, 5, 9], [2, 6, 5]))
+    outs = [run_greedy(on, r1, 2), run_greedy(on, r2, 2)]
+    run_greedy(on, OTHER, 2)
+    outs.append(run_greedy(on, r3, 2))
+    assert outs[2][2] == 8, "the junction checkpoint did not restore"
+    turn2 = r3 + outs[2][0] + [7, 7]
+    outs.append(run_greedy(on, turn2, 2))
+    assert outs[3][2] == len(r3) + 1, "the finished turn's checkpoint did not restore"
+    for out, prompt in zip(outs, (r1, r2, r3, turn2), strict=True):
+        ref = run_greedy(off, prompt, 2)
+        same(out, ref)
 
 
 def test_all_mode_checkpoints_every_boundary(device):

@@ -174,8 +174,9 @@ def check_batch(sched: Scheduler, batch, running_before: list[Sequence]) -> None
 PREFIX_BLOCK = 4
 
 
-def prefix_llm(device, cache: bool, **kw) -> LLM:
-    """The tiny Mamba2 engine with caching on or off (fp32 state); ``kw`` overrides."""
+def prefix_llm(device, cache: bool, model=STREAMS_CONFIG, **kw) -> LLM:
+    """The tiny Mamba2 engine (or ``model``) with caching on or off (fp32 state); ``kw``
+    overrides."""
     options = dict(
         load_format="dummy",
         dtype="float32",
@@ -187,7 +188,7 @@ def prefix_llm(device, cache: bool, **kw) -> LLM:
         mamba_block_size=PREFIX_BLOCK,
         num_checkpoint_lines=32,  # no eviction in these tests
     )
-    return LLM(STREAMS_CONFIG, **{**options, **kw})
+    return LLM(model, **{**options, **kw})
 
 
 def greedy_logprobs(n: int) -> SamplingParams:
