@@ -5,11 +5,10 @@ five in_proj slices are cut per rank, so a fold by global offsets would scale th
 rows). fp32 logits of mixed steps within 1e-5 of the logits' scale of one rank's (rtol
 1e-5): only the reductions' order differs. Two checkpoints: the grouped norm before the
 gate with one group spread over both ranks (``NormThenGate``'s cross-rank sum of
-squares), and the gate without a norm; tiny checkpoints from transformers' own model."""
+squares), and the gate without a norm, both compared in one spawn of the two-rank group;
+tiny checkpoints from transformers' own model."""
 
 from __future__ import annotations
-
-import pytest
 
 from tests.distributed.utils import run_ranks
 from tests.models.falcon_h1_utils import make_falcon_h1_hf
@@ -18,24 +17,26 @@ from vllm.distributed import get_tp_group
 from vllm.model_executor.model_loader import get_model
 
 
-def _ranks_equal_one_rank(path, expected, atol):
+def _ranks_equal_one_rank(cases):
     tp = get_tp_group()
-    model = get_model(path)
-    layer = model.model.layers[0]
-    # z, x: 48 / 2 each; B, C: one group of 8, replicated; dt: 4 heads / 2
-    assert list(layer.mamba.in_proj.local_sizes) == [24, 24, 8, 8, 2]
-    assert tuple(layer.feed_forward.gate_up_proj.weight.shape) == (80 // tp.world_size, 32)
-    check_steps_match(model, expected, atol)
+    for path, expected, atol in cases:
+        model = get_model(path)
+        layer = model.model.layers[0]
+        # z, x: 48 / 2 each; B, C: one group of 8, replicated; dt: 4 heads / 2
+        assert list(layer.mamba.in_proj.local_sizes) == [24, 24, 8, 8, 2]
+        assert tuple(layer.feed_forward.gate_up_proj.weight.shape) == (80 // tp.world_size, 32)
+        check_steps_match(model, expected, atol)
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [dict(mamba_n_groups=1), dict(mamba_n_groups=1, mamba_rms_norm=False)],
-    ids=["norm-before-gate", "gate-only"],
-)
-def test_two_ranks_equal_one_rank_gloo(tmp_path, overrides):
-    hf = make_falcon_h1_hf(seed=1, **overrides)
-    path = save_checkpoint(hf, tmp_path / "falcon_h1")
-    expected = run_steps(get_model(path))
-    scale = max(float(r.abs().max()) for step in expected for r in step)
-    run_ranks(_ranks_equal_one_rank, str(path), expected, 1e-5 * max(scale, 1.0))
+def test_two_ranks_equal_one_rank_gloo(tmp_path):
+    """norm-before-gate (mamba_rms_norm) and gate-only checkpoints, in one group."""
+    cases = []
+    for name, overrides in (
+        ("norm-before-gate", dict(mamba_n_groups=1)),
+        ("gate-only", dict(mamba_n_groups=1, mamba_rms_norm=False)),
+    ):
+        path = save_checkpoint(make_falcon_h1_hf(seed=1, **overrides), tmp_path / name)
+        expected = run_steps(get_model(path))
+        scale = max(float(r.abs().max()) for step in expected for r in step)
+        cases.append((str(path), expected, 1e-5 * max(scale, 1.0)))
+    run_ranks(_ranks_equal_one_rank, cases)

@@ -4,7 +4,9 @@ o_proj row-parallel), the MLPs by intermediate features, the Mamba2 mixers by he
 embeddings and LM head by vocabulary (logits gathered on rank 0). Tiny random checkpoints
 saved with transformers' save_pretrained; fp32 logits of mixed steps (fresh prompts, a
 chunked prefill continued, decodes beside them) within 1e-5 of one rank's, each rank's KV
-cache spec holding its own heads; LLM.generate's greedy tokens at TP=2 equal TP=1's."""
+cache spec holding its own heads; LLM.generate's greedy tokens at TP=2 equal TP=1's. Per
+model one TP=2 engine: its greedy tokens are checked, then every two-rank step check runs
+in its ranks (one spawn of the group per model)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,10 @@ import multiprocessing
 import pytest
 import torch
 
-from tests.distributed.utils import run_ranks
+from tests.distributed.utils import check_generate_two_ranks_equals_one_rank
 from tests.models.hf_builders import make_bamba_hf as make_bamba
 from tests.models.hf_builders import make_nemotron_h_hf as make_nemotron_h
-from tests.models.hybrid_utils import (
-    check_generate_two_ranks_equals_one_rank,
-    check_steps_match,
-    run_steps,
-    save_checkpoint,
-)
+from tests.models.hybrid_utils import check_steps_match, run_steps, save_checkpoint
 from vllm import LLM
 from vllm.cache_spec import AttentionSpec
 from vllm.distributed import get_tp_group
@@ -49,40 +46,32 @@ def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol=1e-5, load_forma
     check_steps_match(model, expected, atol)
 
 
-@pytest.mark.parametrize("kv_heads", [2, 1])  # 1: fewer KV heads than ranks (replicated)
 @pytest.mark.parametrize("arch", ["bamba", "nemotron_h"])
-def test_two_ranks_equal_one_rank_gloo(tmp_path, arch, kv_heads):
-    hf = MAKERS[arch](seed=1, num_key_value_heads=kv_heads)
-    path = save_checkpoint(hf, tmp_path / arch)
-    one = get_model(path)
-    expected = run_steps(one)
-    run_ranks(_ranks_equal_one_rank, str(path), 4, kv_heads, expected)
-
-
-def test_tied_bamba_two_ranks_equal_one_rank_gloo(tmp_path):
-    """The head shares the vocabulary-parallel embedding's rows. These logits reach 4.4
-    and the third step's differ from one rank's by up to 1.9e-5 (fp32 partial sums added
-    in another order, over 8 all-reduces): the bound is 1e-5 of the logits' scale."""
-    path = save_checkpoint(make_bamba(seed=2, tie_word_embeddings=True), tmp_path / "tied")
-    expected = run_steps(get_model(path))
-    scale = max(float(r.abs().max()) for step in expected for r in step)
-    run_ranks(_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5 * scale)
-
-
-@pytest.mark.parametrize("arch", ["bamba", "nemotron_h"])
-def test_dummy_weights_are_those_of_one_rank(tmp_path, arch):
-    """Dummy weights draw each fused part (q, k, v; gate, up; biases) under its one-rank
-    name at full shape, so two ranks compute what one rank does."""
+def test_two_ranks_equal_one_rank_gloo(tmp_path, arch):
+    """In the ranks of one TP=2 engine (one KV head, replicated), after its greedy tokens
+    are checked against TP=1's: the mixed steps with two KV heads (one per rank) and one
+    (replicated); dummy weights, which draw each fused part (q, k, v; gate, up; biases)
+    under its one-rank name at full shape, so two ranks compute what one rank does; for
+    Bamba also the head tied to the vocabulary-parallel embedding's rows. Those logits
+    reach 4.4 and the third step's differ from one rank's by up to 1.9e-5 (fp32 partial
+    sums added in another order, over 8 all-reduces): their bound is 1e-5 of the scale."""
+    checks = []
+    for kv_heads in (2, 1):
+        path = save_checkpoint(
+            MAKERS[arch](seed=1, num_key_value_heads=kv_heads), tmp_path / f"kv{kv_heads}"
+        )
+        checks.append((_ranks_equal_one_rank, str(path), 4, kv_heads, run_steps(get_model(path))))
     bias = {"attention_bias": True, "mlp_bias": True} if arch == "bamba" else {}
-    path = save_checkpoint(MAKERS[arch](seed=3, **bias), tmp_path / arch)
+    path = save_checkpoint(MAKERS[arch](seed=3, **bias), tmp_path / "dummy")
     expected = run_steps(get_model(path, load_format="dummy"))
-    run_ranks(_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5, "dummy")
-
-
-@pytest.mark.parametrize("arch", ["bamba", "nemotron_h"])
-def test_generate_two_ranks_equals_one_rank(tmp_path, arch):
-    path = save_checkpoint(MAKERS[arch](seed=4, num_key_value_heads=1), tmp_path / arch)
-    check_generate_two_ranks_equals_one_rank(path)
+    checks.append((_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5, "dummy"))
+    if arch == "bamba":
+        path = save_checkpoint(make_bamba(seed=2, tie_word_embeddings=True), tmp_path / "tied")
+        expected = run_steps(get_model(path))
+        scale = max(float(r.abs().max()) for step in expected for r in step)
+        checks.append((_ranks_equal_one_rank, str(path), 4, 2, expected, 1e-5 * scale))
+    gen = save_checkpoint(MAKERS[arch](seed=4, num_key_value_heads=1), tmp_path / "gen")
+    check_generate_two_ranks_equals_one_rank(gen, *checks)
 
 
 def test_one_rank_holds_the_checkpoints_layers_whole(tmp_path):

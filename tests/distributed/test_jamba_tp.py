@@ -5,7 +5,8 @@ all-reduced), the router replicated, embeddings and LM head by vocabulary (logit
 on rank 0). A tiny random checkpoint saved with transformers' save_pretrained; fp32
 logits of mixed steps (fresh prompts, a chunked prefill continued, decodes beside them)
 within 1e-5 of the logits' scale of one rank's; LLM.generate's greedy tokens at TP=2 equal
-TP=1's; a shape that does not shard is refused before any process starts. Dummy weights
+TP=1's (the steps' comparison runs in that TP=2 engine's ranks: one spawn for both); a
+shape that does not shard is refused before any process starts. Dummy weights
 at full shape are left to the layers' own tests (tests/kernels/moe,
 tests/distributed/test_hybrid_tp.py), so the module stays under a minute."""
 
@@ -15,13 +16,8 @@ import multiprocessing
 
 import pytest
 
-from tests.distributed.utils import run_ranks
-from tests.models.hybrid_utils import (
-    check_generate_two_ranks_equals_one_rank,
-    check_steps_match,
-    run_steps,
-    save_checkpoint,
-)
+from tests.distributed.utils import check_generate_two_ranks_equals_one_rank
+from tests.models.hybrid_utils import check_steps_match, run_steps, save_checkpoint
 from tests.models.jamba_utils import dummy_config, make_jamba_hf
 from vllm import LLM
 from vllm.distributed import get_tp_group
@@ -44,17 +40,13 @@ def _ranks_equal_one_rank(path, expected, atol) -> None:
     check_steps_match(model, expected, atol)
 
 
-def test_two_ranks_equal_one_rank_gloo(tmp_path):
+def test_two_ranks_equal_one_rank_gloo_steps_and_generate(tmp_path):
     path = save_checkpoint(make_jamba_hf(seed=6), tmp_path / "jamba")
     expected = run_steps(get_model(path))
     # fp32 partial sums added in another order over the all-reduces: 1e-5 of the scale
     scale = max(float(r.abs().max()) for step in expected for r in step)
-    run_ranks(_ranks_equal_one_rank, str(path), expected, 1e-5 * scale)
-
-
-def test_generate_two_ranks_equals_one_rank(tmp_path):
     check_generate_two_ranks_equals_one_rank(
-        save_checkpoint(make_jamba_hf(seed=6), tmp_path / "jamba")
+        path, (_ranks_equal_one_rank, str(path), expected, 1e-5 * scale)
     )
 
 

@@ -4,7 +4,8 @@ channels, out_proj row-parallel), attention by heads (KV heads split, or replica
 fewer than ranks), the MLP by width, embeddings and head by vocabulary. fp32 logits of
 mixed steps (fresh prompts, a chunked prefill continued, decodes beside them) within
 1e-5 of the logits' scale of one rank's; LLM.generate's greedy tokens at TP=2 equal
-TP=1's; a shape that does not divide is refused naming its field, before any process."""
+TP=1's (the steps' comparison runs in that TP=2 engine's ranks: one spawn for both); a
+shape that does not divide is refused naming its field, before any process."""
 
 from __future__ import annotations
 
@@ -13,13 +14,8 @@ import multiprocessing
 import pytest
 import torch
 
-from tests.distributed.utils import run_ranks
-from tests.models.hybrid_utils import (
-    check_generate_two_ranks_equals_one_rank,
-    check_steps_match,
-    run_steps,
-    save_checkpoint,
-)
+from tests.distributed.utils import check_generate_two_ranks_equals_one_rank
+from tests.models.hybrid_utils import check_steps_match, run_steps, save_checkpoint
 from tests.models.lfm2_utils import make_lfm2_hf
 from vllm import LLM
 from vllm.cache_spec import AttentionSpec, MambaStateSpec
@@ -42,20 +38,18 @@ def _ranks_equal_one_rank(path, kv_heads, expected, atol):
     check_steps_match(model, expected, atol)
 
 
-def test_two_ranks_equal_one_rank_gloo(tmp_path):
-    """One KV head (replicated on both ranks) and the conv biases (cut by channel); the
-    split KV heads run in the generate test below (each case costs ~20-40 s here)."""
+def test_two_ranks_equal_one_rank_gloo_steps_and_generate(tmp_path):
+    """Steps: one KV head (replicated on both ranks) and the conv biases (cut by channel);
+    generate: two KV heads, one per rank. The steps run in the generate check's TP=2
+    engine's ranks (any checkpoint loads there)."""
     hf = make_lfm2_hf(seed=1, num_key_value_heads=1, conv_bias=True)
     path = save_checkpoint(hf, tmp_path / "lfm2")
     expected = run_steps(get_model(path))
     scale = max(float(r.abs().max()) for step in expected for r in step)
-    run_ranks(_ranks_equal_one_rank, str(path), 1, expected, 1e-5 * max(scale, 1.0))
-
-
-def test_generate_two_ranks_equals_one_rank(tmp_path):
-    """Two KV heads: one per rank."""
-    path = save_checkpoint(make_lfm2_hf(seed=4, num_key_value_heads=2), tmp_path / "lfm2")
-    check_generate_two_ranks_equals_one_rank(path)
+    gen = save_checkpoint(make_lfm2_hf(seed=4, num_key_value_heads=2), tmp_path / "gen")
+    check_generate_two_ranks_equals_one_rank(
+        gen, (_ranks_equal_one_rank, str(path), 1, expected, 1e-5 * max(scale, 1.0))
+    )
 
 
 def test_shapes_that_do_not_shard_are_refused_before_any_process():

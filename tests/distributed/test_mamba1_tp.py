@@ -5,7 +5,8 @@ head by vocabulary (logits gathered on rank 0). Tiny random checkpoints saved wi
 transformers' save_pretrained, and dummy weights drawn at full shape; fp32 logits of a
 prefill step and a mixed step within 1e-5 (of the logits' scale) of one rank's, each
 rank's state spec holding its own channels; LLM.generate's greedy tokens at TP=2 equal
-TP=1's; a d_inner that does not divide is refused before any process starts."""
+TP=1's (both models' step comparisons run in that TP=2 engine's ranks: one spawn); a
+d_inner that does not divide is refused before any process starts."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import multiprocessing
 import pytest
 import torch
 
-from tests.distributed.utils import run_ranks
-from tests.models.hybrid_utils import check_generate_two_ranks_equals_one_rank, save_checkpoint
+from tests.distributed.utils import check_generate_two_ranks_equals_one_rank
+from tests.models.hybrid_utils import save_checkpoint
 from tests.models.mamba1_utils import dummy_config, make_hf, run_steps
 from vllm import LLM
 from vllm.distributed import get_tp_group
@@ -38,20 +39,19 @@ def _ranks_equal_one_rank(path, expected_ckpt, expected_dummy, atol) -> None:
             torch.testing.assert_close(g, e, atol=atol, rtol=1e-5, msg=f"{load_format} step {step}")
 
 
-@pytest.mark.parametrize("kind", ["mamba", "falcon_mamba"])
-def test_two_ranks_equal_one_rank_gloo(tmp_path, kind):
-    path = save_checkpoint(make_hf(kind, seed=1), tmp_path / kind)
-    expected_ckpt = run_steps(get_model(path))
-    expected_dummy = run_steps(get_model(path, load_format="dummy"))
-    # fp32 partial sums added in another order over the all-reduces: 1e-5 of the scale
-    scale = max(float(step.abs().max()) for step in expected_ckpt + expected_dummy)
-    run_ranks(_ranks_equal_one_rank, str(path), expected_ckpt, expected_dummy, 1e-5 * scale)
-
-
-def test_generate_two_ranks_equals_one_rank(tmp_path):
-    check_generate_two_ranks_equals_one_rank(
-        save_checkpoint(make_hf("falcon_mamba", seed=4), tmp_path / "falcon_mamba")
-    )
+def test_two_ranks_equal_one_rank_gloo_steps_and_generate(tmp_path):
+    checks = []
+    for kind in ("mamba", "falcon_mamba"):
+        path = save_checkpoint(make_hf(kind, seed=1), tmp_path / kind)
+        expected_ckpt = run_steps(get_model(path))
+        expected_dummy = run_steps(get_model(path, load_format="dummy"))
+        # fp32 partial sums added in another order over the all-reduces: 1e-5 of the scale
+        scale = max(float(step.abs().max()) for step in expected_ckpt + expected_dummy)
+        checks.append(
+            (_ranks_equal_one_rank, str(path), expected_ckpt, expected_dummy, 1e-5 * scale)
+        )
+    gen = save_checkpoint(make_hf("falcon_mamba", seed=4), tmp_path / "gen")
+    check_generate_two_ranks_equals_one_rank(gen, *checks)
 
 
 def test_d_inner_that_does_not_shard_is_refused_before_any_process():

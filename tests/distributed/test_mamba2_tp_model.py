@@ -3,11 +3,10 @@ heads (n_groups 1: groups replicated, the norm reducing across ranks; n_groups 2
 split), the embedding and LM head by vocabulary (logits gathered on rank 0), weights read
 per rank from HF safetensors and dummy weights drawn at full shape. fp32 logits of a
 prefill step and of a mixed step (a decode, a continued prefill, a new prefill) within
-1e-5 of one rank's."""
+1e-5 of one rank's; both n_groups in one spawn of the two-rank group."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tests.distributed.utils import TOL, run_ranks
@@ -66,14 +65,21 @@ def _ranks_equal_one_rank(model_dir, n_groups, expected_ckpt, expected_dummy) ->
             torch.testing.assert_close(g, e, **TOL, msg=f"step {step}")
 
 
-@pytest.mark.parametrize("n_groups", [1, 2])
-def test_two_rank_model_equals_one_rank_gloo(tmp_path, n_groups):
-    model_dir = str(make_tiny_model_dir(tmp_path / "tiny", n_groups=n_groups, vocab_size=300))
-    expected_ckpt = _run_steps(get_model(model_dir))
-    dummy = get_model(_dummy_config(n_groups), load_format="dummy")
-    assert dummy.backbone.embeddings.weight.shape == (128, 32)  # padded to 64 rows, as vLLM
-    expected_dummy = _run_steps(dummy)
-    run_ranks(_ranks_equal_one_rank, model_dir, n_groups, expected_ckpt, expected_dummy)
+def _every_case_equals_one_rank(cases) -> None:
+    for case in cases:
+        _ranks_equal_one_rank(*case)
+
+
+def test_two_rank_model_equals_one_rank_gloo(tmp_path):
+    cases = []
+    for n_groups in (1, 2):
+        tiny = tmp_path / f"tiny{n_groups}"
+        model_dir = str(make_tiny_model_dir(tiny, n_groups=n_groups, vocab_size=300))
+        expected_ckpt = _run_steps(get_model(model_dir))
+        dummy = get_model(_dummy_config(n_groups), load_format="dummy")
+        assert dummy.backbone.embeddings.weight.shape == (128, 32)  # padded to 64 rows, as vLLM
+        cases.append((model_dir, n_groups, expected_ckpt, _run_steps(dummy)))
+    run_ranks(_every_case_equals_one_rank, cases)
 
 
 def _no_collective(*args, **kwargs):

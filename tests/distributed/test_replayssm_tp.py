@@ -71,8 +71,16 @@ def _sharded_replay_equals(n_groups: int, expected: list, expected_states: torch
         torch.testing.assert_close(g, e, **TOL, msg=f"step {step}")
 
 
+def _every_case_equals(cases) -> None:
+    for case in cases:
+        _sharded_replay_equals(*case)
+
+
 def test_two_rank_replayed_equals_one_rank_every_step_gloo():
+    """Both n_groups in one spawn of the two-rank group."""
+    cases = []
     for n_groups in (1, 2):
         model = get_model(dummy_config(n_groups), load_format="dummy")
         expected, _, pool = _run(model, 0)
-        run_ranks(_sharded_replay_equals, n_groups, expected, pool.ssm_state)
+        cases.append((n_groups, expected, pool.ssm_state))
+    run_ranks(_every_case_equals, cases)

@@ -34,24 +34,30 @@ def _tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
-@pytest.mark.parametrize(
-    "n_groups, async_scheduling", [(1, True), (2, True), (2, False)], ids=lambda v: str(v)
-)
-def test_two_ranks_generate_the_tokens_of_one_rank(tmp_path, n_groups, async_scheduling):
+def _check_equals_one_rank(llm: LLM, expected, async_scheduling: bool) -> None:
     """Under async scheduling the decode rows' input tokens are the previous step's, which
     rank 0 broadcasts on the device; without it they come in the inputs."""
+    assert llm.engine.engine_core.executor.world_size == 2
+    assert llm.engine.config.async_scheduling is async_scheduling
+    # Rank 0's pool: 4 of the 8 heads; conv over their x and one group's B, C (its
+    # own of 2 groups, or the 1 group replicated).
+    pool = llm.engine.runner.pool
+    assert pool.ssm_state.shape[2] == 4
+    assert pool.conv_state.shape[2] == 4 * 16 + 2 * 16
+    assert _tokens(llm) == expected
+
+
+# (2 groups, async scheduling) runs in the killed-worker test below, before the kill: one
+# TP=2 engine for both.
+@pytest.mark.parametrize(
+    "n_groups, async_scheduling", [(1, True), (2, False)], ids=lambda v: str(v)
+)
+def test_two_ranks_generate_the_tokens_of_one_rank(tmp_path, n_groups, async_scheduling):
     model_dir = str(make_tiny_model_dir(tmp_path / "tiny", n_groups=n_groups))
     expected = _tokens(LLM(model_dir, **ENGINE))
     llm = LLM(model_dir, tensor_parallel_size=2, async_scheduling=async_scheduling, **ENGINE)
     try:
-        assert llm.engine.engine_core.executor.world_size == 2
-        assert llm.engine.config.async_scheduling is async_scheduling
-        # Rank 0's pool: 4 of the 8 heads; conv over their x and one group's B, C (its
-        # own of 2 groups, or the 1 group replicated).
-        pool = llm.engine.runner.pool
-        assert pool.ssm_state.shape[2] == 4
-        assert pool.conv_state.shape[2] == 4 * 16 + 2 * 16
-        assert _tokens(llm) == expected
+        _check_equals_one_rank(llm, expected, async_scheduling)
     finally:
         llm.engine.core.shutdown()
 
@@ -84,9 +90,12 @@ def test_the_cli_takes_the_tensor_parallel_size():
 
 
 def test_a_killed_worker_fails_the_engine_instead_of_hanging(tmp_path):
-    llm = LLM(str(make_tiny_model_dir(tmp_path / "tiny")), tensor_parallel_size=2, **ENGINE)
+    """First, alive: the greedy tokens of one rank (2 groups, async scheduling)."""
+    model_dir = str(make_tiny_model_dir(tmp_path / "tiny", n_groups=2))
+    expected = _tokens(LLM(model_dir, **ENGINE))
+    llm = LLM(model_dir, tensor_parallel_size=2, async_scheduling=True, **ENGINE)
     try:
-        assert len(_tokens(llm)) == len(PROMPTS)
+        _check_equals_one_rank(llm, expected, True)
         [pid] = llm.engine.engine_core.executor.worker_pids.values()
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()

@@ -6,7 +6,8 @@ replicated and the up-projection sharded like the output it adds to, the Mamba2 
 heads, the embeddings and LM head by vocabulary. Tiny random checkpoints made with
 transformers' own Zamba2 and saved with save_pretrained; fp32 logits of three mixed steps
 close to one rank's (below); LLM.generate's greedy tokens at TP=2 equal TP=1's; unequal
-copies of a shared weight and configs that do not divide are refused.
+copies of a shared weight and configs that do not divide are refused. Every two-rank check
+runs in the ranks of the one TP=2 engine the generate check starts (one spawn).
 
 The logits' bound is 4e-5 of their scale (rtol 1e-5), not the other hybrids' 1e-5: these
 tiny Zamba2s amplify fp32 rounding about four times more than the Bamba of
@@ -25,14 +26,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.distributed.utils import run_ranks
+from tests.distributed.utils import check_generate_two_ranks_equals_one_rank
 from tests.models.hf_builders import make_zamba2_hf as make_hf
-from tests.models.hybrid_utils import (
-    check_generate_two_ranks_equals_one_rank,
-    check_steps_match,
-    run_steps,
-    save_checkpoint,
-)
+from tests.models.hybrid_utils import check_steps_match, run_steps, save_checkpoint
 from vllm import LLM
 from vllm.cache_spec import AttentionSpec
 from vllm.distributed import get_tp_group
@@ -89,25 +85,6 @@ def _ranks_equal_one_rank(path, expected, load_format="auto"):
     check_steps_match(model, expected, 4e-5 * scale)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_two_ranks_equal_one_rank_gloo(tmp_path, variant):
-    path = save_checkpoint(make_hf(**VARIANTS[variant]), tmp_path / variant)
-    expected = run_steps(get_model(path))
-    run_ranks(_ranks_equal_one_rank, str(path), expected)
-
-
-def test_dummy_weights_are_those_of_one_rank(tmp_path):
-    """Dummy q/k/v draw under the one-rank names of each block, the fused gate_up and the
-    adapters at full shape: two ranks compute what one rank does."""
-    path = save_checkpoint(make_hf(seed=3), tmp_path / "dummy")
-    expected = run_steps(get_model(path, load_format="dummy"))
-    run_ranks(_ranks_equal_one_rank, str(path), expected, "dummy")
-
-
-def test_generate_two_ranks_equals_one_rank(tmp_path):
-    check_generate_two_ranks_equals_one_rank(save_checkpoint(make_hf(seed=4), tmp_path / "gen"))
-
-
 def _replicated(name: str) -> bool:
     """Checkpoint tensors every rank reads whole: the norms, each use's ``linear`` and the
     adapters' down-projections (``..._adapter_list.{j}.0``)."""
@@ -131,11 +108,9 @@ def _reads_its_rows_of_every_copy(good: str, bad: str) -> None:
         get_model(bad)
 
 
-def test_each_rank_reads_its_rows_and_checks_every_copy(tmp_path):
-    """Each rank reads only its rows of the shared blocks' tensors, the sharded adapters
-    and the mixers, whole the replicated ones; a checkpoint storing every copy of a
-    shared weight (here block 0's q_proj, a fused qkv part under parallelism) loads when
-    the copies are equal, and is refused when a rank's rows of a copy differ."""
+def _bad_copy_checkpoints(tmp_path):
+    """A checkpoint storing every copy of a shared weight (block 0's q_proj, a fused qkv
+    part under parallelism), the copies equal ("good") and different ("bad")."""
     path = save_checkpoint(make_hf(seed=5), tmp_path / "hf")
     weights = load_file(str(path / "model.safetensors"))
     src = "model.layers.1.shared_transformer.self_attn.q_proj.weight"  # block 0, use 0
@@ -144,7 +119,27 @@ def test_each_rank_reads_its_rows_and_checks_every_copy(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text((path / "config.json").read_text())
         save_file({**weights, copy: value}, str(tmp_path / name / "model.safetensors"))
-    run_ranks(_reads_its_rows_of_every_copy, str(tmp_path / "good"), str(tmp_path / "bad"))
+    return str(tmp_path / "good"), str(tmp_path / "bad")
+
+
+def test_two_ranks_equal_one_rank_gloo(tmp_path):
+    """In the ranks of one TP=2 engine, after its greedy tokens are checked against TP=1's:
+    each variant's mixed steps; dummy weights (q/k/v drawn under the one-rank names of
+    each block, the fused gate_up and the adapters at full shape: two ranks compute what
+    one rank does); each rank reading only its rows of the shared blocks' tensors, the
+    sharded adapters and the mixers, whole the replicated ones, and a checkpoint storing
+    every copy of a shared weight loading when the copies are equal, refused when a rank's
+    rows of a copy differ."""
+    checks = []
+    for variant, kwargs in VARIANTS.items():
+        path = save_checkpoint(make_hf(**kwargs), tmp_path / variant)
+        checks.append((_ranks_equal_one_rank, str(path), run_steps(get_model(path))))
+    path = save_checkpoint(make_hf(seed=3), tmp_path / "dummy")
+    expected = run_steps(get_model(path, load_format="dummy"))
+    checks.append((_ranks_equal_one_rank, str(path), expected, "dummy"))
+    checks.append((_reads_its_rows_of_every_copy, *_bad_copy_checkpoints(tmp_path)))
+    gen = save_checkpoint(make_hf(seed=4), tmp_path / "gen")
+    check_generate_two_ranks_equals_one_rank(gen, *checks)
 
 
 def test_configs_that_do_not_shard_are_refused_before_any_process():

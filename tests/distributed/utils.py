@@ -1,17 +1,23 @@
 """Running a test function on several ranks: one spawned process per rank, each joined to
 a real torch.distributed group (gloo on CPU, NCCL on GPUs), with a bound on the run; the
-tiny Mamba2 the sharded-model tests compare across ranks and their tolerance."""
+tiny Mamba2 the sharded-model tests compare across ranks and their tolerance; the check
+that LLM.generate at TP=2 equals TP=1, whose engine's ranks then run the model's other
+two-rank checks (one spawn of the group serves them all)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
+import traceback
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vllm.distributed import parallel_state
+from tests.models.hybrid_utils import engine, tokens
+from vllm import SamplingParams
+from vllm.distributed import get_tp_group, parallel_state
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 # Tests bound their collectives well below pytest's timeout, so a bug fails, not hangs.
@@ -83,3 +89,38 @@ def dummy_config(n_groups: int) -> Mamba2ModelConfig:
         chunk_size=4,
         tie_word_embeddings=True,
     )
+
+
+def _on_every_rank(worker, fn, *args) -> None:
+    """``Executor.apply`` target: ``fn(*args)`` on this rank; every rank's failure (a
+    rank 1 assertion too, which the executor would not see once rank 0 has returned) is
+    gathered and raised on rank 0."""
+    tp = get_tp_group()
+    try:
+        fn(*args)
+        failure = None
+    except Exception:
+        failure = traceback.format_exc()
+    failures = [None] * tp.world_size
+    dist.all_gather_object(failures, failure, group=tp.cpu_group)
+    failed = [f"rank {r}:\n{f}" for r, f in enumerate(failures) if f is not None]
+    if tp.rank == 0 and failed:
+        raise AssertionError("\n".join(failed))
+
+
+def check_generate_two_ranks_equals_one_rank(path, *rank_checks) -> None:
+    """Greedy tokens of ``LLM.generate`` at tensor_parallel_size=2 equal one rank's; then
+    each ``(fn, *args)`` of ``rank_checks`` runs on both ranks of that same TP=2 engine
+    (its processes, its joined group), as ``run_ranks`` would run it on a group of its own.
+    ``fn`` is a module-level function; it may load any checkpoint (``get_model``)."""
+    prompts = [tokens(n, "P", n) for n in (3, 11, 7)]
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    one = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params)]
+    llm = engine(path, tensor_parallel_size=2)
+    try:
+        two = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert two == one
+        for fn, *args in rank_checks:
+            llm.engine.core.engine_core.executor.apply(_on_every_rank, fn, *args)
+    finally:
+        llm.engine.core.shutdown()

@@ -377,16 +377,3 @@ def check_graphs_match_eager(path, device) -> None:
             assert llm.engine.runner.graphs._graphs, "no decode step ran through a graph"
         check_no_kv_leak(llm)
     assert outs[True] == outs[False]
-
-
-def check_generate_two_ranks_equals_one_rank(path) -> None:
-    """Greedy tokens of ``LLM.generate`` at tensor_parallel_size=2 equal one rank's."""
-    prompts = [tokens(n, "P", n) for n in (3, 11, 7)]
-    params = SamplingParams(max_tokens=5, ignore_eos=True)
-    one = [o.outputs[0].token_ids for o in engine(path).generate(prompts, params)]
-    llm = engine(path, tensor_parallel_size=2)
-    try:
-        two = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    finally:
-        llm.engine.core.shutdown()
-    assert two == one
