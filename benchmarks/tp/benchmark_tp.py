@@ -7,7 +7,8 @@
 
 Dummy weights of one seed: every tensor-parallel size holds the weights of one rank (a
 shard draws the full tensor with the one-rank generator and keeps its slice; see
-tests/distributed/test_hybrid_tp.py::test_dummy_weights_are_those_of_one_rank), so the
+tests/distributed/test_hybrid_tp.py::test_two_ranks_equal_one_rank_gloo, its dummy-weight
+check), so the
 runs differ only in how the computation is split.
 
 Each configuration is a fresh process (tp_bench_run.py, which says how steps are run):
