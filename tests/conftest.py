@@ -8,7 +8,10 @@ at decoration time whether to build an interpreted function).
 
 from __future__ import annotations
 
+import fcntl
+import gc
 import os
+import tempfile
 
 import pytest
 import torch
@@ -21,6 +24,11 @@ GPU_SKIP_REASON = "needs a CUDA GPU; runs on the GPU box"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; runs on the GPU box")
+    config.addinivalue_line(
+        "markers",
+        "gpu_big_memory: a GPU test that allocates tens of GiB (tensors past 2**31 elements, "
+        "7B-shaped layers); runs alone on the GPU while the suite's other workers wait",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,6 +38,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+_GPU_LOCK = os.path.join(tempfile.gettempdir(), "vllm-tests-gpu.lock")
+
+
+@pytest.fixture(autouse=True)
+def _share_the_gpu(request):
+    """The GPU box runs the suite under pytest-xdist: every worker shares one GPU. A GPU
+    test holds a shared lock (a ``gpu_big_memory`` one an exclusive lock) on a file while
+    it runs, and afterwards hands the memory its allocator cached back to the GPU, so one
+    worker's finished test cannot starve another's."""
+    if "gpu" not in request.keywords or not torch.cuda.is_available():
+        yield
+        return
+    exclusive = "gpu_big_memory" in request.keywords
+    with open(_GPU_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -85,7 +85,10 @@ def test_one_upload_per_step_on_cuda_graphs_and_eager():
     """On CUDA: decode-only steps replay graphs and the others run eagerly; either way one
     staged copy per step (the graphs' own staging for replays)."""
     llm = LLM(BAMBA, load_format="dummy", dtype="float32", device="cuda", max_model_len=48,
-              max_num_seqs=4, max_num_batched_tokens=16, block_size=16)  # fmt: skip
+              max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
+              num_gpu_blocks_override=16)  # fmt: skip
+    # (a fixed KV cache: sized from free GPU memory it would take what the suite's other
+    # workers need on the same GPU)
     runner = llm.engine.runner
     replays_before = runner.graphs.staging.num_uploads
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

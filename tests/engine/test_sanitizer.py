@@ -64,7 +64,7 @@ _CHILD = textwrap.dedent(
                                mamba_d_head=32, mamba_d_state=16, mamba_chunk_size=16,
                                max_position_embeddings=256)
     llm = LLM(cfg, load_format="dummy", dtype="float32", device="cuda", max_num_seqs=4,
-              max_num_batched_tokens=64, max_model_len=256)
+              max_num_batched_tokens=64, max_model_len=256, num_gpu_blocks_override=128)
     prompts = [[(7 * i + j) % 256 for j in range(n)] for i, n in enumerate([5, 40, 1, 90])]
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 6 for o in outs)

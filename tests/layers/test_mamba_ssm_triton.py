@@ -446,6 +446,7 @@ def test_cuda_graph_replay_equals_eager(dtype, nan_poison):
             assert torch.equal(pool[line], before[line]), f"replay {replay}: line {line}"
 
 
+@pytest.mark.gpu_big_memory
 @pytest.mark.gpu
 def test_int64_line_offsets():
     """A pool past 2**31 elements: the last lines are addressed without overflow."""

@@ -14,6 +14,7 @@ from tests.models.hybrid_utils import (
     check_bad_config_refused,
     check_loads_every_hf_weight,
     hf_greedy,
+    record_figure,
     save_checkpoint,
     tokens,
 )
@@ -240,9 +241,17 @@ def check_bf16_tracks_hf(kind: str, path, device: str, **shape) -> None:
     got = torch.cat(got)
     expected, _ = hf_prefill_then_decode(hf32, prompt, nexts)
     hf_bf16, _ = hf_prefill_then_decode(hf16, prompt, nexts)
-    assert_close(got, expected, "vs_hf", BF16)
+    if device == "cpu":
+        # The fixed bf16 table holds at the tiny CPU shape; at the GPU's mid-size shape the
+        # random weights' bf16 rounding alone can exceed it (HF's own bf16 run does), so
+        # there HF's bf16 error is the yardstick, as for the hybrids (hybrid_utils).
+        assert_close(got, expected, "vs_hf", BF16)
     ours_err = (got - expected).abs().max().item()
     hf_err = (hf_bf16.float() - expected).abs().max().item()
+    record_figure(
+        f"{kind} bf16 on {device}: max |ours - hf_fp32| = {ours_err:.4f}, "
+        f"max |hf_bf16 - hf_fp32| = {hf_err:.4f} (ratio {ours_err / max(hf_err, 1e-12):.2f})"
+    )
     assert ours_err <= BF16_ERROR_VS_HF_BF16 * hf_err, (ours_err, hf_err)
 
 

@@ -111,6 +111,7 @@ def _time_step(model, rows, pool_slots, repeats=5):
     return statistics.median(times), logits
 
 
+@pytest.mark.gpu_big_memory
 def test_codestral_7b_shaped_mixed_step_both_backends(monkeypatch, capsys):
     """Mamba-Codestral-7B shape (HF Mamba2Config defaults), dummy bf16 weights: one step of
     1 x 2048-token prefill + 63 decodes with each backend; prints the forward times. (With

@@ -138,6 +138,7 @@ def test_greedy_1000_steps_tiny_hf_model(monkeypatch, tmp_path):
         assert first_diff is None, f"slot {slot}: tokens differ from step {first_diff}"
 
 
+@pytest.mark.gpu_big_memory
 @pytest.mark.gpu
 def test_greedy_1000_steps_codestral_shape_cuda():
     config = Mamba2ModelConfig(num_hidden_layers=2)  # the Codestral-7B layer shape

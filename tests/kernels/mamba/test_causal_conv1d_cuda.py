@@ -92,7 +92,15 @@ def run_fwd_case(case: FnCase, device, row_bytes: int = 0) -> None:
     pool = width_major(inp.pool)
     pool_before, ref_pool = pool.clone(), inp.pool.clone()
     ref_out = causal_conv1d_ref(
-        inp.x, inp.weight, inp.bias, ref_pool, inp.qsl, inp.indices, inp.init, case.activation
+        inp.x,
+        inp.weight,
+        inp.bias,
+        ref_pool,
+        inp.qsl,
+        inp.indices,
+        inp.init,
+        case.activation,
+        pad_slot_id=PAD_SLOT_ID,
     )
     x_before = inp.x.clone()
     out = causal_conv1d_fwd_cuda(
@@ -177,7 +185,7 @@ def test_fwd_misaligned_x(dtype, device, nan_poison):
     idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=device)
     init = torch.tensor([True, False, True], device=device)
     ref_pool = pool.clone()
-    ref = causal_conv1d_ref(x, weight, bias, ref_pool, qsl, idx, init)
+    ref = causal_conv1d_ref(x, weight, bias, ref_pool, qsl, idx, init, pad_slot_id=PAD_SLOT_ID)
     out = causal_conv1d_fwd_cuda(x, weight, bias, pool, qsl, idx, init, True, PAD_SLOT_ID)
     assert_no_nan(out)
     assert_close(out, ref)
@@ -190,7 +198,16 @@ def test_fwd_writes_into_out(device, nan_poison):
     case = FnCase((9, 1, 4), 64, 4, FP16)
     inp = build_fn_inputs(case, device)
     pool, ref_pool = width_major(inp.pool), inp.pool.clone()
-    ref = causal_conv1d_ref(inp.x, inp.weight, inp.bias, ref_pool, inp.qsl, inp.indices, inp.init)
+    ref = causal_conv1d_ref(
+        inp.x,
+        inp.weight,
+        inp.bias,
+        ref_pool,
+        inp.qsl,
+        inp.indices,
+        inp.init,
+        pad_slot_id=PAD_SLOT_ID,
+    )
     buf = torch.full((20, 64), 7.0, dtype=FP16, device=device)
     out = buf[3:17].t()
     got = causal_conv1d_fwd_cuda(
@@ -219,7 +236,7 @@ def run_update_case(case: UpdCase, device) -> None:
     pool = width_major(inp.pool)
     pool_before, ref_pool = pool.clone(), inp.pool.clone()
     ref = causal_conv1d_update_ref(
-        inp.x, ref_pool, inp.weight, inp.bias, case.activation, inp.indices
+        inp.x, ref_pool, inp.weight, inp.bias, case.activation, inp.indices, pad_slot_id=PAD_SLOT_ID
     )
     x_before = inp.x.clone()
     out = causal_conv1d_update_cuda(
@@ -330,7 +347,9 @@ def test_cuda_split_agrees_with_triton_one_call(dim, width, dtype, device, nan_p
     # Triton: the whole step in one call, pool feature-contiguous.
     tri_pool = pool.clone()
     meta = compute_causal_conv1d_metadata(qsl.cpu(), device)
-    tri_out = causal_conv1d_fn(x, weight, bias, tri_pool, qsl, idx, init, "silu", metadata=meta)
+    tri_out = causal_conv1d_fn(
+        x, weight, bias, tri_pool, qsl, idx, init, "silu", metadata=meta, pad_slot_id=PAD_SLOT_ID
+    )
 
     # CUDA: prefills through the forward op, decodes through the update op, one output.
     cuda_pool = width_major(pool)
@@ -363,7 +382,7 @@ def test_cuda_split_agrees_with_triton_one_call(dim, width, dtype, device, nan_p
     one_out = causal_conv1d_fwd_cuda(x, weight, bias, one_pool, qsl, idx, init, True, PAD_SLOT_ID)
 
     ref_pool = pool.clone()
-    ref = causal_conv1d_ref(x, weight, bias, ref_pool, qsl, idx, init)
+    ref = causal_conv1d_ref(x, weight, bias, ref_pool, qsl, idx, init, pad_slot_id=PAD_SLOT_ID)
     for name, got in (("triton", tri_out), ("cuda split", out), ("cuda fwd", one_out)):
         assert_no_nan(got)
         assert_close(got, ref, msg=name)
@@ -384,9 +403,10 @@ def test_cuda_split_agrees_with_triton_one_call(dim, width, dtype, device, nan_p
         idx[:n_pre],
         init[:n_pre],
         "silu",
+        pad_slot_id=PAD_SLOT_ID,
     )
     tri_dec = causal_conv1d_update(
-        x[:, n_pre_tok:].t(), dec_pool, weight, bias, "silu", idx[n_pre:]
+        x[:, n_pre_tok:].t(), dec_pool, weight, bias, "silu", idx[n_pre:], pad_slot_id=PAD_SLOT_ID
     )
     assert_close(out[:, n_pre_tok:].t(), tri_dec, msg="cuda update vs triton update")
     assert torch.equal(dec_pool, cuda_pool)
@@ -434,8 +454,12 @@ def test_cuda_graph_update_and_fwd_with_padded_rows(nan_poison):
         x.copy_(torch.randn(batch, dim, generator=g).to(dtype))
         pidx.copy_(torch.tensor([[0, 1, 2], [2, PAD_SLOT_ID, 0], [1, 0, PAD_SLOT_ID]][replay]))
         before, ref_pool = pool.clone(), pool.clone()
-        ref_p = causal_conv1d_ref(px, weight, bias, ref_pool, pqsl, pidx, pinit)
-        ref = causal_conv1d_update_ref(x, ref_pool, weight, bias, "silu", idx)
+        ref_p = causal_conv1d_ref(
+            px, weight, bias, ref_pool, pqsl, pidx, pinit, pad_slot_id=PAD_SLOT_ID
+        )
+        ref = causal_conv1d_update_ref(
+            x, ref_pool, weight, bias, "silu", idx, pad_slot_id=PAD_SLOT_ID
+        )
         out.fill_(float("nan"))
         pout.fill_(float("nan"))
         graph.replay()

@@ -134,6 +134,7 @@ def test_large_update(case, nan_poison):
     run_update_case(case)
 
 
+@pytest.mark.gpu_big_memory
 def test_many_tokens_past_int32_offsets(nan_poison):
     """2.2 M tokens of dim 1024: token * stride passes 2^31 for the last sequences."""
     dim, width = 1024, 4
@@ -150,7 +151,8 @@ def test_many_tokens_past_int32_offsets(nan_poison):
     idx = torch.tensor([5, 0, 3, 1], dtype=torch.int32, device="cuda")
     init = torch.tensor([True, False, True, True], device="cuda")
     ref_pool = pool.clone()
-    out = causal_conv1d_fn(x, weight, bias, pool, qsl, idx, init)
+    # line 0 is a sequence's here: the pad marker is -1 (PAD_SLOT_ID), not the null line
+    out = causal_conv1d_fn(x, weight, bias, pool, qsl, idx, init, pad_slot_id=PAD_SLOT_ID)
     assert_no_nan(out)
     # the reference on the tail only: the last two sequences, and the long one's end
     tail = 5000
@@ -166,9 +168,12 @@ def test_many_tokens_past_int32_offsets(nan_poison):
         sub_qsl,
         idx[1:],
         torch.tensor([True, True, True], device="cuda"),
+        pad_slot_id=PAD_SLOT_ID,
     )
     assert_close(out[:, num_tokens - tail :], ref_tail)
-    ref_head = causal_conv1d_ref(x[:, :1000], weight, bias, ref_pool, qsl[:2], idx[:1], init[:1])
+    ref_head = causal_conv1d_ref(
+        x[:, :1000], weight, bias, ref_pool, qsl[:2], idx[:1], init[:1], pad_slot_id=PAD_SLOT_ID
+    )
     assert_close(out[:, :1000], ref_head)
     assert torch.equal(pool, ref_pool)
 
@@ -386,6 +391,7 @@ def _spread_pool(num_lines, dim, state_len, dtype, gen):
     return pool
 
 
+@pytest.mark.gpu_big_memory
 def test_fn_x_tokens_past_2_31(nan_poison):
     g = gen_for("int64-fn-x")
     dim, width, dtype = 128, 4, FP16
@@ -402,6 +408,7 @@ def test_fn_x_tokens_past_2_31(nan_poison):
     assert torch.equal(pool, ref_pool)
 
 
+@pytest.mark.gpu_big_memory
 @pytest.mark.parametrize("mode", ["tok", "varlen"])
 def test_update_x_tokens_past_2_31(mode, nan_poison):
     g = gen_for("int64-update-x", mode)
@@ -424,6 +431,7 @@ def test_update_x_tokens_past_2_31(mode, nan_poison):
     assert torch.equal(pool, ref_pool)
 
 
+@pytest.mark.gpu_big_memory
 def test_fn_state_line_past_2_31(nan_poison):
     g = gen_for("int64-fn-pool")
     dim, width, dtype = 256, 4, FP16
@@ -440,6 +448,7 @@ def test_fn_state_line_past_2_31(nan_poison):
     assert torch.equal(pool, ref_pool)
 
 
+@pytest.mark.gpu_big_memory
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
 def test_update_state_line_past_2_31(spec, nan_poison):
     g = gen_for("int64-update-pool", spec)

@@ -138,6 +138,7 @@ def test_gpu_varlen_equals_each_sequence_alone():
     assert torch.equal(alone.pool, batch.pool)
 
 
+@pytest.mark.gpu_big_memory
 def test_gpu_int64_offsets():
     """Rows past 2**31 elements of x, out, B and C, and pool lines past 2**31 elements."""
     device = torch.device("cuda")
