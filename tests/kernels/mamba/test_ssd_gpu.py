@@ -167,10 +167,12 @@ def test_gpu_int64_offsets():
     qsl = torch.tensor([start, start + 200, start + 280], dtype=torch.int32)
     seq = slice(start, start + 280)
     small = dict(x=x[seq].clone(), dt=dt[seq].clone(), B=bc[seq, 0].clone(), C=bc[seq, 1].clone())
-    ref_pool = pool[lines].clone()
+    # the reference's own pool: line 0 the null line (the default pad marker), then the
+    # two sequences' lines
+    ref_pool = torch.cat([torch.zeros_like(pool[:1]), pool[lines]])
     y_small = mamba_chunk_scan_combined_varlen(
         **small, A=A, layout=plan_ssd_chunks(qsl - start, L).to(device), ssm_states=ref_pool,
-        state_indices=torch.arange(2, dtype=torch.int32, device=device),
+        state_indices=torch.tensor([1, 2], dtype=torch.int32, device=device),
         has_initial_state=init, dt_softplus=True,
     )  # fmt: skip
     chunk_lines = torch.tensor([num_lines - 2, -1], dtype=torch.int32, device=device)
@@ -179,9 +181,9 @@ def test_gpu_int64_offsets():
         dt_softplus=True, out=out, chunk_state_indices=chunk_lines,
     )  # fmt: skip
     assert_close(out[start : start + 280], y_small, "batching", BF16)
-    assert_close(pool[num_lines - 2], ref_pool[0], "batching", BF16)  # seq 0 is one chunk
+    assert_close(pool[num_lines - 2], ref_pool[1], "batching", BF16)  # seq 0 is one chunk
     assert torch.isnan(out[start - 1]).all() and torch.isnan(out[start + 280]).all()
-    assert_close(pool[lines], ref_pool, "batching", BF16)
+    assert_close(pool[lines], ref_pool[1:], "batching", BF16)
     assert not pool[num_lines - 4].any()  # named by no sequence and no chunk
 
 
