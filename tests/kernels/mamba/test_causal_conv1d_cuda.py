@@ -87,21 +87,20 @@ def test_not_built_raises_clear_error(path, monkeypatch):
 # --- forward vs the reference ------------------------------------------------------------
 
 
+def _fn_ref(inp, ref_pool, activation="silu"):
+    """The reference forward over ``build_fn_inputs``' tensors; -1 marks padded rows here
+    (line 0 is a sequence's), as the CUDA op is told."""
+    return causal_conv1d_ref(
+        inp.x, inp.weight, inp.bias, ref_pool, inp.qsl, inp.indices, inp.init, activation,
+        pad_slot_id=PAD_SLOT_ID,
+    )  # fmt: skip
+
+
 def run_fwd_case(case: FnCase, device, row_bytes: int = 0) -> None:
     inp = build_fn_inputs(case, device)
     pool = width_major(inp.pool)
     pool_before, ref_pool = pool.clone(), inp.pool.clone()
-    ref_out = causal_conv1d_ref(
-        inp.x,
-        inp.weight,
-        inp.bias,
-        ref_pool,
-        inp.qsl,
-        inp.indices,
-        inp.init,
-        case.activation,
-        pad_slot_id=PAD_SLOT_ID,
-    )
+    ref_out = _fn_ref(inp, ref_pool, case.activation)
     x_before = inp.x.clone()
     out = causal_conv1d_fwd_cuda(
         inp.x,
@@ -198,16 +197,7 @@ def test_fwd_writes_into_out(device, nan_poison):
     case = FnCase((9, 1, 4), 64, 4, FP16)
     inp = build_fn_inputs(case, device)
     pool, ref_pool = width_major(inp.pool), inp.pool.clone()
-    ref = causal_conv1d_ref(
-        inp.x,
-        inp.weight,
-        inp.bias,
-        ref_pool,
-        inp.qsl,
-        inp.indices,
-        inp.init,
-        pad_slot_id=PAD_SLOT_ID,
-    )
+    ref = _fn_ref(inp, ref_pool)
     buf = torch.full((20, 64), 7.0, dtype=FP16, device=device)
     out = buf[3:17].t()
     got = causal_conv1d_fwd_cuda(
