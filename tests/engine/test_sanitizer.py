@@ -47,6 +47,23 @@ def test_precompile_restores_the_mode_after_an_error():
     assert det.fill_uninitialized_memory == fill
 
 
+def test_precompile_does_not_import_inductor():
+    """torch.use_deterministic_algorithms imports torch._inductor (seconds of start-up);
+    precompile sets the same switch without it."""
+    code = (
+        "import sys, torch\n"
+        "from vllm.triton_utils.launch import precompile\n"
+        "assert 'torch._inductor' not in sys.modules, 'imported before the block'\n"
+        "with precompile():\n"
+        "    assert torch.are_deterministic_algorithms_enabled()\n"
+        "    assert torch.isnan(torch.empty(4)).all()\n"
+        "print('torch._inductor' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 _CHILD = textwrap.dedent(
     """
     import sys

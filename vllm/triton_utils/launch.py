@@ -230,13 +230,18 @@ def _filled_allocations() -> Iterator[None]:
     (an activation, the logits' matmul) read them: without a fill they would read memory
     nothing ever wrote, which compute-sanitizer's initcheck reports by the hundred and
     which would hide a real report. The fill needs PyTorch's deterministic mode; only
-    warned about here (an op without a deterministic implementation still runs)."""
+    warned about here (an op without a deterministic implementation still runs).
+
+    The mode is set through ``torch._C._set_deterministic_algorithms``, the switch that
+    ``torch.use_deterministic_algorithms`` flips after importing ``torch._inductor`` (to
+    copy the flag into Inductor's config, which nothing here compiles with): that import
+    alone took 2 s of a CPU start-up and about 4 s of a Codestral-7B start-up on the H200."""
     import torch.utils.deterministic as det
 
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     was_fill = det.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
     det.fill_uninitialized_memory = True
     try:
         with warnings.catch_warnings():
@@ -244,7 +249,7 @@ def _filled_allocations() -> Iterator[None]:
             yield
     finally:
         det.fill_uninitialized_memory = was_fill
-        torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+        torch._C._set_deterministic_algorithms(was_on, warn_only=was_warn)
 
 
 @contextlib.contextmanager
