@@ -103,7 +103,7 @@ def parse_args(argv):
         "--use-replayssm",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="replayed decode (default: the engine's, on for CUDA)",
+        help="replayed decode (default: the engine's, off)",
     )
     p.add_argument("--replayssm-buffer-len", type=int, default=None, help="default: the engine's")
     p.add_argument(
