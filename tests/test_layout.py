@@ -11,11 +11,15 @@
 - ``vllm bench serve`` needs only the installed package: its benchmark is ``vllm.benchmarks``
   (a package setup.py ships), and it runs from a folder outside the repository with
   ``benchmarks/`` not importable.
+- No file is over 400 lines except kernel files: the ops packages
+  (``vllm/model_executor/layers/**/ops/``) and ``csrc/``, and result data (JSON, CSV,
+  images under ``docs/benchmarks/``).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -114,6 +118,52 @@ def test_the_checks_catch_what_they_forbid(tmp_path):
     assert len(TEST_IMPORT_TEXT.findall(bad.read_text())) == 3
     assert PATH_LOADING.search("sys" + ".path.insert(0, here)")
     assert not TEST_IMPORT_TEXT.search("from tests.utils import REPO")
+
+
+MAX_LINES = 400
+SIZED = {".py", ".sh", ".md", ".toml", ".cfg", ".txt", ".yaml", ".yml", ".cmake"}
+SKIPPED_DIRS = {".venv", ".whl", ".git", "build", "dist", "__pycache__", ".upstream", "out"}
+
+
+def is_kernel_file(rel: Path) -> bool:
+    parts = rel.parts
+    return parts[0] == "csrc" or (
+        parts[:3] == ("vllm", "model_executor", "layers") and "ops" in parts
+    )
+
+
+def sized_files() -> list[Path]:
+    found = []
+    for folder, dirs, names in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info")]
+        for name in names:
+            rel = (Path(folder) / name).relative_to(REPO)
+            if rel.suffix in SIZED or name in ("CMakeLists.txt", "run"):
+                found.append(rel)
+    return sorted(found)
+
+
+def test_no_file_over_400_lines_outside_kernel_files():
+    files = sized_files()
+    assert any(p.name == "gpu_check.sh" for p in files) and Path("README.md") in files
+    found = []
+    for rel in files:
+        if is_kernel_file(rel):
+            continue
+        n = len((REPO / rel).read_text(errors="replace").splitlines())
+        if n > MAX_LINES:
+            found.append(f"{rel}: {n} lines")
+    assert not found, (
+        f"split these (at most {MAX_LINES} lines outside kernel files):\n" + "\n".join(found)
+    )
+
+
+def test_kernel_files_are_only_the_ops_and_csrc():
+    assert is_kernel_file(Path("vllm/model_executor/layers/mamba/ops/causal_conv1d.py"))
+    assert is_kernel_file(Path("csrc/mamba/causal_conv1d/causal_conv1d_kernels.cuh"))
+    assert not is_kernel_file(Path("vllm/model_executor/layers/mamba/mamba_mixer2.py"))
+    assert not is_kernel_file(Path("benchmarks/kernels/benchmark_ssd.py"))
+    assert not is_kernel_file(Path("tests/kernels/mamba/test_causal_conv1d.py"))
 
 
 def test_setup_ships_the_serving_benchmark():

@@ -42,22 +42,17 @@ Where the time goes:
 
 Writes the results as JSON (``--out``) and markdown (``--md``), with the device, versions,
 git sha and command line. ``--smoke`` runs tiny shapes and few calls (the CPU test).
+The timing loops and the launch stubs: conv_host_cost_timing.py; the report:
+conv_host_cost_report.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
-import datetime
-import os
-import pstats
-import shlex
-import statistics
 import sys
-import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +60,9 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.common.run_info import git_sha, write_results
+from benchmarks.common.run_info import write_results
+from benchmarks.kernels.conv_host_cost_report import environment, markdown
+from benchmarks.kernels.conv_host_cost_timing import profile_top, stubbed_launches, time_loop
 from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv_ops
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     PAD_SLOT_ID,
@@ -75,7 +72,6 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     causal_conv1d_update_ref,
     compute_causal_conv1d_metadata,
 )
-from vllm.triton_utils.launch import CachedLauncher
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,96 +108,6 @@ def make_setup(args) -> Setup:
     dtype = torch.bfloat16 if cuda else torch.float16
     return Setup(device, dtype, 8448, NUM_LINES, (1, 64, 256), STEPS, args.calls or 200,
                  args.reps or 7)  # fmt: skip
-
-
-# --------------------------------------------------------------------------
-# Timing
-# --------------------------------------------------------------------------
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_loop(fn: Callable[[], object], device, calls: int, reps: int) -> dict:
-    """Back-to-back calls, no sync inside; per repetition the enqueue and loop time per call."""
-    for _ in range(min(10, calls)):
-        fn()
-    _sync(device)
-    enq, loop = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        _sync(device)
-        t2 = time.perf_counter()
-        enq.append((t1 - t0) / calls * 1e6)
-        loop.append((t2 - t0) / calls * 1e6)
-    return {"enqueue_us": _stats(enq), "loop_us": _stats(loop), "calls": calls, "reps": reps}
-
-
-def _stats(samples: list[float]) -> dict:
-    s = sorted(samples)
-
-    def q(p):
-        pos = p * (len(s) - 1)
-        lo = int(pos)
-        hi = min(lo + 1, len(s) - 1)
-        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-    return {"median": statistics.median(s), "p20": q(0.2), "p80": q(0.8)}
-
-
-def profile_top(fn: Callable[[], object], calls: int, top: int = 12) -> list[dict]:
-    """The functions with the most own time per call, under cProfile."""
-    fn()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    stats = pstats.Stats(prof)
-    rows = []
-    for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
-        rows.append(
-            {
-                "function": f"{Path(path).name}:{line}({name})" if line else name,
-                "own_us_per_call": tottime / calls * 1e6,
-                "cum_us_per_call": cumtime / calls * 1e6,
-                "calls_per_call": ncalls / calls,
-            }
-        )
-    rows.sort(key=lambda r: -r["own_us_per_call"])
-    return rows[:top]
-
-
-class _NoLaunch:
-    """Stands in for a Triton kernel: ``kernel[grid](*args, **kw)`` does nothing."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
-@contextlib.contextmanager
-def stubbed_launches() -> Iterator[None]:
-    """Every launcher of the op module launches nothing (the host path alone is timed)."""
-    saved = []
-    for value in vars(conv_ops).values():
-        if isinstance(value, CachedLauncher):
-            saved.append((value, value.kernel, value.direct))
-            value.kernel, value.direct = _NoLaunch(), False
-    clear = getattr(conv_ops, "clear_host_caches", None)
-    if clear is not None:
-        clear()  # cached launch plans hold compiled kernels: rebuild them as stubs
-    try:
-        yield
-    finally:
-        for launcher, kernel, direct in saved:
-            launcher.kernel, launcher.direct = kernel, direct
-        if clear is not None:
-            clear()
 
 
 # --------------------------------------------------------------------------
@@ -384,70 +290,8 @@ def breakdown(s: Setup, cases: list[OpCase]) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------
-
-
-def environment(s: Setup, stub: bool) -> dict:
-    cuda = s.device.type == "cuda"
-    return {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
-        "launches": "stubbed (host path only)" if stub else "real",
-        "dtype": str(s.dtype).replace("torch.", ""),
-        "dim": s.dim,
-        "git_sha": git_sha(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-    }
-
-
 def target_of(kind: str) -> float | None:
     return TARGETS_US.get(kind)
-
-
-def markdown(res: dict) -> str:
-    env = res["environment"]
-    lines = [
-        "# causal-conv1d host cost per eager call",
-        "",
-        f"- {env['device']}, torch {env['torch']}, triton {env['triton']}, {env['dtype']}, "
-        f"dim {env['dim']}; launches {env['launches']}",
-        f"- git {env['git_sha']}; {env['date_utc']} UTC; `{env['command']}`",
-        "",
-        "| case | loop us/call [p20, p80] | enqueue us/call | target us | met |",
-        "|---|---|---|---|---|",
-    ]
-    for name, row in res["cases"].items():
-        lp, eq = row["loop_us"], row["enqueue_us"]
-        target = row.get("target_us")
-        met = "" if target is None else ("yes" if row["met"] else "no")
-        lines.append(
-            f"| {name} | {lp['median']:.2f} [{lp['p20']:.2f}, {lp['p80']:.2f}] | "
-            f"{eq['median']:.2f} | {'' if target is None else target} | {met} |"
-        )
-    bd = res["breakdown"]
-    if bd.get("available"):
-        names = sorted({p for row in bd["cases"].values() for p in row})
-        head = "| case | " + " | ".join(names) + " |"
-        rule = "|---" * (len(names) + 1) + "|"
-        lines += [
-            "",
-            "Pieces of the host path, each timed alone (enqueue us/call):",
-            "",
-            head,
-            rule,
-        ]
-        for case, row in bd["cases"].items():
-            cells = [f"{row[n]:.2f}" if n in row else "" for n in names]
-            lines.append(f"| {case} | " + " | ".join(cells) + " |")
-    for case, rows in res.get("profile", {}).items():
-        lines += ["", f"cProfile, {case} (own us per call, inflated by the profiler):", ""]
-        lines += [f"- {r['own_us_per_call']:.2f} {r['function']}" for r in rows[:8]]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:

@@ -1,20 +1,20 @@
 """The fused selective-state-update kernel vs the PyTorch path (``selective_state_update_torch``).
 
 On CPU the kernel runs under the Triton interpreter (tests/conftest.py sets it), small fp32
-and fp16 cases; the ``gpu`` tests add bf16, the Codestral-7B shape, CUDA graphs and int64
-addressing. Inputs are drawn on the CPU from a generator seeded by the case id, then moved,
-so a case has the same data on both boxes.
+and fp16 cases, the reference oracles, dispatch, argument errors and the op's opcheck. The
+GPU-only cases (bf16, the Codestral-7B shape, CUDA graphs and int64 addressing) are in
+test_mamba_ssm_triton_gpu.py; ``Case``, ``build`` and ``check_against_torch`` in
+ssm_update_utils.py (inputs drawn on the CPU from a generator seeded by the case id, then
+moved, so a case has the same data on both boxes).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pytest
 import torch
 
-from tests.models.mamba2_utils import BF16, FP16, FP32, assert_close, gen_for
+from tests.layers.ssm_update_utils import Case, build, check_against_torch
+from tests.models.mamba2_utils import FP16, assert_close
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import NULL_BLOCK_ID, PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_ref import ssm_scan_ref
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
@@ -22,141 +22,6 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_torch import (
     selective_state_update_torch,
 )
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import selective_state_update_triton
-
-NAMES = {FP32: "fp32", FP16: "fp16", BF16: "bf16"}
-NO_LIMIT = (0.0, math.inf)
-
-
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    heads: int = 4
-    headdim: int = 8
-    dstate: int = 16
-    groups: int = 1
-    dtype: torch.dtype = FP32  # x, dt, B, C and out
-    state_dtype: torch.dtype = FP32
-    pads: int = 0
-    indices: torch.dtype | None = torch.int32  # None: row b uses line b
-    D: bool = True
-    dt_bias: bool = True
-    softplus: bool = True
-    limit: tuple[float, float] = NO_LIMIT
-    strided: bool = False  # every tensor a non-contiguous view, as the layer hands them over
-
-    @property
-    def id(self) -> str:
-        parts = [
-            f"B{self.batch}_H{self.heads}_P{self.headdim}_N{self.dstate}_G{self.groups}",
-            NAMES[self.dtype],
-        ]
-        if self.state_dtype != FP32:
-            parts.append(f"state{NAMES[self.state_dtype]}")
-        if self.pads:
-            parts.append(f"pad{self.pads}")
-        if self.indices is None:
-            parts.append("noidx")
-        elif self.indices == torch.int64:
-            parts.append("idx64")
-        parts += [name for name, off in (("noD", not self.D), ("nobias", not self.dt_bias)) if off]
-        if not self.softplus:
-            parts.append("nosoftplus")
-        if self.limit != NO_LIMIT:
-            parts.append("lim")
-        if self.strided:
-            parts.append("strided")
-        return "_".join(parts)
-
-    @property
-    def num_lines(self) -> int:
-        return self.batch + 3  # the null line 0, and some lines no row names
-
-
-@dataclass
-class Inputs:
-    state: torch.Tensor
-    kwargs: dict  # everything else selective_state_update takes
-    lines: list[int]  # the line of each row; NULL_BLOCK_ID (the null line 0) for a padded row
-
-
-def build(case: Case, device, key=None) -> Inputs:
-    gen = gen_for("ssm-update", key or case.id)
-    b, H, P, N, G = case.batch, case.heads, case.headdim, case.dstate, case.groups
-
-    def rnd(*shape, dtype=case.dtype, scale=1.0):
-        return (scale * torch.randn(*shape, generator=gen)).to(dtype=dtype, device=device)
-
-    if case.strided:
-        # x | dt and B | C as column blocks of wider projections, the pool as a layer of a
-        # bigger pool with its dstate axis strided, out with padding between rows.
-        proj = rnd(b, H * P + H + 7)
-        x = proj[:, : H * P].unflatten(-1, (H, P))
-        dt_raw = proj[:, H * P : H * P + H]
-        bc = rnd(b, 2 * G * N + 5)
-        B = bc[:, : G * N].unflatten(-1, (G, N))
-        C = bc[:, G * N + 5 :].unflatten(-1, (G, N))
-        big = rnd(2, case.num_lines, H, N, P + 3, dtype=case.state_dtype)
-        state = big[1, ..., :P].transpose(-1, -2)
-        out = torch.full((b, H, P + 2), float("nan"), dtype=case.dtype, device=device)[..., :P]
-    else:
-        x, dt_raw = rnd(b, H, P), rnd(b, H)
-        B, C = rnd(b, G, N), rnd(b, G, N)
-        state = rnd(case.num_lines, H, P, N, dtype=case.state_dtype)
-        out = None
-    if case.softplus:
-        dt = (0.5 * dt_raw.float()).to(case.dtype)
-    else:
-        dt = (0.1 + dt_raw.float().abs()).to(case.dtype)  # the step itself: positive
-
-    lines = 1 + torch.randperm(case.num_lines - 1, generator=gen)[:b]  # line 0: null line
-    lines[torch.randperm(b, generator=gen)[: case.pads]] = NULL_BLOCK_ID
-    if case.indices is None:
-        assert case.pads == 0, "padded rows need indices"
-        lines = torch.arange(b)
-        indices = None
-    else:
-        indices = lines.to(dtype=case.indices, device=device)
-    f32 = dict(dtype=FP32, device=device)
-    kwargs = dict(
-        x=x,
-        dt=dt,
-        A=-torch.empty(H).uniform_(0.5, 3.0, generator=gen).to(**f32),
-        B=B,
-        C=C,
-        D=torch.randn(H, generator=gen).to(**f32) if case.D else None,
-        dt_bias=(0.5 * torch.randn(H, generator=gen)).to(**f32) if case.dt_bias else None,
-        dt_softplus=case.softplus,
-        dt_limit=case.limit,
-        state_batch_indices=indices,
-        out=out,
-    )
-    return Inputs(state, kwargs, lines.tolist())
-
-
-def check_against_torch(case: Case, inp: Inputs, run=selective_state_update_triton) -> None:
-    """Run the kernel and the PyTorch path on copies of the pool; compare outputs and the
-    whole pool."""
-    before, ref_pool = inp.state.clone(), inp.state.clone()
-    ref_kwargs = dict(inp.kwargs, out=None)
-    y_ref = selective_state_update_torch(ref_pool, **ref_kwargs)
-    y = run(inp.state, **inp.kwargs)
-    if inp.kwargs["out"] is not None:
-        assert y is inp.kwargs["out"]
-    assert y.dtype == case.dtype and y.shape == (case.batch, case.heads, case.headdim)
-    assert not torch.isnan(y).any(), "an output element was not written"
-    assert_close(y, y_ref, "scan", case.dtype)
-    indexed = inp.kwargs["state_batch_indices"] is not None  # without indices none is padded
-    live = [line for line in inp.lines if line != NULL_BLOCK_ID or not indexed]
-    pad_rows = [r for r, line in enumerate(inp.lines) if line == NULL_BLOCK_ID and indexed]
-    assert not y[pad_rows].any(), "padded rows must give y = 0"
-    if live:
-        assert_close(inp.state[live], ref_pool[live], "scan", case.state_dtype)
-    # Every other line, the null line included, is bit-identical on both paths: padded rows
-    # read and write no line.
-    for line in sorted(set(range(case.num_lines)) - set(live)):
-        assert torch.equal(inp.state[line], before[line]), f"line {line} was touched"
-        assert torch.equal(ref_pool[line], before[line]), f"line {line} was touched (torch)"
-
 
 CPU_CASES = [
     Case(1, indices=None),
@@ -355,113 +220,3 @@ def test_opcheck(device_name):
     torch.library.opcheck(
         torch.ops.vllm.selective_state_update.default, _op_args(case, torch.device(device_name))
     )
-
-
-# --- GPU --------------------------------------------------------------------------------
-
-CODESTRAL = dict(heads=128, headdim=64, dstate=128, groups=8)
-
-GPU_CASES = [
-    Case(1, **CODESTRAL, dtype=BF16, indices=None),
-    Case(4, **CODESTRAL, dtype=BF16, pads=1, strided=True),
-    Case(7, **CODESTRAL, dtype=BF16, state_dtype=BF16, pads=2),
-    Case(16, **CODESTRAL, dtype=FP32, pads=3, indices=torch.int64),
-    Case(5, heads=24, headdim=80, dstate=256, groups=3, dtype=BF16, pads=1, strided=True),
-    Case(5, heads=8, headdim=48, dstate=64, dtype=FP16, limit=(0.0, 0.1)),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
-def test_gpu_kernel_matches_torch(case: Case, nan_poison):
-    check_against_torch(case, build(case, torch.device("cuda")), run=selective_state_update)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(20), ids=lambda s: f"seed{s}")
-def test_gpu_random_cases(seed, nan_poison):
-    g = gen_for("gpu-random", seed)
-
-    def pick(options):
-        return options[int(torch.randint(len(options), (1,), generator=g))]
-
-    groups = pick([1, 2, 4])
-    batch = pick([1, 2, 3, 8, 33])
-    case = Case(
-        batch,
-        heads=groups * pick([1, 3, 8]),
-        headdim=pick([16, 50, 64, 96]),
-        dstate=pick([16, 24, 64, 128, 200, 256]),
-        groups=groups,
-        dtype=pick([FP32, FP16, BF16]),
-        state_dtype=pick([FP32, FP32, BF16]),
-        pads=pick([0, batch // 2]),
-        D=pick([True, False]),
-        dt_bias=pick([True, False]),
-        limit=pick([NO_LIMIT, (0.01, 0.3)]),
-        strided=pick([True, False]),
-    )
-    check_against_torch(case, build(case, torch.device("cuda")), run=selective_state_update)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [BF16, FP32], ids=["bf16", "fp32"])
-def test_cuda_graph_replay_equals_eager(dtype, nan_poison):
-    """Capture one decode update, then replay it with new lines (pads included) and inputs."""
-    case = Case(8, **CODESTRAL, dtype=dtype, pads=0)
-    num_lines = case.num_lines
-    device = torch.device("cuda")
-    static = build(case, device, key="graph-static")
-    pool = static.state
-    kw = dict(static.kwargs, out=torch.empty(case.batch, 128, 64, dtype=dtype, device=device))
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        selective_state_update(pool.clone(), **kw)  # compiles the kernel outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        selective_state_update(pool, **kw)
-
-    g = gen_for("graph-replays", dtype)
-    for replay, n_real in enumerate([8, 5, 1]):
-        fresh = build(case, device, key=("graph-replay", replay))
-        for name in ("x", "dt", "B", "C"):
-            kw[name].copy_(fresh.kwargs[name])
-        lines = 1 + torch.randperm(num_lines - 1, generator=g)[: case.batch]
-        lines[n_real:] = NULL_BLOCK_ID
-        kw["state_batch_indices"].copy_(lines)
-        before, ref_pool = pool.clone(), pool.clone()
-        y_ref = selective_state_update_torch(ref_pool, **dict(kw, out=None))
-        kw["out"].fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert not torch.isnan(kw["out"]).any()
-        assert_close(kw["out"], y_ref, "scan", dtype, msg=f"replay {replay}")
-        assert not kw["out"][n_real:].any()
-        live = lines[:n_real].tolist()
-        assert_close(pool[live], ref_pool[live], "scan")
-        for line in sorted(set(range(num_lines)) - set(live)):
-            assert torch.equal(pool[line], before[line]), f"replay {replay}: line {line}"
-
-
-@pytest.mark.gpu_big_memory
-@pytest.mark.gpu
-def test_int64_line_offsets():
-    """A pool past 2**31 elements: the last lines are addressed without overflow."""
-    heads, headdim, dstate = 8, 64, 128  # 65536 elements per line
-    num_lines = 2**31 // (heads * headdim * dstate) + 4  # 4 GiB in bf16
-    device = torch.device("cuda")
-    pool = torch.zeros(num_lines, heads, headdim, dstate, dtype=BF16, device=device)
-    case = Case(3, heads=heads, headdim=headdim, dstate=dstate, dtype=BF16, state_dtype=BF16)
-    small = build(case, device, key="int64")
-    targets = [num_lines - 2, num_lines - 4, 1]
-    pool[targets] = small.state[:3]
-    kw = dict(small.kwargs, state_batch_indices=torch.tensor(targets, device=device))
-    y = selective_state_update(pool, **kw)
-    ref = small.state[:3].clone()
-    y_ref = selective_state_update_torch(ref, **dict(kw, state_batch_indices=None))
-    assert_close(y, y_ref, "scan", BF16)
-    assert_close(pool[targets], ref, "scan", BF16)
-    assert not pool[num_lines - 1].any() and not pool[num_lines - 3].any()

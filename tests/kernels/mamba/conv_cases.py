@@ -2,7 +2,7 @@
 ``FnCase`` (causal_conv1d_fn: prefill, chunked prefill and decode in one launch) and
 ``UpdCase`` (causal_conv1d_update), shared by the interpreter tests and the GPU and
 CUDA-pathway tests (test_causal_conv1d.py, test_causal_conv1d_update.py,
-test_causal_conv1d_gpu.py, test_causal_conv1d_cuda.py)."""
+test_causal_conv1d_gpu.py, test_causal_conv1d_cuda.py, test_causal_conv1d_cuda_update.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The bad-input cases of the causal-conv1d ops: each starts from a valid call and breaks
 one thing, with the pattern the ValueError must name, and whether only data validation
-finds it; shared by test_causal_conv1d_errors.py (the ops) and test_causal_conv1d_host.py
+finds it; shared by test_causal_conv1d_errors.py (the ops) and test_causal_conv1d_host*.py
 (the host-side checks), which also take the valid calls and the check from here."""
 
 from __future__ import annotations

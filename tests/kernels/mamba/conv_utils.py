@@ -72,3 +72,13 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, msg: str = "") ->
 
 def assert_no_nan(t: torch.Tensor) -> None:
     assert not torch.isnan(t).any(), "output has NaN: an element was left unwritten"
+
+
+def i32(values, device) -> torch.Tensor:
+    """An int32 tensor (cache lines, accepted counts) of ``values`` on ``device``."""
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def flags(values, device) -> torch.Tensor:
+    """A bool tensor (has_initial_state) of ``values`` on ``device``."""
+    return torch.tensor(values, dtype=torch.bool, device=device)
