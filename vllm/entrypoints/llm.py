@@ -11,12 +11,9 @@ from tqdm.auto import tqdm
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
-from vllm.logger import init_logger
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-logger = init_logger(__name__)
 
 
 def _one(name: str, what: str):
@@ -66,15 +63,6 @@ def _tokenizer_mode(value):
         )
 
 
-def _prefix_caching(value):
-    _bool("enable_prefix_caching")(value)
-    if value:
-        logger.warning(
-            "enable_prefix_caching: not implemented here, every prompt is computed in full "
-            "(the outputs are the same, only repeated prefixes are not reused)"
-        )
-
-
 _NO_LORA = "LoRA adapters are not supported by this package"
 
 # vLLM's LLM keywords that are not EngineArgs fields (yet). Each either runs as asked or is
@@ -95,7 +83,6 @@ _VLLM_OPTIONS = {
     "max_lora_rank": lambda value: None,
     "max_loras": lambda value: None,
     "max_cpu_loras": lambda value: None,
-    "enable_prefix_caching": _prefix_caching,
 }
 
 
@@ -133,7 +120,7 @@ class LLM:
     options ``vllm serve`` takes (``tensor_parallel_size`` among them: the model shards
     over that many processes, the hybrids as Mamba2), or vLLM's other ``LLM`` keywords
     (``swap_space``, ``quantization``, ``trust_remote_code``, ``code_revision``,
-    ``tokenizer_mode``, ``enable_lora``, ``enable_prefix_caching``, ...): each is either
+    ``tokenizer_mode``, ``enable_lora``, ...): each is either
     run as asked or refused with a ValueError that says why (``_VLLM_OPTIONS`` below). As
     in vLLM, None for an option means its default, and ``dtype="auto"`` the config's
     dtype."""
