@@ -1,8 +1,9 @@
-"""Prefix caching of hybrids in the engine (tiny random Bamba, Zamba2, NemotronH; fp32): the second
-turn of a conversation restores its Mamba checkpoint and shares the first turn's attention
-KV blocks (the full ones by reference, the partial last one by a queued copy), and gives the
-greedy tokens and logprobs of the engine without caching; under a tiny KV budget the cached
-blocks are reclaimed and the outputs stay equal."""
+"""Prefix caching of hybrids in the engine (tiny random Bamba, Zamba2, NemotronH, Jamba, LFM2,
+GraniteMoeHybrid, FalconH1; fp32): the second turn of a conversation restores its Mamba
+checkpoint and shares the first turn's attention KV blocks (the full ones by reference, the
+partial last one by a queued copy), and gives the greedy tokens and logprobs of the engine
+without caching; under a tiny KV budget the cached blocks are reclaimed and the outputs stay
+equal."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 from tests.engine.utils import BAMBA
 from vllm import LLM, SamplingParams
 from vllm.engine.prefix_cache import hash_blocks
+from vllm.model_executor.models.falcon_h1_config import FalconH1ModelConfig
+from vllm.model_executor.models.granitemoehybrid_config import GraniteMoeHybridModelConfig
 from vllm.model_executor.models.jamba_config import JambaModelConfig
 from vllm.model_executor.models.lfm2_config import Lfm2ModelConfig
 from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
@@ -45,7 +48,27 @@ LFM2 = Lfm2ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=96,
                        num_hidden_layers=2, layer_types=("conv", "full_attention"),
                        num_attention_heads=4, num_key_value_heads=2, block_multiple_of=16,
                        max_position_embeddings=64)  # fmt: skip
-MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2, "nemotron_h": NEMOTRON_H, "jamba": JAMBA, "lfm2": LFM2}
+# GraniteMoeHybrid: a Mamba2 layer and an attention layer (RoPE: the restored rest's
+# positions start past the prefix), routed experts beside the shared MLP; FalconH1: attention
+# and a Mamba2 mixer side by side in every layer, muP multipliers away from 1.
+GRANITE = GraniteMoeHybridModelConfig(vocab_size=128, hidden_size=32, intermediate_size=16,
+                                      shared_intermediate_size=24, num_hidden_layers=2,
+                                      layer_types=("mamba", "attention"), num_attention_heads=4,
+                                      num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=16,
+                                      mamba_d_state=8, mamba_chunk_size=8, num_local_experts=4,
+                                      num_experts_per_tok=2, embedding_multiplier=3.0,
+                                      residual_multiplier=0.6, attention_multiplier=0.3,
+                                      logits_scaling=2.5, position_embedding_type="rope",
+                                      max_position_embeddings=64)  # fmt: skip
+FALCON_H1 = FalconH1ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=16,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                mamba_n_heads=4, mamba_d_ssm=48, mamba_n_groups=2,
+                                mamba_d_state=8, mamba_chunk_size=8, mamba_rms_norm=True,
+                                max_position_embeddings=64, embedding_multiplier=1.7,
+                                key_multiplier=0.8, ssm_multipliers=(0.5, 1.5, 0.75, 1.25, 2.0),
+                                mlp_multipliers=(1.1, 0.8))  # fmt: skip
+MODELS = {"bamba": BAMBA, "zamba2": ZAMBA2, "nemotron_h": NEMOTRON_H, "jamba": JAMBA, "lfm2": LFM2,
+          "granitemoehybrid": GRANITE, "falcon_h1": FALCON_H1}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +131,9 @@ def same(got, ref) -> None:
 
 @pytest.mark.parametrize(
     "model,async_scheduling",
-    [("bamba", False), ("zamba2", True), ("nemotron_h", True), ("jamba", False), ("lfm2", True)],
-)
+    [("bamba", False), ("zamba2", True), ("nemotron_h", True), ("jamba", False), ("lfm2", True),
+     ("granitemoehybrid", False), ("falcon_h1", True)],
+)  # fmt: skip
 def test_next_turn_shares_the_first_turns_kv_blocks(device, reference, model, async_scheduling):
     on = make_llm(device, model, True, async_scheduling=async_scheduling)
     core = on.llm_engine.engine_core
@@ -156,13 +180,14 @@ def test_a_hit_on_the_attention_grid_copies_nothing(device, reference):
     same(out2, run(reference("bamba"), second, 3))
 
 
-def test_a_shared_prefix_junction_names_the_running_sequences_blocks(device, reference):
+@pytest.mark.parametrize("model", ["bamba", "granitemoehybrid", "falcon_h1"])
+def test_a_shared_prefix_junction_names_the_running_sequences_blocks(device, reference, model):
     """A shared system prompt S (13 tokens) on a hybrid: r1 = S + q1 runs whole; r2 = S + q2
     cuts its prefill at the junction (12, the deepest block boundary seen before), writes
     the Mamba checkpoint there and names its KV blocks up to it while it runs (one full
     attention block, a tail of 4 in the next); r3 = S + q3 restores 12 tokens: the full
     block shared, the tail copied; all equal caching off."""
-    on = make_llm(device, "bamba", True, async_scheduling=False, max_num_batched_tokens=16)
+    on = make_llm(device, model, True, async_scheduling=False, max_num_batched_tokens=16)
     core = on.llm_engine.engine_core
     kv, policy = core.scheduler.kv, core.prompt_checkpoints
     shared = [5, 17, 3, 3, 40, 9, 71, 8, 8, 2, 44, 6, 19]
@@ -179,8 +204,9 @@ def test_a_shared_prefix_junction_names_the_running_sequences_blocks(device, ref
     out3 = run(on, r3, 3, cached=12)
     table = steps[0].block_tables[0]
     assert table[0] == full and steps[0].kv_copies == [(tail, table[1])]
+    assert core.prefix.index.hits == 12
     kv.check()
-    off = reference("bamba")
+    off = reference(model)
     for prompt, out in ((r1, out1), (r2, out2), (r3, out3)):
         same(out, run(off, prompt, 3))
 
