@@ -16,7 +16,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.utils import BAMBA, STREAMS_CONFIG, greedy_logprobs, prefix_llm, run_greedy
+from tests.engine.utils import (
+    BAMBA,
+    STREAMS_CONFIG,
+    greedy_logprobs,
+    prefix_llm,
+    recording,
+    run_greedy,
+)
 
 pytestmark = pytest.mark.timeout(600)
 BUDGET = 8  # max_num_batched_tokens
@@ -33,19 +40,6 @@ def _references(monkeypatch):
 def make_llm(model: str, cache: bool, **kw):
     options = dict(max_num_batched_tokens=BUDGET, max_model_len=48, block_size=8)
     return prefix_llm(torch.device("cpu"), cache, model=MODELS[model], **{**options, **kw})
-
-
-def recording(llm) -> list:
-    """Every step's StepInputs from now on."""
-    executor = llm.llm_engine.engine_core.executor
-    execute, seen = executor.execute_model, []
-
-    def record(inputs):
-        seen.append(inputs)
-        return execute(inputs)
-
-    executor.execute_model = record
-    return seen
 
 
 class Driver:

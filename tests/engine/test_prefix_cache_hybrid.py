@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from tests.engine.utils import BAMBA
+from tests.engine.utils import BAMBA, recording
 from vllm import LLM, SamplingParams
 from vllm.engine.prefix_cache import hash_blocks
 from vllm.model_executor.models.falcon_h1_config import FalconH1ModelConfig
@@ -99,19 +99,6 @@ def make_llm(device, model, cache: bool, **kw) -> LLM:
         mamba_block_size=MAMBA_BLOCK,
     )
     return LLM(MODELS[model], **{**options, **kw})
-
-
-def recording(llm: LLM) -> list:
-    """Every step's StepInputs from now on."""
-    executor = llm.llm_engine.engine_core.executor
-    execute, seen = executor.execute_model, []
-
-    def record(inputs):
-        seen.append(inputs)
-        return execute(inputs)
-
-    executor.execute_model = record
-    return seen
 
 
 def run(llm: LLM, prompt: list[int], n: int, cached: int = 0):

@@ -201,3 +201,16 @@ def run_greedy(llm: LLM, prompt: list[int], n: int):
     out = req.outputs[0]
     lps = [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
     return list(out.token_ids), lps, req.num_cached_tokens
+
+
+def recording(llm) -> list:
+    """Every step's StepInputs that ``llm``'s executor runs from now on (the list grows)."""
+    executor = llm.llm_engine.engine_core.executor
+    execute, seen = executor.execute_model, []
+
+    def record(inputs):
+        seen.append(inputs)
+        return execute(inputs)
+
+    executor.execute_model = record
+    return seen

@@ -23,12 +23,14 @@ from .conv_utils import (
     assert_close,
     assert_no_nan,
     gen_for,
+    i32,
     make_bias,
     make_pool,
     make_weight,
     make_x,
     qsl_from_lens,
 )
+from .conv_utils import flags as has_init
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 gpu = pytest.mark.gpu
@@ -53,14 +55,6 @@ def _setup(key, dim, width, dtype, num_tokens, num_lines, device):
     return g, x, weight, bias, pool
 
 
-def _i32(values, device):
-    return torch.tensor(values, dtype=torch.int32, device=device)
-
-
-def _flags(values, device):
-    return torch.tensor(values, dtype=torch.bool, device=device)
-
-
 @pytest.mark.parametrize("width,dtype", INVARIANT_PARAMS)
 def test_varlen_batch_equals_per_sequence_runs(width, dtype, device, nan_poison):
     seqlens, lines = (7, 1, 3, 12, 2), [5, 0, 3, 1, 6]
@@ -70,7 +64,7 @@ def test_varlen_batch_equals_per_sequence_runs(width, dtype, device, nan_poison)
     )
     qsl = qsl_from_lens(seqlens, device)
     pool_seq = pool.clone()
-    out = causal_conv1d_fn(x, weight, bias, pool, qsl, _i32(lines, device), _flags(init, device))
+    out = causal_conv1d_fn(x, weight, bias, pool, qsl, i32(lines, device), has_init(init, device))
     starts = qsl.tolist()
     for b, n in enumerate(seqlens):
         xb = x[:, starts[b] : starts[b] + n]
@@ -79,9 +73,9 @@ def test_varlen_batch_equals_per_sequence_runs(width, dtype, device, nan_poison)
             weight,
             bias,
             pool_seq,
-            _i32([0, n], device),
-            _i32([lines[b]], device),
-            _flags([init[b]], device),
+            i32([0, n], device),
+            i32([lines[b]], device),
+            has_init([init[b]], device),
         )
         assert_close(out[:, starts[b] : starts[b] + n], ob, msg=f"sequence {b}")
     assert torch.equal(pool, pool_seq)
@@ -99,7 +93,7 @@ def test_prefill_then_decode_equals_full_prefill(width, dtype, device, nan_poiso
     qsl = qsl_from_lens([total] * batch, device)
     pool_full = pool.clone()
     full = causal_conv1d_fn(
-        x, weight, bias, pool_full, qsl, _i32(lines, device), _flags(init, device)
+        x, weight, bias, pool_full, qsl, i32(lines, device), has_init(init, device)
     )
 
     xs = [x[:, b * total : (b + 1) * total] for b in range(batch)]
@@ -110,8 +104,8 @@ def test_prefill_then_decode_equals_full_prefill(width, dtype, device, nan_poiso
         bias,
         pool,
         qsl_from_lens(prefill, device),
-        _i32(lines, device),
-        _flags(init, device),
+        i32(lines, device),
+        has_init(init, device),
     )
     outs = [[pre_out[:, sum(prefill[:b]) : sum(prefill[: b + 1])]] for b in range(batch)]
     for t in range(min(prefill), total):
@@ -123,7 +117,7 @@ def test_prefill_then_decode_equals_full_prefill(width, dtype, device, nan_poiso
             weight,
             bias,
             activation="silu",
-            conv_state_indices=_i32([lines[b] for b in active], device),
+            conv_state_indices=i32([lines[b] for b in active], device),
         )
         assert ot.shape == xt.shape and ot.stride(1) == 1
         for i, b in enumerate(active):
@@ -152,8 +146,8 @@ def test_chunked_prefill_equals_full_prefill(width, dtype, device, nan_poison):
         bias,
         pool_full,
         qsl_from_lens(seqlens, device),
-        _i32(lines, device),
-        _flags(init, device),
+        i32(lines, device),
+        has_init(init, device),
     )
     outs = [[] for _ in chunks]
     done = [0] * len(chunks)
@@ -173,8 +167,8 @@ def test_chunked_prefill_equals_full_prefill(width, dtype, device, nan_poison):
             bias,
             pool,
             qsl_from_lens(lens, device),
-            _i32([lines[b] for b in active], device),
-            _flags(flags, device),
+            i32([lines[b] for b in active], device),
+            has_init(flags, device),
         )
         o = 0
         for b, n in zip(active, lens, strict=True):
@@ -206,8 +200,8 @@ def test_mixed_batch_one_call_equals_per_sequence(width, dtype, device, nan_pois
     )
     pool_before, pool_seq, pool_ref = pool.clone(), pool.clone(), pool.clone()
     qsl = qsl_from_lens(seqlens, device)
-    lines = _i32([s[2] for s in seqs], device)
-    init = _flags([s[1] for s in seqs], device)
+    lines = i32([s[2] for s in seqs], device)
+    init = has_init([s[1] for s in seqs], device)
     out = causal_conv1d_fn(x, weight, bias, pool, qsl, lines, init)
     ref = causal_conv1d_ref(x, weight, bias, pool_ref, qsl, lines, init)
     assert_no_nan(out)
@@ -220,9 +214,9 @@ def test_mixed_batch_one_call_equals_per_sequence(width, dtype, device, nan_pois
             weight,
             bias,
             pool_seq,
-            _i32([0, n], device),
-            _i32([line], device),
-            _flags([flag], device),
+            i32([0, n], device),
+            i32([line], device),
+            has_init([flag], device),
         )
         assert_close(out[:, starts[b] : starts[b] + n], ob, msg=f"sequence {b}")
         if line == PAD_SLOT_ID:
