@@ -24,6 +24,7 @@ import torch
 from tests.models.mamba2_utils import TINY
 from tests.utils import serve_random_workload
 from vllm import LLM, SamplingParams
+from vllm.engine.stats import startup_line
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.triton_utils.launch import launch_misses, precompile
 from vllm.worker.warmup import dummy_steps
@@ -65,6 +66,11 @@ def test_no_launch_miss_after_startup(max_num_seqs, max_num_batched_tokens, devi
     assert served > 0
     assert launch_misses() == before, "a kernel variant was first launched after start-up"
     assert llm.engine.step_totals.kernel_compiles == 0
+    # The start-up line names the kernel whose compiling finished last (on the CPU the
+    # interpreter compiles nothing, so only with finishing times put in).
+    assert "last done" not in startup_line({**startup, "kernel_finished_s": {}})
+    line = startup_line({**startup, "kernel_finished_s": {"_a": 1.5, "_b": 7.25}})
+    assert "the last done: _b at 7.2 s" in line
 
 
 def test_a_variant_missed_by_the_warmup_is_counted_and_logged(device, monkeypatch, caplog):
@@ -234,8 +240,11 @@ _CHILD = textwrap.dedent(
               max_num_batched_tokens=256)
     at_start = len(compiles)
     served = serve_random_workload(llm, seed=1, waves=4, max_len=700, vocab=512)
+    s = llm.engine.startup
     print(json.dumps({"startup": len(compiles[:at_start]), "after": compiles[at_start:],
-                      "served": served, "startup_s": llm.engine.startup["total_s"]}))
+                      "served": served, "startup_s": s["total_s"], "compile_s": s["compile_s"],
+                      "variants": list(s["kernel_variants"]),
+                      "finished": s["kernel_finished_s"]}))
     """
 )
 
@@ -254,3 +263,6 @@ def test_no_compile_after_startup_gpu(tmp_path):
     assert res["served"] > 0
     assert res["startup"] > 0, "start-up compiled nothing: was the cache really empty?"
     assert res["after"] == [], f"compiled after start-up: {res['after']}"
+    # Every kernel compiled (a cold cache) has its finishing time, within the compiling.
+    assert sorted(res["finished"]) == sorted(res["variants"])
+    assert 0 < max(res["finished"].values()) <= res["compile_s"]

@@ -133,6 +133,13 @@ class StatLoggerBase:
         raise NotImplementedError
 
 
+def _longest_compile(finished: dict[str, float] | None) -> str:
+    if not finished:
+        return ""
+    name = max(finished, key=finished.get)
+    return f"; the last done: {name} at {finished[name]:.1f} s"
+
+
 def startup_line(s: dict) -> str:
     """The start-up log line: the total and its parts."""
     return (
@@ -151,8 +158,9 @@ def startup_line(s: dict) -> str:
             else ""
         )
         + "), kernel compile "
-        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants, {s['num_kernels_compiled']} new) "
-        f"in a warm-up of "
+        f"{s['compile_s']:.1f} s ({s['num_kernels']} variants, {s['num_kernels_compiled']} new"
+        + _longest_compile(s.get("kernel_finished_s"))
+        + ") in a warm-up of "
         f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
         f"({s['num_graphs']} graphs)"
         + (

@@ -178,6 +178,9 @@ class PrecompileReport:
     variants: dict[str, int] = field(default_factory=dict)
     num_new: int = 0
     seconds: float = 0.0
+    # Per kernel, when its last new variant finished compiling, in seconds from the
+    # compiling's start: the largest is the long pole of a cold start.
+    finished_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_variants(self) -> int:
@@ -211,13 +214,36 @@ class _Session:
         from triton.runtime._async_compile import AsyncCompileMode
 
         workers = max_workers or min(len(compiled), os.cpu_count() or 1)
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool):
             futures = [
                 launcher.kernel.warmup(*args, grid=grid, **constexprs)
                 for launcher, key, grid, args, constexprs in compiled
             ]
-        for (launcher, key, _, args, constexprs), fut in zip(compiled, futures, strict=True):
-            launcher._enter(key, args, constexprs, fut)
+            for (launcher, *_), fut in zip(compiled, futures, strict=True):
+                if hasattr(fut, "future"):  # Triton's FutureKernel
+                    fut.future.add_done_callback(_finish_clock(report, launcher.name, t0))
+        kernels = [f.result() if hasattr(f, "result") else f for f in futures]
+        # Loading a kernel builds its C launcher first (a compiler run per new argument
+        # signature, about 0.25 s each) and then the module: in parallel too, each thread
+        # on the device the variant was keyed on (key[0]), or the load lands on device 0.
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(_load, [j[1][0] for j in compiled], kernels))
+        for (launcher, key, _, args, constexprs), kernel in zip(compiled, kernels, strict=True):
+            launcher._enter(key, args, constexprs, kernel)
+
+
+def _finish_clock(report: PrecompileReport, name: str, t0: float):
+    def done(_future) -> None:
+        t = time.perf_counter() - t0
+        report.finished_s[name] = max(report.finished_s.get(name, 0.0), t)
+
+    return done
+
+
+def _load(device: int, kernel) -> None:
+    with torch.cuda.device(device):
+        kernel._init_handles()
 
 
 _SESSION: _Session | None = None

@@ -122,6 +122,7 @@ class ModelRunner:
             "num_kernels": kernels.num_variants,
             "num_kernels_compiled": kernels.num_new,
             "kernel_variants": kernels.variants,
+            "kernel_finished_s": kernels.finished_s,
             "num_graphs": 0 if self.graphs is None else len(self.graphs.buckets),
             "state_pool_gib": 0.0 if self.pool is None else self.pool.nbytes() / 2**30,
             "replayssm_buffer_len": 0 if self.pool is None else self.pool.replay_len,
