@@ -232,7 +232,8 @@ def _causal_conv1d_fwd_kernel(
         # A loop, not unrolled: HEAD_S copies of the piece made Triton's coalescing pass
         # (quadratic in the memory ops) most of the many_heads variants' compile, the long
         # pole of a cold start (10.5-12.9 s on the H200 box's CPU; 2.4 s as a loop, the
-        # same 168 registers at sm_90, the same outputs, step times 0.97-1.02x).
+        # same 128 registers at sm_90, the same outputs, step times 0.97-1.02x:
+        # benchmarks/kernels/conv1d_compile_report.py, docs/benchmarks/causal_conv1d_h200.md).
         for i in range(HEAD_S):
             seq = s0 + i
             valid = seq < batch
