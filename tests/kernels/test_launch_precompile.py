@@ -62,3 +62,24 @@ def test_precompile_loads_new_variants_in_worker_threads(monkeypatch):
         launcher(grid, (x, y, n), {"FACTOR": f, "BLOCK": 128})
         torch.testing.assert_close(y, x * f, rtol=0, atol=0)
     assert launcher.misses == 0, "a launch after precompile() compiled a variant"
+
+
+def test_finish_clock_keeps_each_kernels_latest_finish_across_threads():
+    """The compile pool's threads report finishes concurrently: each kernel keeps its last."""
+    report = launch_mod.PrecompileReport()
+    t0 = launch_mod.time.perf_counter()
+    clocks = [launch_mod._finish_clock(report, f"k{i % 3}", t0) for i in range(300)]
+    threads = [threading.Thread(target=clock, args=(None,)) for clock in clocks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(report.finished_s) == ["k0", "k1", "k2"]
+    after = launch_mod.time.perf_counter() - t0
+    assert all(0 < s <= after for s in report.finished_s.values())
+    # A later finish replaces an earlier one, an earlier one does not.
+    late = report.finished_s["k0"]
+    launch_mod._finish_clock(report, "k0", t0 + 3600.0)(None)  # "finished" before t0
+    assert report.finished_s["k0"] == late
+    launch_mod._finish_clock(report, "k0", t0 - 3600.0)(None)
+    assert report.finished_s["k0"] > 3600.0

@@ -15,7 +15,8 @@ not run. The launcher instead records the variants its launch site could select 
 these arguments: the caller's ``variants`` callable, which returns every constexpr set of
 the launch site's configuration table (the same table its rule picks from), or just the
 constexprs given. When the block ends, every variant not compiled yet is compiled, in
-parallel threads (Triton releases the GIL while compiling), and entered in the launcher's
+parallel threads (Triton releases the GIL while compiling), then loaded (its C launcher
+built, its module on the device), in parallel threads too, and entered in the launcher's
 cache. A dummy step run through the model inside the block therefore compiles every
 kernel variant that any step can pick, without touching device data.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -233,10 +235,14 @@ class _Session:
             launcher._enter(key, args, constexprs, kernel)
 
 
+_CLOCK_LOCK = threading.Lock()  # compiles finish on the pool's threads
+
+
 def _finish_clock(report: PrecompileReport, name: str, t0: float):
     def done(_future) -> None:
         t = time.perf_counter() - t0
-        report.finished_s[name] = max(report.finished_s.get(name, 0.0), t)
+        with _CLOCK_LOCK:
+            report.finished_s[name] = max(report.finished_s.get(name, 0.0), t)
 
     return done
 
