@@ -11,6 +11,9 @@
 - ``vllm bench serve`` needs only the installed package: its benchmark is ``vllm.benchmarks``
   (a package setup.py ships), and it runs from a folder outside the repository with
   ``benchmarks/`` not importable.
+- One model path at every TP size: no model (``vllm/model_executor/models/``) and no Mamba
+  layer (``vllm/model_executor/layers/mamba/*.py``) branches on the world size; the
+  parallel layers and the collectives reduce to the plain operation on one rank.
 - No file is over 400 lines except kernel files: the ops packages
   (``vllm/model_executor/layers/**/ops/``) and ``csrc/``, and result data (JSON, CSV,
   images under ``docs/benchmarks/``).
@@ -40,6 +43,28 @@ TEST_IMPORT_TEXT = re.compile(
 def python_files(*folders: str) -> list[Path]:
     files = [p for folder in folders for p in sorted((REPO / folder).rglob("*.py"))]
     return [p for p in files if ".venv" not in p.parts]
+
+
+# A comparison of a TP or world size with 1 or 2, or the group's is_distributed.
+WORLD_SIZE_BRANCH = re.compile(r"(tp_size|world_size)\s*(>|==|!=|>=)\s*[12]\b|is_distributed")
+
+
+def test_no_model_or_mamba_layer_branches_on_the_world_size():
+    files = python_files("vllm/model_executor/models")
+    files += sorted((REPO / "vllm/model_executor/layers/mamba").glob("*.py"))
+    assert len(files) > 10
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if WORLD_SIZE_BRANCH.search(line)
+    ]
+    assert not found, "one path at every TP size (the collectives are no-ops on one rank):\n" + (
+        "\n".join(found)
+    )
+    assert WORLD_SIZE_BRANCH.search("return x if self.tp_size > 1 else y")
+    assert WORLD_SIZE_BRANCH.search("if get_tp_group().world_size == 1:")
+    assert not WORLD_SIZE_BRANCH.search("if tp_size < 1: raise ValueError")
 
 
 def test_python_files_are_found():

@@ -163,9 +163,8 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         normed, residual = self.post_attention_layernorm(out * self.residual_multiplier, residual)
         out = self.shared_mlp(normed)
         if self.block_sparse_moe is not None:
-            out = out + self.block_sparse_moe(normed)
-            if self.shared_mlp.output_linear.tp_size > 1:
-                out = tensor_model_parallel_all_reduce(out)
+            # one all-reduce of the sum (neither part reduces; a no-op on one rank)
+            out = tensor_model_parallel_all_reduce(out + self.block_sparse_moe(normed))
         return out * self.residual_multiplier, residual
 
 

@@ -138,7 +138,6 @@ class NemotronHMoE(nn.Module):
             bias = config.mlp_bias
             self.fc1_latent_proj = ReplicatedLinear(h, inner, bias=bias, dtype=dtype)
             self.fc2_latent_proj = ReplicatedLinear(inner, h, bias=bias, dtype=dtype)
-        self.tp_size = self.experts.tp_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
@@ -146,7 +145,7 @@ class NemotronHMoE(nn.Module):
             routed = self.fc2_latent_proj(self.experts(self.fc1_latent_proj(x), logits))
             return routed + self.shared_experts(x)
         out = self.experts(x, logits) + self.shared_experts(x)
-        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+        return tensor_model_parallel_all_reduce(out)  # a no-op on one rank
 
 
 class NemotronHAttention(AttentionProjections):
