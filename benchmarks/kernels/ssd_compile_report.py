@@ -8,7 +8,8 @@ The op's launches are recorded (not run) for a small step of the model's shape, 
 configuration ``ssd_configs`` gives plus the ``--set`` changes; each recorded launch is
 bound and specialised as Triton's JIT would bind it on the GPU (16-byte aligned pointers,
 ints equal to 1 or divisible by 16), compiled for ``cuda:90`` with the ptxas that ships
-with Triton, and its cubin read back with the cuobjdump beside it. Nothing runs: this
+with Triton (each into an empty cache folder, timed: a cold start's compile on this CPU),
+and its cubin read back with the cuobjdump beside it. Nothing runs: this
 costs no device time, and a configuration that spills or overflows shared memory shows
 here first.
 """
@@ -21,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels
@@ -48,6 +50,7 @@ class _Recorder:
 
 def record_launches(shape: dict, dtype, out_dtype, changes: dict) -> list:
     from vllm.model_executor.layers.mamba.ops import ssd_combined
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID
     from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
     from vllm.triton_utils import launch
 
@@ -80,7 +83,7 @@ def record_launches(shape: dict, dtype, out_dtype, changes: dict) -> list:
             layout.seq_chunk_starts, L, pool, torch.tensor([0, 2], dtype=torch.int32),
             torch.tensor([True, False]).view(torch.uint8).view(torch.bool), None,
             torch.randn(H), torch.randn(H), True, 0.0, float("inf"),
-            torch.empty(T, H, P, dtype=out_dtype),
+            torch.empty(T, H, P, dtype=out_dtype), NULL_BLOCK_ID,
         )  # fmt: skip
     finally:
         launch._SESSION = None
@@ -150,15 +153,21 @@ def main(argv=None) -> int:
     else:
         shape = dict(zip(("nheads", "headdim", "dstate", "ngroups", "chunk"),
                          map(int, args.shape.split(",")), strict=True))  # fmt: skip
+    import triton
+
     for launcher, largs, constexprs in record_launches(shape, dtype, out_dtype, changes):
+        triton.knobs.cache.dir = tempfile.mkdtemp(prefix="ssd_compile_")  # a cold compile
+        t0 = time.perf_counter()
         try:
             res = resources(compile_sm90(launcher.kernel, largs, constexprs))
         except Exception as err:  # a config that does not compile is the finding
             print(f"{launcher.name:34s} FAILED: {type(err).__name__}: {str(err)[:300]}")
             continue
+        seconds = time.perf_counter() - t0
         cfg = {k: v for k, v in constexprs.items() if k.startswith(("BLOCK", "num_", "SPLIT"))}
         print(f"{launcher.name:34s} regs {res['regs']:3d} stack {res['stack']:4d} local "
-              f"{res['local']:4d} shared {res['shared']:6d}  {cfg}")  # fmt: skip
+              f"{res['local']:4d} shared {res['shared']:6d} compile {seconds:5.2f} s  "
+              f"{cfg}")  # fmt: skip
     return 0
 
 
