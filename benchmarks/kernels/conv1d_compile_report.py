@@ -25,26 +25,14 @@ import importlib
 import json
 import os
 import sys
-import tempfile
-import time
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels
 
 import torch
 
-from benchmarks.kernels.ssd_compile_report import compile_sm90, resources
+from benchmarks.kernels.sm90_compile import LaunchRecorder, compile_cold, resources
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-class _Recorder:
-    """Stands in for ``launch._SESSION``: keeps every variant a launch asks for."""
-
-    def __init__(self):
-        self.launches = []
-
-    def add(self, launcher, grid, args, variants):
-        self.launches += [(launcher, args, v) for v in variants]
 
 
 def record_variants(dim: int, dtype, width: int = 4) -> list:
@@ -63,7 +51,7 @@ def record_variants(dim: int, dtype, width: int = 4) -> list:
     weight, bias = torch.randn(dim, width).to(dtype), torch.randn(dim).to(dtype)
     pool = torch.zeros(batch + 1, width - 1, dim, dtype=dtype).transpose(1, 2)
     meta = compute_causal_conv1d_metadata(qsl, "cpu")
-    recorder = _Recorder()
+    recorder = LaunchRecorder()
     real = conv._use_kernel
     conv._use_kernel = lambda x: True  # record the launch instead of running the reference
     launch._SESSION = recorder
@@ -95,8 +83,6 @@ def main(argv=None) -> int:
     p.add_argument("--kernels-module", default=None, help="another causal_conv1d_kernels")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    import triton
-
     dtype = DTYPES[args.dtype]
     elem_size = torch.finfo(dtype).bits // 8
     kernel = None
@@ -107,10 +93,7 @@ def main(argv=None) -> int:
         name = config_name(constexprs, elem_size)
         if args.configs and name not in args.configs:
             continue
-        triton.knobs.cache.dir = tempfile.mkdtemp(prefix="conv1d_compile_")
-        t0 = time.perf_counter()
-        compiled = compile_sm90(kernel or launcher.kernel, largs, constexprs)
-        seconds = time.perf_counter() - t0
+        compiled, seconds = compile_cold(kernel or launcher.kernel, largs, constexprs)
         res = resources(compiled)
         rows.append(dict(config=name, BLOCK_T=constexprs["BLOCK_T"], compile_s=seconds,
                          regs=res["regs"], stack=res["stack"],

@@ -18,34 +18,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels
 
 import torch
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.kernels.sm90_compile import LaunchRecorder, compile_cold, resources
 
 SHAPES = {
     "codestral": dict(nheads=128, headdim=64, dstate=128, ngroups=8, chunk=256),
     "granite": dict(nheads=128, headdim=64, dstate=256, ngroups=1, chunk=256),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-class _Recorder:
-    """Stands in for ``launch._SESSION``: keeps each launch instead of running it."""
-
-    def __init__(self):
-        self.launches = []
-
-    def add(self, launcher, grid, args, variants):
-        self.launches.append((launcher, args, variants[0]))
 
 
 def record_launches(shape: dict, dtype, out_dtype, changes: dict) -> list:
@@ -73,7 +58,7 @@ def record_launches(shape: dict, dtype, out_dtype, changes: dict) -> list:
     dt = torch.randn(T, H).to(dtype)
     pool = torch.zeros(4, H, P, N)
     layout = ssd_combined.plan_ssd_chunks(torch.tensor([0, L + 1, T], dtype=torch.int32), L)
-    recorder = _Recorder()
+    recorder = LaunchRecorder(first_only=True)
     ssd_combined.ssd_configs = patched
     PLANS.clear()
     launch._SESSION = recorder
@@ -90,43 +75,6 @@ def record_launches(shape: dict, dtype, out_dtype, changes: dict) -> list:
         ssd_combined.ssd_configs = original
         PLANS.clear()
     return recorder.launches
-
-
-def compile_sm90(kernel, args, constexprs):
-    """Bind and specialise as the JIT does, then compile for cuda:90."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(*args, **constexprs)
-    options, signature, consts, attrs = kernel._pack_args(backend, constexprs, bound,
-                                                          specialization, options)  # fmt: skip
-    src = ASTSource(kernel, signature, consts, attrs)
-    return compile(src, target=target, options=options.__dict__)
-
-
-def resources(compiled) -> dict:
-    import triton
-
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        text = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name],
-                              capture_output=True, text=True).stdout  # fmt: skip
-    found = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text))
-    spills = re.findall(r"(\d+) bytes spill stores", compiled.asm.get("ptx", "") or "")
-    return dict(
-        regs=int(found.get("REG", -1)),
-        stack=int(found.get("STACK", -1)),
-        local=int(found.get("LOCAL", -1)),
-        shared_static=int(found.get("SHARED", -1)),
-        shared=compiled.metadata.shared,
-        spill_note=spills,
-    )
 
 
 def main(argv=None) -> int:
@@ -153,17 +101,13 @@ def main(argv=None) -> int:
     else:
         shape = dict(zip(("nheads", "headdim", "dstate", "ngroups", "chunk"),
                          map(int, args.shape.split(",")), strict=True))  # fmt: skip
-    import triton
-
     for launcher, largs, constexprs in record_launches(shape, dtype, out_dtype, changes):
-        triton.knobs.cache.dir = tempfile.mkdtemp(prefix="ssd_compile_")  # a cold compile
-        t0 = time.perf_counter()
         try:
-            res = resources(compile_sm90(launcher.kernel, largs, constexprs))
+            compiled, seconds = compile_cold(launcher.kernel, largs, constexprs)
         except Exception as err:  # a config that does not compile is the finding
             print(f"{launcher.name:34s} FAILED: {type(err).__name__}: {str(err)[:300]}")
             continue
-        seconds = time.perf_counter() - t0
+        res = resources(compiled)
         cfg = {k: v for k, v in constexprs.items() if k.startswith(("BLOCK", "num_", "SPLIT"))}
         print(f"{launcher.name:34s} regs {res['regs']:3d} stack {res['stack']:4d} local "
               f"{res['local']:4d} shared {res['shared']:6d} compile {seconds:5.2f} s  "

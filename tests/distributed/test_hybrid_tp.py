@@ -32,7 +32,7 @@ from vllm.model_executor.models.nemotron_h_config import NemotronHModelConfig
 MAKERS = {"bamba": make_bamba, "nemotron_h": make_nemotron_h}
 
 
-def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol=1e-5, load_format="auto"):
+def _ranks_equal_one_rank(path, heads, kv_heads, expected, atol, load_format="auto"):
     tp = get_tp_group()
     model = get_model(path, load_format=load_format)
     attns = [m for m in model.modules() if isinstance(m, Attention)]

@@ -162,8 +162,6 @@ class CachedLauncher:
         )
 
     def _enter(self, key, args, constexprs, compiled) -> None:
-        if hasattr(compiled, "result"):  # an asynchronous compile
-            compiled = compiled.result()
         names = self.kernel.arg_names[len(args) :]
         tail = tuple(constexprs[n] for n in names)
         compiled._init_handles()
@@ -217,19 +215,19 @@ class _Session:
 
         workers = max_workers or min(len(compiled), os.cpu_count() or 1)
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool):
-            futures = [
-                launcher.kernel.warmup(*args, grid=grid, **constexprs)
-                for launcher, key, grid, args, constexprs in compiled
-            ]
-            for (launcher, *_), fut in zip(compiled, futures, strict=True):
-                if hasattr(fut, "future"):  # Triton's FutureKernel
-                    fut.future.add_done_callback(_finish_clock(report, launcher.name, t0))
-        kernels = [f.result() if hasattr(f, "result") else f for f in futures]
-        # Loading a kernel builds its C launcher first (a compiler run per new argument
-        # signature, about 0.25 s each) and then the module: in parallel too, each thread
-        # on the device the variant was keyed on (key[0]), or the load lands on device 0.
         with ThreadPoolExecutor(max_workers=workers) as pool:
+            with AsyncCompileMode(pool):
+                futures = [
+                    launcher.kernel.warmup(*args, grid=grid, **constexprs)
+                    for launcher, key, grid, args, constexprs in compiled
+                ]
+                for (launcher, *_), fut in zip(compiled, futures, strict=True):
+                    if hasattr(fut, "future"):  # Triton's FutureKernel
+                        fut.future.add_done_callback(_finish_clock(report, launcher.name, t0))
+            kernels = [f.result() if hasattr(f, "result") else f for f in futures]
+            # Loading a kernel builds its C launcher first (a compiler run per new argument
+            # signature, about 0.25 s each) and then the module: on the same threads, each
+            # on the device the variant was keyed on (key[0]), or the load lands on device 0.
             list(pool.map(_load, [j[1][0] for j in compiled], kernels))
         for (launcher, key, _, args, constexprs), kernel in zip(compiled, kernels, strict=True):
             launcher._enter(key, args, constexprs, kernel)
