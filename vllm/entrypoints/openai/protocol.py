@@ -70,6 +70,8 @@ class _SamplingFields(RequestModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    # vLLM's: the prompt's and each choice's token ids in the response (serving_*.py).
+    return_token_ids: bool | None = False
 
     @model_validator(mode="after")
     def _check_common(self):
@@ -178,6 +180,8 @@ class CompletionResponseChoice(OpenAIBaseModel):
     finish_reason: str | None = None
     # vLLM's: the stop string or stop token id that ended the choice (None for EOS/length).
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids only
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -189,12 +193,26 @@ class CompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
-class CompletionResponseStreamChoice(OpenAIBaseModel):
+class _OmitsUnsetTokenIds(OpenAIBaseModel):
+    """Token-id fields in a chunk's JSON only when set (return_token_ids), else no key."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_token_ids(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        for name in ("prompt_token_ids", "token_ids"):
+            if name in data and name not in self.model_fields_set:
+                del data[name]
+        return data
+
+
+class CompletionResponseStreamChoice(_OmitsUnsetTokenIds):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None  # the first chunk of the choice only
+    token_ids: list[int] | None = None  # the ids this chunk adds
 
 
 class CompletionStreamResponse(OpenAIBaseModel):
@@ -278,6 +296,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids only
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -287,6 +306,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_token_ids: list[int] | None = None  # one prompt for all choices, as in vLLM
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -294,21 +314,23 @@ class DeltaMessage(OpenAIBaseModel):
     content: str | None = None
 
 
-class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
+class ChatCompletionResponseStreamChoice(_OmitsUnsetTokenIds):
     index: int
     delta: DeltaMessage
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
-class ChatCompletionStreamResponse(OpenAIBaseModel):
+class ChatCompletionStreamResponse(_OmitsUnsetTokenIds):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None  # each choice's role chunk
 
 
 # --------------------------------------------------------------------------------------

@@ -1,6 +1,10 @@
 """POST /v1/chat/completions: the messages rendered by the tokenizer's chat template, one
 engine request, a whole response or an SSE stream (role first, then content deltas, the
-finish reason in each choice's last content chunk)."""
+finish reason in each choice's last content chunk).
+
+vLLM's ``return_token_ids`` adds the response's ``prompt_token_ids`` (in a stream: on each
+choice's role chunk) and each choice's generated ``token_ids`` (a stream chunk's: the ids it
+adds, sent even while their text is held back)."""
 
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = random_id("chatcmpl")
         requests = await self.add_requests(request_id, [token_ids], [params])
         if request.stream:
-            return SSEResponse(self._stream(request, request_id, model, len(token_ids), requests))
+            return SSEResponse(self._stream(request, request_id, model, token_ids, requests))
         [(final, num_cached)] = await unless_disconnected(raw_request, self._collect(requests))
         choices, generated = [], 0
         for out in sorted(final, key=lambda o: o.index):
@@ -72,10 +76,17 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs=logprobs,
                     finish_reason=out.finish_reason,
                     stop_reason=out.stop_reason,
+                    token_ids=list(out.token_ids) if request.return_token_ids else None,
                 )
             )
         usage = self.usage(len(token_ids), generated, num_cached)
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+        return ChatCompletionResponse(
+            id=request_id,
+            model=model,
+            choices=choices,
+            usage=usage,
+            prompt_token_ids=token_ids if request.return_token_ids else None,
+        )
 
     async def _collect(self, requests) -> list[tuple[list, int]]:
         """Each request's final outputs (its n samples merged by index) and its cached
@@ -114,9 +125,9 @@ class OpenAIServingChat(OpenAIServing):
             )
         return ChatCompletionLogProbs(content=content)
 
-    def _chunk(self, request_id, created, model, choice, usage_field: bool) -> str:
+    def _chunk(self, request_id, created, model, choice, usage_field: bool, **ids) -> str:
         chunk = ChatCompletionStreamResponse(
-            id=request_id, created=created, model=model, choices=[choice]
+            id=request_id, created=created, model=model, choices=[choice], **ids
         )
         data = chunk.model_dump()
         # As OpenAI sends deltas: the role chunk has no content key, content chunks no role;
@@ -127,11 +138,13 @@ class OpenAIServingChat(OpenAIServing):
             del data["usage"]
         return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-    async def _stream(
-        self, request, request_id, model, num_prompt_tokens, requests
-    ) -> AsyncIterator[str]:
+    async def _stream(self, request, request_id, model, prompt_ids, requests) -> AsyncIterator[str]:
         created = now()
         usage_field = request.include_usage
+        # return_token_ids: every chunk has the keys; the role chunks carry the prompt's ids.
+        return_ids = request.return_token_ids
+        role_ids = dict(prompt_token_ids=prompt_ids) if return_ids else {}
+        later_ids = dict(prompt_token_ids=None) if return_ids else {}
         top = (request.top_logprobs or 0) if request.logprobs else None
         generated: dict[int, int] = defaultdict(int)
         num_cached = 0
@@ -142,8 +155,9 @@ class OpenAIServingChat(OpenAIServing):
                     delta=DeltaMessage(role=ROLE, content=""),
                     logprobs=None,
                     finish_reason=None,
+                    **(dict(token_ids=None) if return_ids else {}),
                 )
-                yield self._chunk(request_id, created, model, role, usage_field)
+                yield self._chunk(request_id, created, model, role, usage_field, **role_ids)
             async with aclosing(self.iterate(requests)) as outputs:
                 async for _, res in outputs:
                     num_cached = max(num_cached, cached_tokens(res))
@@ -153,6 +167,7 @@ class OpenAIServingChat(OpenAIServing):
                             not out.text
                             and out.finish_reason is None
                             and not (request.logprobs and out.token_ids)
+                            and not (return_ids and out.token_ids)
                         ):
                             continue  # nothing to show yet (an unfinished character)
                         choice = ChatCompletionResponseStreamChoice(
@@ -160,13 +175,16 @@ class OpenAIServingChat(OpenAIServing):
                             delta=DeltaMessage(content=out.text),
                             finish_reason=out.finish_reason,
                             stop_reason=out.stop_reason,
+                            **(dict(token_ids=list(out.token_ids)) if return_ids else {}),
                         )
                         if request.logprobs:
                             choice.logprobs = self._logprobs(out.token_ids, out.logprobs, top)
-                        yield self._chunk(request_id, created, model, choice, usage_field)
+                        yield self._chunk(
+                            request_id, created, model, choice, usage_field, **later_ids
+                        )
             if request.include_usage:
                 num_generated = sum(generated.values())
-                usage = self.usage(num_prompt_tokens, num_generated, num_cached)
+                usage = self.usage(len(prompt_ids), num_generated, num_cached)
                 chunk = ChatCompletionStreamResponse(
                     id=request_id, created=created, model=model, choices=[], usage=usage
                 )

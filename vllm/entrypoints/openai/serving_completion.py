@@ -7,6 +7,10 @@ which is how lm-eval's ``local-completions`` scores loglikelihood tasks
 (``{prompt, max_tokens: 1, logprobs: 1, echo: true}``). ``max_tokens: 0`` is allowed with
 echo only, as in vLLM: the prompt comes back scored with no completion (the engine
 generates one token, which is dropped; finish reason "length", no completion tokens).
+
+vLLM's ``return_token_ids`` adds each choice's ``prompt_token_ids`` and generated
+``token_ids`` (never the echoed prompt); a stream sends each chunk's new ids, the prompt's in
+a choice's first chunk, and then sends a chunk for new ids whose text is still held back.
 """
 
 from __future__ import annotations
@@ -143,6 +147,9 @@ class OpenAIServingCompletion(OpenAIServing):
             for out in sorted(final.outputs, key=lambda o: o.index):
                 text, token_ids, positions, finish, stop = _shown(request, out)
                 generated += len(token_ids)
+                ids = {}
+                if request.return_token_ids:  # the generated ids only, echo or not
+                    ids = dict(prompt_token_ids=prompt.token_ids, token_ids=token_ids)
                 if request.echo:
                     positions = _echo_positions(prompt, final, positions, len(token_ids))
                     text = prompt.text + text
@@ -157,6 +164,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=logprobs,
                         finish_reason=finish,
                         stop_reason=stop,
+                        **ids,
                     )
                 )
         num_prompt = sum(len(p.token_ids) for p in prompts)
@@ -169,6 +177,7 @@ class OpenAIServingCompletion(OpenAIServing):
         generated: dict[int, int] = defaultdict(int)
         offsets: dict[int, int] = defaultdict(int)
         echoed: set[int] = set()
+        started: set[int] = set()  # choices that have sent a chunk
         cached: dict[int, int] = defaultdict(int)  # per prompt
         try:
             async with aclosing(self.iterate(requests)) as outputs:
@@ -178,6 +187,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         index = i * request.n + out.index
                         text, token_ids, positions, finish, stop = _shown(request, out)
                         generated[index] += len(token_ids)
+                        new_ids = token_ids
                         if request.echo and index not in echoed:
                             echoed.add(index)
                             prompt = prompts[i]
@@ -188,18 +198,25 @@ class OpenAIServingCompletion(OpenAIServing):
                             not text
                             and finish is None
                             and not (request.logprobs is not None and token_ids)
+                            and not (request.return_token_ids and new_ids)
                         ):
                             continue  # nothing to show yet (an unfinished character)
                         logprobs = None
                         if request.logprobs is not None:
                             logprobs = self._logprobs(token_ids, positions, offsets[index])
                         offsets[index] += len(text)
+                        ids = {}
+                        if request.return_token_ids:
+                            prompt_ids = None if index in started else prompts[i].token_ids
+                            ids = dict(prompt_token_ids=prompt_ids, token_ids=new_ids)
+                        started.add(index)
                         choice = CompletionResponseStreamChoice(
                             index=index,
                             text=text,
                             logprobs=logprobs,
                             finish_reason=finish,
                             stop_reason=stop,
+                            **ids,
                         )
                         chunk = CompletionStreamResponse(
                             id=request_id, created=created, model=model, choices=[choice]
