@@ -9,8 +9,8 @@
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, replay_bench,
 # selective_scan_bench, fused_moe_bench, vs_hf, vs_hf_arch, cold_start, e2e, e2e_cold_warm,
 # host_cost, hybrid_bench, tp (scripts/gpu_steps/benchmarks.sh) and serve, lm_eval,
-# serving_sweep, old_new (scripts/gpu_steps/serving.sh); each is described where it is
-# defined. docs/gpu_box.md tables them with their times and what to carry.
+# serving_sweep, old_new, prefix_bench (scripts/gpu_steps/serving.sh); each is described
+# where it is defined. docs/gpu_box.md tables them with their times and what to carry.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -103,7 +103,7 @@ for s in $steps; do
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
         wheels | ssd_bench | replay_bench | selective_scan_bench | fused_moe_bench | \
         vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
-        serving_sweep | old_new | tp) step "$s" "$s" ;;
+        serving_sweep | old_new | prefix_bench | tp) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done
@@ -138,6 +138,7 @@ for f in "$out"/vs_hf_*.md; do [ -f "$f" ] && cat "$f"; done
 [ -f "$out/lm_eval.log" ] && grep -E '^lm_eval: |[0-9]+ (passed|failed|error|skipped)' "$out/lm_eval.log"
 [ -f "$out/lm_eval/compare.md" ] && cat "$out/lm_eval/compare.md"
 [ -f "$out/sweep/sweep.md" ] && cat "$out/sweep/sweep.md"
+[ -f "$out/prefix/prefix_caching.md" ] && cat "$out/prefix/prefix_caching.md"
 [ -f "$out/tp.log" ] && grep -E '^tp: skipped' "$out/tp.log"
 [ -f "$out/tp.md" ] && cat "$out/tp.md"
 [ -f "$out/tp_tests.log" ] && grep -E '^(FAILED|ERROR) |[0-9]+ (passed|failed|error|skipped)|no tests ran' \

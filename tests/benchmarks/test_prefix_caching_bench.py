@@ -103,3 +103,35 @@ def test_multiturn_on_off_table(tmp_path):
     assert row["median_ttft_ms"]["ratio"] > 0 and row["output_throughput"]["ratio"] > 0
     table = (out / "prefix_caching.md").read_text()
     assert "## multiturn" in table and "| hit rate |" in table and "TTFT turns>=2" in table
+
+
+def test_multiturn_ids_reuses_whole_turns_of_a_random_model(tmp_path):
+    """The token-id history (``multiturn_ids``: /v1/completions with return_token_ids) gives
+    a random-weight model's conversation the prompts a chat has when answers tokenize back:
+    turns 2 and 3 restore everything the turn before ran through the model."""
+    model = make_tiny_model_dir(tmp_path / "tiny", num_hidden_layers=1)
+    data = sharegpt(tmp_path / "chats.json", conversations=1, turns=3)
+    out = tmp_path / "out"
+    server = "--max-num-seqs 1 --max-model-len 256 --mamba-block-size 4 --seed 0"
+    proc = run_module(
+        "benchmarks.serving.benchmark_prefix_caching",
+        *("--model", model, "--out", out, "--workloads", "multiturn_ids@inf"),
+        *("--dataset-path", data, "--num-prompts", 1, "--sharegpt-output-len", 3),
+        *("--max-concurrency", 1, "--server-args", server),
+        *("--bench-args", "--ready-check-timeout-sec 0"),
+        env=server_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "prefix_caching.json").read_text())
+    pair = summary["runs"]["multiturn_ids@inf"]
+    for mode in ("on", "off"):
+        r = pair[mode]["result"]
+        assert r["completed"] == 3 and r["failed"] == 0 and r["backend"] == "openai"
+        assert r["total_output_tokens"] == 9
+    on, off = pair["on"]["result"], pair["off"]["result"]
+    # Each later prompt is the one before + its 3 generated ids + the template's tokens.
+    assert on["prefix_cache_reusable_hit_rate"] == 1.0
+    assert off["total_cached_tokens"] == 0
+    assert on["total_input_tokens"] == off["total_input_tokens"]

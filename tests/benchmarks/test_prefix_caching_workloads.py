@@ -101,6 +101,57 @@ def test_converse_sends_the_history_with_the_models_answers():
     assert "Hit rate of reusable tokens" in "\n".join(multiturn.format_lines(m, [99]))
 
 
+def test_token_history_extends_the_prompt_by_the_generated_ids(tokenizer):
+    """Turn k's ids: turn k-1's prompt, the ids it generated, the template's tokens up to
+    the next generation prompt; equal to the template's rendering of the chat whenever the
+    answer's text tokenizes back to those ids (here: ids taken from such a rendering)."""
+    history = multiturn.TokenHistory(tokenizer)
+    first = history.ask("hello there")
+    chat = [{"role": "user", "content": "hello there"}]
+    render = tokenizer.apply_chat_template
+    assert first == multiturn._template_ids(render(chat, add_generation_prompt=True))
+    answer = tokenizer.encode("fine thanks", add_special_tokens=False)
+    out = RequestOutput(success=True, output_tokens=len(answer), output_token_ids=answer)
+    assert history.answer(out) == ""
+    second = history.ask("and you")
+    chat += [
+        {"role": "assistant", "content": tokenizer.decode(answer)},
+        {"role": "user", "content": "and you"},
+    ]
+    want = multiturn._template_ids(render(chat, add_generation_prompt=True))
+    assert second == want and second[: len(first) + len(answer)] == first + answer
+    missing = RequestOutput(success=True, output_tokens=2)
+    assert "return_token_ids" in history.answer(missing)
+    short = RequestOutput(success=True, output_tokens=3, output_token_ids=[5, 6])
+    assert "2 token ids for 3" in history.answer(short)
+
+
+def test_a_turn_without_token_ids_ends_its_conversation(tokenizer):
+    async def send(prompt, n):
+        assert all(isinstance(t, int) for t in prompt)
+        return RequestOutput(success=True, output_tokens=n, server_prompt_tokens=len(prompt))
+
+    conv = multiturn.Conversation(["u1", "u2"], [2, 2], 1)
+    outputs, not_sent = asyncio.run(
+        multiturn.run_conversations(
+            [conv], send, float("inf"), 1.0, 0, None, lambda: multiturn.TokenHistory(tokenizer)
+        )
+    )
+    assert len(outputs) == 1 and not_sent == 1
+    assert not outputs[0].success and "return_token_ids" in outputs[0].error
+
+
+def test_the_stream_collects_token_ids_and_times_textless_chunks():
+    out = RequestOutput()
+    stream = _Stream(out, 0.0, lambda c: c.get("text") or "")
+    stream.feed('{"choices": [{"text": "", "token_ids": [7], "prompt_token_ids": [1, 2]}]}', 0.1)
+    stream.feed('{"choices": [{"text": "ab", "token_ids": [8, 9]}]}', 0.3)
+    stream.feed("[DONE]", 0.4)
+    done = stream.finish()
+    assert done.success and done.output_token_ids == [7, 8, 9] and done.generated_text == "ab"
+    assert done.ttft == pytest.approx(0.1) and done.itl == [pytest.approx(0.2)]
+
+
 def test_cache_hits_and_the_clients_usage_reading():
     out = RequestOutput(prompt_len=3)
     stream = _Stream(out, 0.0, lambda c: c.get("text") or "")
@@ -126,9 +177,8 @@ def test_serve_options_and_checks():
     )
     assert args.prefix_repetition_prefix_len == 64 and args.prefix_repetition_num_prefixes == 10
     serve.check_args(args)
-    args = p.parse_args(["--dataset-name", "multiturn"])
-    with pytest.raises(SystemExit, match="--backend openai-chat"):
-        serve.check_args(args)
+    args = p.parse_args(["--dataset-name", "multiturn"])  # openai: the token-id history
+    serve.check_args(args)
     args = p.parse_args(
         [
             "--dataset-name",
@@ -173,7 +223,9 @@ def test_on_off_table():
     assert "## random (a run failed)" in text
 
 
-@pytest.mark.parametrize("workload", ["multiturn", "prefix_repetition", "random"])
+@pytest.mark.parametrize(
+    "workload", ["multiturn", "multiturn_ids@2.5", "prefix_repetition", "random@inf"]
+)
 def test_driver_commands_parse_as_bench_serve_options(workload, tmp_path):
     from benchmarks.serving.benchmark_prefix_caching import bench_command, parse_args, server_args
 
@@ -182,11 +234,15 @@ def test_driver_commands_parse_as_bench_serve_options(workload, tmp_path):
     bench = serve.add_cli_args(argparse.ArgumentParser())
     parsed = bench.parse_args(cmd[cmd.index("serve") + 1 :])
     serve.check_args(parsed)
-    assert parsed.dataset_name == workload and parsed.port == 8001
+    name, _, rate = workload.partition("@")
+    assert parsed.dataset_name == name.removesuffix("_ids") and parsed.port == 8001
+    assert parsed.backend == ("openai-chat" if name == "multiturn" else "openai")
+    assert parsed.request_rate == float(rate or args.request_rate)
     assert parsed.metadata == ["prefix_caching=on", f"workload={workload}"]
     if workload == "prefix_repetition":
         assert parsed.prefix_repetition_prefix_len == args.prefix_len
     assert "--enable-prefix-caching" in server_args(args, "on")
     assert "--enable-prefix-caching" not in server_args(args, "off")
-    with pytest.raises(SystemExit):
-        parse_args(["--model", "M", "--out", str(tmp_path), "--workloads", "chat"])
+    for bad in ("chat", "random@0", "random@x", "random,random"):
+        with pytest.raises(SystemExit):
+            parse_args(["--model", "M", "--out", str(tmp_path), "--workloads", bad])

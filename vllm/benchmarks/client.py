@@ -3,13 +3,16 @@
 Backends: ``openai`` (POST /v1/completions, ``prompt``, ``max_tokens``) and ``openai-chat``
 (POST /v1/chat/completions, one user message, ``max_completion_tokens``). Both ask for
 ``stream: true`` and ``stream_options: {"include_usage": true}``, greedy sampling, and
-``ignore_eos`` when given.
+``ignore_eos`` when given. A completions prompt may be token ids; with ``return_token_ids``
+(vLLM's request field) the output's token ids are collected from the chunks' ``token_ids``
+(multiturn.py's token-level history).
 
-Timing (``time.perf_counter``): TTFT is the arrival of the first chunk that carries text,
-each later text chunk adds one inter-token latency (the gap since the previous one; the
-server sends one chunk per engine step), and the end-to-end latency ends at the last text
-chunk. The output token count is the ``completion_tokens`` of the final usage chunk; its
-``prompt_tokens`` and, from a server run with --enable-prompt-tokens-details,
+Timing (``time.perf_counter``): TTFT is the arrival of the first chunk that carries text
+(or, with ``return_token_ids``, token ids: a token whose text is an unfinished character
+still arrives), each later such chunk adds one inter-token latency (the gap since the
+previous one; the server sends one chunk per engine step), and the end-to-end latency ends
+at the last such chunk. The output token count is the ``completion_tokens`` of the final
+usage chunk; its ``prompt_tokens`` and, from a server run with --enable-prompt-tokens-details,
 ``prompt_tokens_details.cached_tokens`` (the prompt tokens its prefix cache restored) are
 kept too. A chat request's prompt is one user message, or a list of messages (the history
 of a multi-turn conversation, multiturn.py).
@@ -33,13 +36,14 @@ REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=6 * 60 * 60)
 
 @dataclass
 class RequestInput:
-    prompt: str | list[dict]  # a list: the chat messages (openai-chat only)
+    prompt: str | list[dict] | list[int]  # chat messages (openai-chat), token ids (openai)
     prompt_len: int
     output_len: int
     api_url: str
     model: str
     ignore_eos: bool = False
     headers: dict = field(default_factory=dict)
+    return_token_ids: bool = False  # vLLM's field: the output's ids come back in the chunks
 
 
 @dataclass
@@ -56,12 +60,14 @@ class RequestOutput:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     turn: int = 0  # the conversation turn (multiturn.py; 0: a single-turn request)
     reusable_tokens: int = 0  # multiturn.py: what the previous turn ran through the model
+    output_token_ids: list[int] | None = None  # with return_token_ids: the generated ids
 
 
 def completions_payload(inp: RequestInput) -> dict:
-    if not isinstance(inp.prompt, str):
-        raise ValueError("the openai backend takes a text prompt, not chat messages")
-    return {"model": inp.model, "prompt": inp.prompt, "max_tokens": inp.output_len}
+    prompt = inp.prompt
+    if not (isinstance(prompt, str) or all(isinstance(t, int) for t in prompt)):
+        raise ValueError("the openai backend takes a text or token-id prompt, not chat messages")
+    return {"model": inp.model, "prompt": prompt, "max_tokens": inp.output_len}
 
 
 def chat_payload(inp: RequestInput) -> dict:
@@ -128,8 +134,12 @@ class _Stream:
             message = err.get("message") if isinstance(err, dict) else err
             self.fail(f"error event in the stream: {message}")
             return
-        text = "".join(self.text_of(c) for c in data.get("choices") or ())
-        if text:
+        choices = data.get("choices") or ()
+        text = "".join(self.text_of(c) for c in choices)
+        ids = [t for c in choices for t in (c.get("token_ids") or ())]
+        if ids:
+            self.out.output_token_ids = (self.out.output_token_ids or []) + ids
+        if text or ids:
             if self.last is None:
                 self.out.ttft = now - self.start
             else:
@@ -171,6 +181,8 @@ async def send_request(
     }
     if inp.ignore_eos:
         payload["ignore_eos"] = True
+    if inp.return_token_ids:
+        payload["return_token_ids"] = True
     out = RequestOutput(prompt_len=inp.prompt_len)
     start = time.perf_counter()
     stream = _Stream(out, start, text_of)

@@ -8,13 +8,25 @@ pairs, cut to ``--multiturn-max-turns``, in the seed's order. Each turn asks for
 output tokens as the recorded answer has (or ``--sharegpt-output-len``); a conversation
 whose messages and answers together pass ``--multiturn-max-total-len`` tokens is skipped.
 
-Replay (``--backend openai-chat`` only): conversations start on the request schedule
-(``--request-rate`` is the conversation start rate, ``--burstiness`` as for requests), at
-most ``--max-concurrency`` conversations in flight. Turn k sends the whole history through
-/v1/chat/completions: every earlier user message and the model's own answer to it (the
-text it streamed, not the recorded one), then the new message; it is sent when turn k-1's
-answer has arrived. A failed turn ends its conversation (its later turns are not sent and
-are counted in ``turns_not_sent``).
+Replay: conversations start on the request schedule (``--request-rate`` is the
+conversation start rate, ``--burstiness`` as for requests), at most ``--max-concurrency``
+conversations in flight. Turn k sends the whole history: every earlier user message and the
+model's own answer to it (not the recorded one), then the new message; it is sent when turn
+k-1's answer has arrived. A failed turn ends its conversation (its later turns are not sent
+and are counted in ``turns_not_sent``). The history goes one of two ways:
+
+- ``--backend openai-chat``: as chat messages to /v1/chat/completions, the answer as the
+  text it streamed (``ChatHistory``). The server renders and tokenizes it again, so turn k
+  starts with turn k-1's prompt + answer ids only when the answer's text tokenizes back to
+  the ids generated: a trained model's answers mostly do; a random-weight model's do not
+  (byte pieces, merges across its first token), and its end-of-request checkpoints then
+  never match.
+- ``--backend openai``: as token ids to /v1/completions (``TokenHistory``): turn 1 is the
+  chat template's rendering of the first message, tokenized here; turn k is turn k-1's
+  prompt ids + the ids it generated (``return_token_ids``) + the template's tokens between
+  an answer and the next generation prompt. That is the prompt a chat turn has when its
+  answer tokenizes back exactly, whatever the weights: what a benchmark with random weights
+  needs to measure a cache's reuse of whole turns.
 
 Metrics, besides the usual ones over every turn: TTFT of the first turns and of the later
 ones (``*_ttft_first_turn_ms``, ``*_ttft_later_turns_ms``: caching can only help the
@@ -63,8 +75,6 @@ def add_cli_args(p) -> None:
 def check_args(args) -> None:
     if args.multiturn_min_turns < 1 or args.multiturn_max_turns < args.multiturn_min_turns:
         raise SystemExit("need 1 <= --multiturn-min-turns <= --multiturn-max-turns")
-    if args.dataset_name == "multiturn" and args.backend != "openai-chat":
-        raise SystemExit("--dataset-name multiturn needs --backend openai-chat")
 
 
 def _pairs(turns: list) -> list[tuple[str, str]]:
@@ -113,14 +123,88 @@ def sample_conversations(
     return out
 
 
-async def converse(conv: Conversation, send) -> list:
-    """The turns of one conversation in order; ``send(messages, output_len)`` is one timed
-    chat request (client.send_request)."""
-    messages: list[dict] = []
+class ChatHistory:
+    """A conversation as chat messages, answers as the text streamed (openai-chat)."""
+
+    def __init__(self):
+        self.messages: list[dict] = []
+
+    def ask(self, user: str) -> list[dict]:
+        self.messages.append({"role": "user", "content": user})
+        return list(self.messages)
+
+    def answer(self, out) -> str:
+        self.messages.append({"role": "assistant", "content": out.generated_text})
+        return ""
+
+
+# A stand-in for an answer in a rendered template, found again to cut what follows it.
+_ANSWER = "\u2063ANSWER\u2063"
+
+
+def _template_ids(encoded) -> list[int]:
+    """apply_chat_template(tokenize=True)'s ids: a list, or a BatchEncoding (transformers 5)."""
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(t) for t in ids]
+
+
+class TokenHistory:
+    """A conversation as token ids (openai): each turn's prompt is the previous prompt, the
+    ids it generated and the template's tokens up to the next generation prompt."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+
+    def ask(self, user: str) -> list[int]:
+        tok = self.tokenizer
+        if not self.ids:
+            first = [{"role": "user", "content": user}]
+            rendered = tok.apply_chat_template(first, add_generation_prompt=True, tokenize=True)
+            self.ids = _template_ids(rendered)
+        else:
+            self.ids += self.turn_suffix(user)
+        return list(self.ids)
+
+    def turn_suffix(self, user: str) -> list[int]:
+        """The template's tokens after an answer, through the next generation prompt."""
+        messages = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": _ANSWER},
+            {"role": "user", "content": user},
+        ]
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        at = text.find(_ANSWER)
+        if at < 0:
+            raise SystemExit("the chat template drops the answers from the history")
+        suffix = self.tokenizer.encode(text[at + len(_ANSWER) :], add_special_tokens=False)
+        eos = self.tokenizer.eos_token_id
+        if self.ids and eos is not None and self.ids[-1] == eos and suffix[:1] == [eos]:
+            suffix = suffix[1:]  # the answer ended on the end-of-turn token the template adds
+        return suffix
+
+    def answer(self, out) -> str:
+        if out.output_token_ids is None:
+            return "the server sent no token ids (it needs vLLM's return_token_ids)"
+        if out.output_tokens is not None and len(out.output_token_ids) != out.output_tokens:
+            return (
+                f"the server sent {len(out.output_token_ids)} token ids for "
+                f"{out.output_tokens} completion tokens"
+            )
+        self.ids += out.output_token_ids
+        return ""
+
+
+async def converse(conv: Conversation, send, history=None) -> list:
+    """The turns of one conversation in order; ``send(prompt, output_len)`` is one timed
+    request (client.send_request) of the history's prompt: chat messages (``ChatHistory``,
+    the default) or token ids (``TokenHistory``)."""
+    history = history if history is not None else ChatHistory()
     outputs: list = []
     for k, (user, n_out) in enumerate(zip(conv.user_turns, conv.output_lens, strict=True)):
-        messages.append({"role": "user", "content": user})
-        out = await send(list(messages), n_out)
+        out = await send(history.ask(user), n_out)
         out.turn = k + 1
         if k > 0:
             prev = outputs[-1]
@@ -129,22 +213,32 @@ async def converse(conv: Conversation, send) -> list:
         outputs.append(out)
         if not out.success:
             break
-        messages.append({"role": "assistant", "content": out.generated_text})
+        problem = history.answer(out)
+        if problem:
+            out.success, out.error = False, problem
+            break
     return outputs
 
 
 async def run_conversations(
-    conversations: list[Conversation], send, rate: float, burstiness: float, seed: int, limit
+    conversations: list[Conversation],
+    send,
+    rate: float,
+    burstiness: float,
+    seed: int,
+    limit,
+    new_history=ChatHistory,
 ) -> tuple[list, int]:
     """Every conversation, started on the schedule and under ``limit`` (an
-    asyncio.Semaphore or None); (the turns' outputs in start order, turns not sent)."""
+    asyncio.Semaphore or None), each with ``new_history()``; (the turns' outputs in start
+    order, turns not sent)."""
     from vllm.benchmarks.serve import paced
 
     async def one(conv):
         if limit is None:
-            return await converse(conv, send)
+            return await converse(conv, send, new_history())
         async with limit:
-            return await converse(conv, send)
+            return await converse(conv, send, new_history())
 
     tasks = []
     async for conv in paced(conversations, rate, burstiness, seed):

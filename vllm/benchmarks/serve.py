@@ -228,14 +228,19 @@ async def run(args, requests, tokenizer) -> dict:
         if args.dataset_name == "multiturn":
             from vllm.benchmarks import multiturn
 
-            async def send(messages, n):
-                inp = RequestInput(messages, 0, n, api_url, model, args.ignore_eos, headers)
+            ids = args.backend == "openai"  # token-level history (multiturn.TokenHistory)
+
+            async def send(prompt, n):
+                inp = RequestInput(prompt, 0, n, api_url, model, args.ignore_eos, headers, ids)
                 out = await send_request(session, args.backend, inp)
                 out.prompt_len = out.server_prompt_tokens or 0
                 return out
 
+            def new_history():
+                return multiturn.TokenHistory(tokenizer) if ids else multiturn.ChatHistory()
+
             outputs, not_sent = await multiturn.run_conversations(
-                requests, send, args.request_rate, args.burstiness, args.seed, limit
+                requests, send, args.request_rate, args.burstiness, args.seed, limit, new_history
             )
             pbar.update(len(requests))
         else:
