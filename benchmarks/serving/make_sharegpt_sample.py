@@ -19,6 +19,14 @@ record of the sample is a request in every mode (ShareGPT output lengths, or a f
 length up to 1024). Both `vllm bench serve` and benchmark_throughput.py (``--dataset``)
 then shuffle the sample the same way for the same seed and take its first N records as
 their N requests.
+
+``--multiturn`` writes whole conversations instead, for ``--dataset-name multiturn``: the
+first ``--num`` records (in the seed's order) that multiturn.py's filters keep with
+``--tokenizer`` (required: >= 3 (human, gpt) pairs, at most 2,048 tokens together), each cut
+to its first 8 pairs as the benchmark cuts them.
+
+    python -m benchmarks.serving.make_sharegpt_sample sharegpt_multiturn.json --multiturn \
+        --num 400 --tokenizer DIR
 """
 
 from __future__ import annotations
@@ -65,6 +73,33 @@ def make_sample(records: list, num: int, seed: int, tokenizer=None, batch: int =
     return kept
 
 
+def make_multiturn_sample(records: list, num: int, seed: int, tokenizer) -> list:
+    """Whole conversations that multiturn.sample_conversations keeps (its defaults), cut to
+    the pairs it reads, in its order."""
+    from vllm.benchmarks import multiturn
+
+    kept = []
+    convs = [(r, c) for r in records if (c := conversation(r)) is not None]
+    random.Random(seed).shuffle(convs)
+    for record, turns in convs:
+        pairs = multiturn._pairs(turns)[:8]
+        if len(pairs) < 3:
+            continue
+        lens = token_counts(tokenizer, [text for pair in pairs for text in pair])
+        if sum(lens) > 2048:
+            continue
+        rid = record.get("id") if isinstance(record, dict) else None
+        texts = [
+            {"from": who, "value": text}
+            for pair in pairs
+            for who, text in zip(("human", "gpt"), pair, strict=True)
+        ]
+        kept.append({"id": rid, "conversations": texts})
+        if len(kept) == num:
+            break
+    return kept
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out")
@@ -72,7 +107,10 @@ def main(argv=None) -> None:
     p.add_argument("--num", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, help="keep only pairs the benchmark accepts")
+    p.add_argument("--multiturn", action="store_true", help="whole conversations (see above)")
     args = p.parse_args(argv)
+    if args.multiturn and not args.tokenizer:
+        p.error("--multiturn needs --tokenizer (the conversations' length filter)")
     source = args.source
     if source is None:
         from vllm.benchmarks.serve import installed_sharegpt
@@ -87,7 +125,10 @@ def main(argv=None) -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    sample = make_sample(data.records, args.num, args.seed, tokenizer)
+    if args.multiturn:
+        sample = make_multiturn_sample(data.records, args.num, args.seed, tokenizer)
+    else:
+        sample = make_sample(data.records, args.num, args.seed, tokenizer)
     if len(sample) < args.num:
         print(f"WARNING: only {len(sample)} conversations qualify (asked for {args.num})")
     Path(args.out).write_text(json.dumps(sample, ensure_ascii=False, indent=1) + "\n")

@@ -243,15 +243,17 @@ old_new() {
 # with one `vllm serve` per mode running every workload. PREFIX_BENCH_SHAPE: "codestral"
 # (default: the carried .whl/codestral) or a benchmarks/common/model_shapes.py name such as
 # bamba-9b (its directory made here with .whl/codestral's tokenizer, shape_model_dir.py).
-# Carry .whl/serve, .whl/codestral and .whl/sharegpt_3000.json. PREFIX_BENCH_ARGS replaces
+# Carry .whl/serve, .whl/codestral and .whl/sharegpt_multiturn.json (whole conversations:
+# `python -m benchmarks.serving.make_sharegpt_sample .whl/sharegpt_multiturn.json
+# --multiturn --num 400 --tokenizer .whl/codestral`). PREFIX_BENCH_ARGS replaces
 # the workload arguments, PREFIX_BENCH_SERVER_ARGS the server's. Table:
 # OUT/prefix/prefix_caching.md; ~5-6 minutes per shape with the defaults.
 prefix_bench() {
     local shape=${PREFIX_BENCH_SHAPE:-codestral} model=.whl/codestral
-    local data=${SERVING_DATASET:-.whl/sharegpt_3000.json}
+    local data=${PREFIX_BENCH_DATASET:-.whl/sharegpt_multiturn.json}
     serve_wheels "$out/serve_wheels.log" || return 1
     if [ ! -f "$model/config.json" ] || [ ! -f "$data" ]; then
-        echo "prefix_bench: carry $model and $data"
+        echo "prefix_bench: carry $model and $data (see the comment above this step)"
         return 1
     fi
     if [ "$shape" != codestral ]; then

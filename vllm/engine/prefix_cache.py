@@ -21,6 +21,7 @@ Plain data and decisions, no device work (``docs/prefix_caching.md`` has the des
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -44,10 +45,16 @@ def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: tuple = ()) -> 
         raise ValueError(f"parent must be a 32-byte hash, got {parent!r}")
     h = hashlib.sha256(parent)
     h.update(len(tokens).to_bytes(4, "little"))
-    for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"tokens must be non-negative ints, got {t!r}")
-        h.update(t.to_bytes(8, "little"))
+    # Each token as 8 little-endian bytes, packed in one call (a per-token update cost ~0.5
+    # us a token, a millisecond per 2k-token prompt on the engine's loop).
+    if not all(type(t) is int for t in tokens):  # no bool, no numpy ints, no floats
+        bad = next(t for t in tokens if type(t) is not int)
+        raise ValueError(f"tokens must be non-negative ints, got {bad!r}")
+    try:
+        h.update(struct.pack(f"<{len(tokens)}Q", *tokens))
+    except struct.error:
+        bad = next(t for t in tokens if not 0 <= t < 2**64)
+        raise ValueError(f"tokens must be non-negative ints, got {bad!r}") from None
     h.update(repr(tuple(extra_keys)).encode())
     return h.digest()
 
