@@ -94,7 +94,9 @@ class EngineConfig:
     ``align`` (default) at the end of prefill chunks the budget cuts anyway, rounded down to
     the grid, and, with ``enable_mamba_shared_prefix_checkpoint`` (default True), at the
     deepest block boundary a former prompt shared; ``all`` at every boundary (one step per
-    block); ``none`` caches no Mamba state at all.
+    block); ``none`` caches no Mamba state at all. ``enable_mamba_prompt_end_checkpoint``
+    (default False) also checkpoints each prompt's end, for chat turns whose history does not
+    hold the ids generated.
 
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
@@ -131,6 +133,7 @@ class EngineConfig:
     num_checkpoint_lines: int | None = None
     mamba_cache_mode: str = "align"
     enable_mamba_shared_prefix_checkpoint: bool = True
+    enable_mamba_prompt_end_checkpoint: bool = False
     # Set from the fields above: where the model's and the tokenizer's files are.
     model_dir: Any = field(init=False, default=None, repr=False)
     tokenizer_dir: Any = field(init=False, default=None, repr=False)
@@ -248,11 +251,9 @@ class EngineConfig:
                 f"mamba_cache_mode (--mamba-cache-mode) must be one of "
                 f"{', '.join(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}"
             )
-        if not isinstance(self.enable_mamba_shared_prefix_checkpoint, bool):
-            raise ValueError(
-                "enable_mamba_shared_prefix_checkpoint must be True or False, got "
-                f"{self.enable_mamba_shared_prefix_checkpoint!r}"
-            )
+        for name in ("enable_mamba_shared_prefix_checkpoint", "enable_mamba_prompt_end_checkpoint"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         lines = self.num_checkpoint_lines
         if not self.enable_prefix_caching or self.mamba_cache_mode == "none":
             self.num_checkpoint_lines = 0

@@ -116,6 +116,22 @@ def test_lru_eviction_skips_pinned_and_pending():
     idx.check()
 
 
+def test_demote_makes_an_entry_the_next_victim_and_leaves_pins_alone():
+    idx = CheckpointIndex([1, 2, 3])
+    hs = [hash_block(ROOT_HASH, [i]) for i in range(6)]
+    for h in hs[:3]:
+        idx.reserve(h)
+        idx.commit(h)
+    idx.demote(hs[2])  # the youngest becomes the oldest
+    assert idx.reserve(hs[3]) == 3 and hs[2] not in idx and hs[0] in idx
+    idx.acquire(hs[0])
+    idx.demote(hs[0])  # pinned: not in the LRU, nothing to do
+    idx.demote(hs[3])  # pending: nothing to do
+    idx.demote(hs[5])  # unknown: nothing to do
+    assert idx.reserve(hs[4]) == 2 and hs[1] not in idx and hs[0] in idx
+    idx.check()
+
+
 def test_discard_and_double_release_and_clear():
     idx = CheckpointIndex([7, 8])
     a, b = hash_block(ROOT_HASH, [1]), hash_block(ROOT_HASH, [2])

@@ -48,6 +48,7 @@ class EngineArgs:
     num_checkpoint_lines: int | None = None
     mamba_cache_mode: str = "align"
     enable_mamba_shared_prefix_checkpoint: bool = True
+    enable_mamba_prompt_end_checkpoint: bool = False
 
     def create_engine_config(self) -> EngineConfig:
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -199,6 +200,14 @@ class EngineArgs:
             default=d["enable_mamba_shared_prefix_checkpoint"],
             help="under --mamba-cache-mode align, checkpoint the deepest block boundary an "
             "earlier prompt shared (a common system prompt; default on)",
+        )
+        g.add_argument(
+            "--enable-mamba-prompt-end-checkpoint",
+            action=argparse.BooleanOptionalAction,
+            default=d["enable_mamba_prompt_end_checkpoint"],
+            help="also checkpoint the state after each whole prompt, so that a chat turn whose "
+            "history does not hold the ids generated (a template that drops reasoning) "
+            "restores the previous prompt (default off: a second line per request)",
         )
         g.add_argument(
             "--no-async-scheduling",

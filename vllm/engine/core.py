@@ -130,7 +130,10 @@ class EngineCore:
             else:  # a hit also shares the attention KV blocks (kv_prefix.py)
                 self.prefix = HybridPrefixCache(lines, config.mamba_block_size, kv)
             self.prompt_checkpoints = PromptCheckpoints(
-                self.prefix, config.mamba_cache_mode, config.enable_mamba_shared_prefix_checkpoint
+                self.prefix,
+                config.mamba_cache_mode,
+                config.enable_mamba_shared_prefix_checkpoint,
+                prompt_end=config.enable_mamba_prompt_end_checkpoint,
             )
         # The request id goes with the prefix cache's calls when KV blocks are shared.
         self._kv_key = (lambda seq: (seq.request_id,)) if kv is not None else (lambda seq: ())
@@ -192,6 +195,8 @@ class EngineCore:
         self.prompt_checkpoints.admit(seq)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if self.prefix is not None:  # its prompt-end checkpoint goes first from now on
+            self.prompt_checkpoints.finishing(seq)
         if self.prefix is not None and reason in ("stop", "length") and seq.slot is not None:
             # Its line still holds its state: queue the copy before the slot is freed.
             self.prefix.checkpoint(

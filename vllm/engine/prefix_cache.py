@@ -214,6 +214,12 @@ class CheckpointIndex:
         self._entries[block_hash] = _Entry(line)
         return line
 
+    def demote(self, block_hash: bytes) -> None:
+        """An unreferenced committed entry becomes the next to be evicted (nothing for a
+        pinned, pending or unknown one)."""
+        if block_hash in self._lru:
+            self._lru.move_to_end(block_hash, last=False)
+
     def commit(self, block_hash: bytes) -> None:
         """The copy into the pending entry's line is enqueued: the entry may match now."""
         e = self._get(block_hash, "commit")
@@ -357,6 +363,20 @@ class StatePrefixCache:
         """A prompt-boundary checkpoint of ``slot`` (covering ``tokens``): ``write``;
         ``HybridPrefixCache`` also names the sequence ``seq_id``'s KV blocks of ``tokens``."""
         return self.write(key, slot)
+
+    def write_prompt_end(self, tokens: Sequence[int], slot: int, hashes, seq_id=None):
+        """A checkpoint of ``slot`` covering exactly ``tokens`` (a whole prompt; its full
+        blocks hash to ``hashes``), keyed as an end-of-request checkpoint is (a tail key off
+        the grid), written through ``write_prompt`` (a hybrid names its KV blocks); its key,
+        or None when nothing was written."""
+        n, bs = len(tokens), self.block_size
+        key = self._key(tokens, n, hashes) if n else None
+        if key is None or not self.write_prompt(key, slot, tokens, seq_id):
+            return None
+        if n % bs:
+            parent = hashes[n // bs - 1] if n >= bs else ROOT_HASH
+            self._tails.setdefault(parent, set()).add(n % bs)
+        return key
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The queued copies, for the step being dispatched; the restores' pins end here

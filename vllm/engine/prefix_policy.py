@@ -15,7 +15,15 @@ checkpoints are written"):
 - ``none``: no Mamba state caching; the engine builds no prefix cache then.
 
 End-of-request checkpoints (``StatePrefixCache.checkpoint``) are written in every mode but
-``none``.
+``none``. With ``prompt_end`` (``enable_mamba_prompt_end_checkpoint``) so are *prompt-end*
+checkpoints: the state after a whole prompt, keyed by exactly its tokens (a tail key off
+the grid), written after the dispatch that computes the prompt's last token (no extra step:
+the copy goes ahead of the next forward). A chat's next turn restores it when the answer in
+its history does not tokenize back to the ids generated (a template that drops reasoning
+text, a random-weight model) and the end-of-request checkpoint cannot match; otherwise the
+longer end-of-request one wins. When the request's end-of-request checkpoint is written,
+its prompt-end entry goes to the cold end of the LRU, so that it never evicts its own
+request's longer checkpoint and is the first to go under pressure.
 
 A *target* is a token count on the grid, below the prompt's length, past the restored
 prefix. ``cut`` (the scheduler's chunk hook) ends a prefill chunk exactly on the next
@@ -61,6 +69,7 @@ class PromptCheckpoints:
         mode: str,
         shared_prefix: bool = True,
         seen_bound: int = SEEN_PREFIX_BOUND,
+        prompt_end: bool = False,
     ):
         if mode not in MAMBA_CACHE_MODES or mode == "none":
             raise ValueError(f"mamba_cache_mode must be 'align' or 'all' here, got {mode!r}")
@@ -70,13 +79,16 @@ class PromptCheckpoints:
         self.block_size = prefix.block_size
         self.mode = mode
         self.shared_prefix = shared_prefix
+        self.prompt_end = prompt_end
         self.seen_bound = seen_bound
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # oldest first
         self._plans: WeakKeyDictionary[Sequence, _Plan] = WeakKeyDictionary()
         # Counters (tests, logs): chunks ended early on a target or on the grid, and the
-        # prompt checkpoints queued.
+        # prompt-boundary checkpoints queued.
         self.num_cuts = 0
         self.num_written = 0
+        self.num_prompt_ends = 0  # prompt-end checkpoints queued
+        self._prompt_ends: WeakKeyDictionary[Sequence, bytes] = WeakKeyDictionary()
 
     # --- targets --------------------------------------------------------------------
 
@@ -163,4 +175,18 @@ class PromptCheckpoints:
                 ):
                     self.num_written += 1
             if done >= seq.num_prompt_tokens:
+                if self.prompt_end and done == seq.num_prompt_tokens:
+                    key = self.prefix.write_prompt_end(
+                        seq.prompt_token_ids, seq.slot, plan.hashes, seq.request_id
+                    )
+                    if key is not None:
+                        self.num_prompt_ends += 1
+                        self._prompt_ends[seq] = key
                 del self._plans[seq]  # the prompt is done: no more targets
+
+    def finishing(self, seq: Sequence) -> None:
+        """``seq`` finishes (any reason), ahead of its end-of-request checkpoint: its
+        prompt-end checkpoint, if it wrote one, becomes the next one evicted."""
+        key = self._prompt_ends.pop(seq, None)
+        if key is not None:
+            self.prefix.index.demote(key)
