@@ -31,23 +31,29 @@ def test_step_bytes_and_smoke_run(tmp_path, monkeypatch):
 
 def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     """--tune times each (BLOCK_P, BLOCK_N, num_warps) as given (it once forced BLOCK_N 128,
-    so the table's 32/64 tiles were never measured) and writes the fastest, BLOCK_N too."""
+    so the table's 32/64 tiles were never measured), then the fastest's flush as a tl.dot,
+    and writes the fastest exact one, BLOCK_N and flush too."""
     monkeypatch.setattr(sys, "argv", ["benchmark_replayssm.py"])
     monkeypatch.setattr(bench, "TUNE", ((16, 128, 1), (16, 32, 1), (16, 64, 1)))
     real, seen = bench.replay.launch_config, []
 
-    def fake_time(name, case, up):  # BLOCK_N 32 is made the fastest
-        block_n = bench.replay.launch_config(1, 64, 128, torch.float32)["BLOCK_N"]
+    def fake_time(name, case, up):  # BLOCK_N 32 is made the fastest, then its dot flush
+        cfg = bench.replay.launch_config(1, 64, 128, torch.float32)
+        block_n = cfg["BLOCK_N"]
         seen.append((name, block_n))
+        if cfg.get("flush") == "tf32x3":
+            return [0.5] * 3
         return [1.0 if block_n == 32 else 2.0] * 3
 
     monkeypatch.setattr(bench, "time_provider", fake_time)
     args = ["--smoke", "--batches", "1", "--buffer-len", "3", "--state-dtypes", "float32"]
     (row,) = bench.main([*args, "--tune", "--out", str(tmp_path)])
-    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64]
+    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64, 32]
+    assert [t.get("flush") for t in row["tune"][3:]] == ["tf32x3"]
+    assert all(t["exact"] for t in row["tune"][3:])  # checked against the loop's states
     assert seen[:3] == [("ours_replay", 128), ("ours_replay", 32), ("ours_replay", 64)]
-    assert ("ours_replay", 32) in seen[3:]  # the providers then run the chosen entry
+    assert ("ours_replay", 32) in seen[4:]  # the providers then run the chosen entry
     (table,) = [p for p in tmp_path.glob("*.json") if p.name != "replayssm.json"]
     (entry,) = json.loads(table.read_text())["entries"].values()
-    assert entry == {"BLOCK_P": 16, "BLOCK_N": 32, "num_warps": 1}
+    assert entry == {"BLOCK_P": 16, "BLOCK_N": 32, "num_warps": 1, "flush": "tf32x3"}
     assert bench.replay.launch_config is real

@@ -178,15 +178,29 @@ def test_replayed_equals_every_step_cuda(case):
 
 # Launch configurations other than the default table's: several row blocks per head (with
 # a tail), the state streamed in several dstate tiles (the last one partly masked), warps.
+# The flush as one tl.dot ("tf32x3") where both tiles are >= 16; an 8-row tile with a dot
+# flush falls back to the loop.
 CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2),
     dict(BLOCK_P=64, BLOCK_N=64, num_warps=4),
+    dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush="tf32x3"),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="tf32x3"),
+    dict(BLOCK_P=8, BLOCK_N=32, num_warps=1, flush="tf32x3"),
 ]
 
 
 def _cfg_id(c: dict) -> str:
-    return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c)
+    return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}"
+
+
+def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
+    blocks = mamba_ssm_replay._blocks
+    assert blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
+    assert not blocks(dict(BLOCK_P=8, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
+    assert not blocks(dict(BLOCK_P=32, BLOCK_N=32), 64, 128)["FLUSH_DOT"]
+    with pytest.raises(ValueError, match="flush"):
+        blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)

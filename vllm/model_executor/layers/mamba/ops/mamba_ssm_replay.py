@@ -113,6 +113,7 @@ def _replay_ssm_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr,
+    FLUSH_DOT: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
     # adjacent in launch order, so its ring entries come from memory once. The state is
@@ -204,13 +205,25 @@ def _replay_ssm_kernel(
             m_s = m_p[:, None] & m_n[None, :]
             p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
             b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
-            # One rank-1 fp32 update per valid entry (no tl.dot: plain fp32 FMAs, and no
-            # operand tiles held in registers).
-            for k in range(0, b_n):
-                w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
-                b_xk = tl.load(p_rx + k * stride_rx_k + o_p * stride_rx_p, mask=m_p, other=0.0)
-                b_Bk = tl.load(p_rB + k * stride_rB_k + o_n * stride_rB_n, mask=m_n, other=0.0)
-                b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
+            if FLUSH_DOT:
+                # The ring as one tensor-core product: (x_k w_k) over k times the ring's B
+                # tile, fp32 operands (entries k >= n are zero in b_X) split in three tf32
+                # products (about fp32's accuracy; an "ieee" fp32 dot spills at every tile:
+                # benchmarks/kernels/replay_compile_report.py).
+                p_Bt = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
+                b_Bt = tl.load(p_Bt, mask=m_k[:, None] & m_n[None, :], other=0.0)
+                b_XW = b_X * b_w[None, :]
+                b_h += tl.dot(b_XW, b_Bt.to(tl.float32), input_precision="tf32x3")
+            else:
+                # One rank-1 fp32 update per valid entry (plain fp32 FMAs, no operand tiles
+                # held in registers; each entry's loads wait on the loop).
+                for k in range(0, b_n):
+                    w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
+                    p_xk = p_rx + k * stride_rx_k + o_p * stride_rx_p
+                    b_xk = tl.load(p_xk, mask=m_p, other=0.0)
+                    p_Bk = p_rB + k * stride_rB_k + o_n * stride_rB_n
+                    b_Bk = tl.load(p_Bk, mask=m_n, other=0.0)
+                    b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
             if STEP:
                 b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
                 b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
@@ -252,7 +265,8 @@ def batch_bucket(batch: int) -> int:
 def launch_config(batch: int, headdim: int, dstate: int, state_dtype: torch.dtype) -> dict:
     """The table's entry (``configs/replayssm/``) for this shape and batch bucket: BLOCK_P
     (state rows per program, capped at the head), BLOCK_N (the dstate tile the state is
-    streamed in; absent: the whole dstate), num_warps and optionally num_stages."""
+    streamed in; absent: the whole dstate), num_warps and optionally num_stages and flush
+    (``_blocks``)."""
     return dict(_config(batch_bucket(batch), headdim, dstate, state_dtype))
 
 
@@ -262,15 +276,27 @@ def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) ->
     return configs.lookup(CONFIG_DIR, key)
 
 
+FLUSHES = ("loop", "tf32x3")
+
+
 def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
-    """The constexprs a configuration gives at this shape (tiles are powers of two)."""
+    """The constexprs a configuration gives at this shape (tiles are powers of two).
+    ``flush``: how a flush folds the ring into the state, "loop" (default: a rank-1 fp32
+    update per entry) or "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
+    are at least 16, ``tl.dot``'s least; else the loop)."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
     block_n = min(int(cfg.get("BLOCK_N", full_n)), full_n)
+    block_p = min(int(cfg["BLOCK_P"]), full_p)
+    flush = cfg.get("flush", "loop")
+    if flush not in FLUSHES:
+        raise ValueError(f"replayssm launch table: flush must be one of {FLUSHES}, got {flush!r}")
+    dot = flush != "loop" and block_p >= 16 and block_n >= 16
     out = dict(
-        BLOCK_P=min(int(cfg["BLOCK_P"]), full_p),
+        BLOCK_P=block_p,
         BLOCK_N=block_n,
         N_TILES=triton.cdiv(full_n, block_n),
         num_warps=int(cfg.get("num_warps", 1)),
+        FLUSH_DOT=dot,
     )
     if "num_stages" in cfg:
         out["num_stages"] = int(cfg["num_stages"])

@@ -1,0 +1,93 @@
+"""The replayed decode kernel (``_replay_ssm_kernel``) compiled for sm_90 on a CPU, per state
+dtype, flush ("loop" or "tf32x3") and tile: registers, stack (spills) and shared memory,
+as cuobjdump reads them off the cubin (Triton's own ptxas; no GPU).
+
+    python -m benchmarks.kernels.replay_compile_report [--tiles 32x32x1 64x64x2] [--json F]
+
+Codestral-7B's layer (128 heads x 64, state 128, 8 groups), L = 16, batch 128, a decode
+step's launch as the op makes it (recorded, not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernel
+
+import torch  # noqa: E402
+
+from benchmarks.kernels.sm90_compile import LaunchRecorder, compile_cold, resources  # noqa: E402
+
+H, P, N, G, L, BATCH = 128, 64, 128, 8, 16, 128
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TILES = ("32x32x1", "16x64x1", "32x64x2", "64x64x2")  # BLOCK_P x BLOCK_N x num_warps
+
+
+def record(state_dtype: torch.dtype, cfg: dict):
+    """(args, constexprs) of one decode step's launch with launch configuration ``cfg``."""
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp
+    from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import ReplayedSSMState
+    from vllm.triton_utils import launch
+
+    lines, act = BATCH + 1, torch.bfloat16
+    rs = ReplayedSSMState(
+        torch.zeros(lines, H, P, N, dtype=state_dtype),
+        torch.zeros(lines, H, L - 1, P, dtype=act),
+        torch.zeros(lines, G, L - 1, N, dtype=act),
+        torch.zeros(lines, H, L - 1, dtype=torch.float32),
+        torch.zeros(lines, H, P, dtype=torch.int8),
+    )
+    x, dt = torch.zeros(BATCH, H, P, dtype=act), torch.zeros(BATCH, H, dtype=act)
+    B = torch.zeros(BATCH, G, N, dtype=act)
+    A, D, dt_bias = torch.zeros(H), torch.zeros(H), torch.zeros(H)
+    idx = torch.arange(1, BATCH + 1, dtype=torch.int32)
+    recorder = LaunchRecorder(first_only=True)
+    real = rp.launch_config
+    rp.launch_config = lambda *a: dict(cfg)
+    launch._SESSION = recorder
+    try:
+        rp._launch(rs.state, rs.ring_x, rs.ring_B, rs.ring_dt, rs.count, x, dt, A, B,
+                   B.clone(), D, dt_bias, True, 0.0, float("inf"), idx, None, 0,
+                   torch.empty_like(x))  # fmt: skip
+    finally:
+        launch._SESSION = None
+        rp.launch_config = real
+    ((_, args, constexprs),) = recorder.launches
+    return rp._replay_ssm_kernel, args, constexprs
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tiles", nargs="*", default=list(TILES), help="BLOCK_PxBLOCK_Nxwarps")
+    p.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
+    p.add_argument("--flushes", nargs="*", default=["loop", "tf32x3"])
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    rows = []
+    for dtype in args.dtypes:
+        for flush in args.flushes:
+            for tile in args.tiles:
+                bp, bn, nw = (int(v) for v in tile.split("x"))
+                cfg = dict(BLOCK_P=bp, BLOCK_N=bn, num_warps=nw, flush=flush)
+                kernel, largs, constexprs = record(DTYPES[dtype], cfg)
+                compiled, seconds = compile_cold(kernel, largs, constexprs)
+                res = resources(compiled)
+                row = dict(state_dtype=dtype, flush=flush, tile=tile, compile_s=seconds,
+                           regs=res["regs"], stack=res["stack"], shared=res["shared"],
+                           dot=bool(constexprs["FLUSH_DOT"]))  # fmt: skip
+                rows.append(row)
+                print(f"{dtype} {flush:6s} {tile:8s}: regs {row['regs']:3d} stack "
+                      f"{row['stack']:5d} shared {row['shared']:5d}  ({seconds:.1f} s)",
+                      flush=True)  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(shape=dict(H=H, P=P, N=N, G=G, L=L, batch=BATCH), rows=rows), f,
+                      indent=1)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

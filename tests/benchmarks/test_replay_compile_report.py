@@ -1,0 +1,26 @@
+"""replay_compile_report: the replayed decode kernel compiled for sm_90 on the CPU (Triton's
+own ptxas), in a child process (the report turns the interpreter off for its imports)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_loop_and_dot_flushes_compile_at_the_h200_fp32_tile(tmp_path):
+    out = tmp_path / "replay.json"
+    cmd = [sys.executable, "-m", "benchmarks.kernels.replay_compile_report", "--tiles",
+           "32x32x1", "8x32x1", "--dtypes", "fp32", "--json", str(out)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {(r["flush"], r["tile"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {(f, t) for f in ("loop", "tf32x3") for t in ("32x32x1", "8x32x1")}
+    assert all(r["regs"] > 0 and r["stack"] >= 0 for r in rows.values())
+    # The dot is taken at the H200 table's tile, not below tl.dot's 16 rows.
+    assert rows["tf32x3", "32x32x1"]["dot"] and not rows["tf32x3", "8x32x1"]["dot"]
+    assert not rows["loop", "32x32x1"]["dot"]
+    assert "fp32 tf32x3 32x32x1" in proc.stdout
