@@ -10,9 +10,9 @@ import argparse
 
 import pytest
 
-from tests.engine.test_prefix_cache_hybrid import make_llm, reference  # noqa: F401
-from tests.engine.test_prefix_cache_hybrid import run as run_hybrid
-from tests.engine.test_prefix_cache_hybrid import same as same_hybrid
+from tests.engine.hybrid_prefix_utils import make_llm, reference_engines
+from tests.engine.hybrid_prefix_utils import run as run_hybrid
+from tests.engine.hybrid_prefix_utils import same as same_hybrid
 from tests.engine.utils import STREAMS_CONFIG, prefix_llm, run_greedy
 from vllm.engine.arg_utils import EngineArgs
 
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.timeout(900)
 OTHER = [90, 2, 2, 61, 33, 7]  # an unrelated prompt: it overwrites the freed slot
 FIRST = [11, 4, 27, 9, 63, 5, 18, 40, 2, 71]  # 10 tokens: two blocks of 4 and a tail of 2
 ON = dict(enable_mamba_prompt_end_checkpoint=True)
+REFERENCE = reference_engines()  # the hybrids without caching, made on first use
 
 
 def test_the_flag_parses_and_is_off_by_default():
@@ -90,7 +91,7 @@ def test_two_lines_keep_the_end_of_request_checkpoint_over_prompt_ends(device):
 
 
 @pytest.mark.parametrize("model,async_scheduling", [("bamba", False), ("nemotron_h", True)])
-def test_hybrid_restores_the_prompt_and_its_kv(device, reference, model, async_scheduling):  # noqa: F811
+def test_hybrid_restores_the_prompt_and_its_kv(device, model, async_scheduling):
     on = make_llm(
         device, model, True, async_scheduling=async_scheduling, num_checkpoint_lines=8, **ON
     )
@@ -102,4 +103,4 @@ def test_hybrid_restores_the_prompt_and_its_kv(device, reference, model, async_s
     out2 = run_hybrid(on, turn2, 3, cached=len(FIRST))
     assert core.prefix.index.hits == len(FIRST) and core.prompt_checkpoints.num_prompt_ends >= 2
     for out, prompt in ((out1, FIRST), (out2, turn2)):
-        same_hybrid(out, run_hybrid(reference(model), prompt, 3))
+        same_hybrid(out, run_hybrid(REFERENCE(model), prompt, 3))
