@@ -83,8 +83,12 @@ gpu_tests() {
 }
 other_tests() {
     # The server tests (tests/entrypoints) need the server's packages: carried as wheels.
+    # OTHER_TEST_PATHS narrows the run (default: the whole suite's tests not marked gpu, on
+    # CUDA where a test's device fixture picks it).
     serve_wheels "$out/serve_wheels.log" || echo "(the server tests will fail to import)"
-    python3 -m pytest tests -q -m "not gpu" $parallel -p no:cacheprovider 2>&1 | tee -a "$out/tests.log"
+    # shellcheck disable=SC2086
+    python3 -m pytest ${OTHER_TEST_PATHS:-tests} -q -m "not gpu" $parallel -p no:cacheprovider 2>&1 |
+        tee -a "$out/tests.log"
 }
 demo() {
     python3 examples/causal_conv1d_demo.py --json "$out/demo.json" 2>&1 | tee "$out/demo.log" &&

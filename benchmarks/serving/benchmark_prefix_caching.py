@@ -78,6 +78,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--multiturn-max-turns", type=int, default=8)
     p.add_argument("--sharegpt-output-len", type=int, default=None, help="multiturn")
     p.add_argument("--server-args", default="", help="more `vllm serve` options, both modes")
+    p.add_argument(
+        "--on-server-args",
+        default="",
+        help="more options for the caching-on server only (e.g. "
+        "--enable-mamba-prompt-end-checkpoint)",
+    )
     p.add_argument("--bench-args", default="", help="more `vllm bench serve` options")
     p.add_argument("--startup-timeout-s", type=float, default=900.0)
     args = p.parse_args(argv)
@@ -151,7 +157,7 @@ def bench_command(args, port: int, spec: str, mode: str, out: Path) -> list[str]
 def server_args(args, mode: str) -> str:
     extra = "--enable-prompt-tokens-details"
     if mode == "on":
-        extra += " --enable-prefix-caching"
+        extra += f" --enable-prefix-caching {args.on_server_args}".rstrip()
     return f"{args.server_args} {extra}".strip()
 
 

@@ -68,15 +68,15 @@ def sharegpt(path, conversations: int, turns: int):
     return path
 
 
-def test_multiturn_on_off_table(tmp_path):
-    model = make_one_word_model(tmp_path / "tiny")
+def run_driver(tmp_path, model, workload: str, output_len: int) -> dict:
+    """benchmark_prefix_caching on one 3-turn conversation against ``model``: its summary."""
     data = sharegpt(tmp_path / "chats.json", conversations=1, turns=3)
     out = tmp_path / "out"
     server = "--max-num-seqs 1 --max-model-len 256 --mamba-block-size 4 --seed 0"
     proc = run_module(
         "benchmarks.serving.benchmark_prefix_caching",
-        *("--model", model, "--out", out, "--workloads", "multiturn"),
-        *("--dataset-path", data, "--num-prompts", 1, "--sharegpt-output-len", 1),
+        *("--model", model, "--out", out, "--workloads", workload),
+        *("--dataset-path", data, "--num-prompts", 1, "--sharegpt-output-len", output_len),
         *("--max-concurrency", 1, "--server-args", server),
         *("--bench-args", "--ready-check-timeout-sec 0"),
         env=server_env(),
@@ -84,7 +84,12 @@ def test_multiturn_on_off_table(tmp_path):
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((out / "prefix_caching.json").read_text())
+    return json.loads((out / "prefix_caching.json").read_text())
+
+
+def test_multiturn_on_off_table(tmp_path):
+    out = tmp_path / "out"
+    summary = run_driver(tmp_path, make_one_word_model(tmp_path / "tiny"), "multiturn", 1)
     pair = summary["runs"]["multiturn"]
     for mode in ("on", "off"):
         r = pair[mode]["result"]
@@ -110,21 +115,7 @@ def test_multiturn_ids_reuses_whole_turns_of_a_random_model(tmp_path):
     a random-weight model's conversation the prompts a chat has when answers tokenize back:
     turns 2 and 3 restore everything the turn before ran through the model."""
     model = make_tiny_model_dir(tmp_path / "tiny", num_hidden_layers=1)
-    data = sharegpt(tmp_path / "chats.json", conversations=1, turns=3)
-    out = tmp_path / "out"
-    server = "--max-num-seqs 1 --max-model-len 256 --mamba-block-size 4 --seed 0"
-    proc = run_module(
-        "benchmarks.serving.benchmark_prefix_caching",
-        *("--model", model, "--out", out, "--workloads", "multiturn_ids@inf"),
-        *("--dataset-path", data, "--num-prompts", 1, "--sharegpt-output-len", 3),
-        *("--max-concurrency", 1, "--server-args", server),
-        *("--bench-args", "--ready-check-timeout-sec 0"),
-        env=server_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((out / "prefix_caching.json").read_text())
+    summary = run_driver(tmp_path, model, "multiturn_ids@inf", 3)
     pair = summary["runs"]["multiturn_ids@inf"]
     for mode in ("on", "off"):
         r = pair[mode]["result"]

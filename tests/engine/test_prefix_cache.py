@@ -97,12 +97,18 @@ def test_pending_checkpoint_does_not_match_until_committed():
     idx.check()
 
 
-def test_lru_eviction_skips_pinned_and_pending():
+def three_committed() -> tuple[CheckpointIndex, list[bytes]]:
+    """An index of three lines, all committed (oldest first), and six hashes."""
     idx = CheckpointIndex([1, 2, 3])
     hs = [hash_block(ROOT_HASH, [i]) for i in range(6)]
     for h in hs[:3]:
         idx.reserve(h)
         idx.commit(h)
+    return idx, hs
+
+
+def test_lru_eviction_skips_pinned_and_pending():
+    idx, hs = three_committed()
     idx.acquire(hs[0])  # pinned by a restoring sequence
     assert idx.reserve(hs[1]) is None  # refresh: hs[1] becomes the youngest
     line = idx.reserve(hs[3])  # evicts hs[2], the oldest unpinned
@@ -117,11 +123,7 @@ def test_lru_eviction_skips_pinned_and_pending():
 
 
 def test_demote_makes_an_entry_the_next_victim_and_leaves_pins_alone():
-    idx = CheckpointIndex([1, 2, 3])
-    hs = [hash_block(ROOT_HASH, [i]) for i in range(6)]
-    for h in hs[:3]:
-        idx.reserve(h)
-        idx.commit(h)
+    idx, hs = three_committed()
     idx.demote(hs[2])  # the youngest becomes the oldest
     assert idx.reserve(hs[3]) == 3 and hs[2] not in idx and hs[0] in idx
     idx.acquire(hs[0])
