@@ -81,8 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--on-server-args",
         default="",
-        help="more options for the caching-on server only (e.g. "
-        "--enable-mamba-prompt-end-checkpoint)",
+        help="more options for the caching-on server only (one option alone needs the = "
+        "form: --on-server-args=--enable-mamba-prompt-end-checkpoint)",
     )
     p.add_argument("--bench-args", default="", help="more `vllm bench serve` options")
     p.add_argument("--startup-timeout-s", type=float, default=900.0)

@@ -244,7 +244,7 @@ def test_driver_commands_parse_as_bench_serve_options(workload, tmp_path):
     assert "--enable-prefix-caching" in server_args(args, "on")
     assert "--enable-prefix-caching" not in server_args(args, "off")
     flag = "--enable-mamba-prompt-end-checkpoint"
-    args = parse_args(["--model", "M", "--out", str(tmp_path), "--on-server-args", flag])
+    args = parse_args(["--model", "M", "--out", str(tmp_path), f"--on-server-args={flag}"])
     assert server_args(args, "on").endswith(f"--enable-prefix-caching {flag}")
     assert flag not in server_args(args, "off")
     for bad in ("chat", "random@0", "random@x", "random,random"):
