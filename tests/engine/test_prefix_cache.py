@@ -122,6 +122,21 @@ def test_lru_eviction_skips_pinned_and_pending():
     idx.check()
 
 
+def test_lookup_reuses_the_callers_block_hashes(monkeypatch):
+    """Admission hashes a prompt once (core._restore) for the lookup and the policy: a
+    lookup given the prompt's hashes computes no block hash, and finds the same."""
+    import vllm.engine.block_hash as block_hash
+
+    cache = StatePrefixCache([1, 2], block_size=4)
+    prompt = list(range(1, 14))  # 13 tokens: three full blocks, a lookup reads 12
+    assert cache.checkpoint(prompt, 8, slot=5)
+    hashes = hash_blocks(prompt, 4)
+    calls, real = [], block_hash.hash_block
+    monkeypatch.setattr(block_hash, "hash_block", lambda *a: calls.append(a) or real(*a))
+    assert cache.lookup(prompt, hashes) == (8, hashes[1]) and not calls
+    assert cache.lookup(prompt) == (8, hashes[1]) and len(calls) == 3
+
+
 def test_demote_makes_an_entry_the_next_victim_and_leaves_pins_alone():
     idx, hs = three_committed()
     idx.demote(hs[2])  # the youngest becomes the oldest

@@ -189,10 +189,15 @@ class EngineCore:
         """Admission under prefix caching: restore the longest checkpointed prefix of the
         prompt into the sequence's slot (not for prompt logprobs, which need every row),
         then plan its prompt checkpoints."""
+        from vllm.engine.block_hash import hash_blocks
+
+        # The prompt's block hashes, once for the lookup and the policy.
+        hashes = hash_blocks(seq.prompt_token_ids, self.prefix.block_size)
         if seq.params.prompt_logprobs is None:
-            n = self.prefix.restore(seq.prompt_token_ids, seq.slot, *self._kv_key(seq))
+            key = self._kv_key(seq)
+            n = self.prefix.restore(seq.prompt_token_ids, seq.slot, *key, hashes=hashes)
             seq.num_computed_tokens = seq.num_cached_tokens = n
-        self.prompt_checkpoints.admit(seq)
+        self.prompt_checkpoints.admit(seq, hashes)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if self.prefix is not None:  # its prompt-end checkpoint goes first from now on

@@ -193,11 +193,11 @@ class HybridPrefixCache(StatePrefixCache):
         self.kv = kv
         self.kv_copies: list[tuple[int, int]] = []  # (cached tail block, fresh block)
 
-    def _candidates(self, prompt: Sequence[int]) -> Iterator[tuple[int, bytes]]:
+    def _candidates(self, prompt: Sequence[int], hashes=None) -> Iterator[tuple[int, bytes]]:
         """Committed Mamba checkpoints that a prefix of ``prompt[:-1]`` matches, longest
         first: (their length, their key)."""
         limit, bs = len(prompt) - 1, self.block_size
-        hashes = hash_blocks(prompt[:limit], bs)
+        hashes = self._lookup_hashes(prompt, hashes)
         for i in range(len(hashes), -1, -1):
             parent = hashes[i - 1] if i else ROOT_HASH
             for t in sorted(self._tails.get(parent, ()), reverse=True):
@@ -208,25 +208,27 @@ class HybridPrefixCache(StatePrefixCache):
             if i and hashes[i - 1] in self.index:
                 yield i * bs, hashes[i - 1]
 
-    def lookup_blocks(self, prompt: Sequence[int]):
+    def lookup_blocks(self, prompt: Sequence[int], hashes=None):
         """(tokens, Mamba key, (full blocks, tail block)) of the longest prefix with a
         checkpoint and all its KV cached, or (0, None, None)."""
         kv_hashes = hash_blocks(prompt[: len(prompt) - 1], self.kv.block_size)
-        for n, key in self._candidates(prompt):
+        for n, key in self._candidates(prompt, hashes):
             blocks = self.kv.cached_blocks(prompt, n, kv_hashes)
             if blocks is not None:
                 return n, key, blocks
         return 0, None, None
 
-    def lookup(self, prompt: Sequence[int]) -> tuple[int, bytes | None]:
-        n, key, _ = self.lookup_blocks(prompt)
+    def lookup(self, prompt: Sequence[int], hashes=None) -> tuple[int, bytes | None]:
+        n, key, _ = self.lookup_blocks(prompt, hashes)
         return n, key
 
-    def restore(self, prompt: Sequence[int], slot: int, seq_id: Hashable = None) -> int:
+    def restore(
+        self, prompt: Sequence[int], slot: int, seq_id: Hashable = None, hashes=None
+    ) -> int:
         """As ``StatePrefixCache.restore``, and the sequence ``seq_id`` (reserved, with no
         blocks yet) starts with the prefix's blocks: the full ones shared, the tail one a
         fresh block with a queued copy."""
-        n, key, blocks = self.lookup_blocks(prompt)
+        n, key, blocks = self.lookup_blocks(prompt, hashes)
         self.index.record(len(prompt), n)
         if key is None:
             return 0
@@ -245,12 +247,9 @@ class HybridPrefixCache(StatePrefixCache):
     ) -> bool:
         """As ``StatePrefixCache.checkpoint``, and when the Mamba checkpoint is written (or
         was there) the sequence's blocks are registered under the same tokens."""
-        written = super().checkpoint(token_ids, num_computed, slot)
         tokens = token_ids[:num_computed]
-        if num_computed < 1 or len(tokens) < num_computed or min(tokens) < 0:
-            return written
-        key = self._key(tokens, num_computed, hash_blocks(tokens, self.block_size))
-        if written or key in self.index:
+        written, key = self._checkpoint(tokens, num_computed, slot)
+        if key is not None and (written or key in self.index):
             self.kv.register(seq_id, tokens)
         return written
 

@@ -2,11 +2,11 @@
 
 Plain data and decisions, no device work (``docs/prefix_caching.md`` has the design).
 
-- **Hash chain.** A prompt is cut into full blocks of ``block_size`` tokens; block ``i``'s
-  hash covers its parent's hash, its own tokens and the request's extra keys (anything
-  besides the tokens that changes the state, e.g. a LoRA or a multimodal input's id), so
-  one hash names the whole prefix up to the end of its block. A partial last block has no
-  hash: only full blocks are cached.
+- **Hash chain** (block_hash.py, re-exported here). A prompt is cut into full blocks of
+  ``block_size`` tokens; block ``i``'s hash covers its parent's hash, its own tokens and
+  the request's extra keys (anything besides the tokens that changes the state, e.g. a
+  LoRA or a multimodal input's id), so one hash names the whole prefix up to the end of
+  its block. A partial last block has no hash: only full blocks are cached.
 - **Checkpoint index.** A budget of extra state-pool lines (beyond the sequences' lines)
   holds (conv, SSM) checkpoints, one per cached block hash: the state after the last token
   of that block. An entry is *pending* from ``reserve`` (a line is chosen, the engine
@@ -20,70 +20,18 @@ Plain data and decisions, no device work (``docs/prefix_caching.md`` has the des
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# The chain's root: the parent of a prompt's first block.
-ROOT_HASH = b"\x00" * 32
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: tuple = ()) -> bytes:
-    """The hash of one block: sha256 over (parent hash, token ids, extra keys).
-
-    Deterministic across processes (no ``hash()``, whose seed differs per process), so that
-    an engine core in a process of its own and the front end agree."""
-    if not isinstance(parent, bytes) or len(parent) != 32:
-        raise ValueError(f"parent must be a 32-byte hash, got {parent!r}")
-    h = hashlib.sha256(parent)
-    h.update(len(tokens).to_bytes(4, "little"))
-    # Each token as 8 little-endian bytes, packed in one call (a per-token update cost ~0.5
-    # us a token, a millisecond per 2k-token prompt on the engine's loop).
-    if not all(type(t) is int for t in tokens):  # no bool, no numpy ints, no floats
-        bad = next(t for t in tokens if type(t) is not int)
-        raise ValueError(f"tokens must be non-negative ints, got {bad!r}")
-    try:
-        h.update(struct.pack(f"<{len(tokens)}Q", *tokens))
-    except struct.error:
-        bad = next(t for t in tokens if not 0 <= t < 2**64)
-        raise ValueError(f"tokens must be non-negative ints, got {bad!r}") from None
-    h.update(repr(tuple(extra_keys)).encode())
-    return h.digest()
-
-
-def hash_blocks(
-    token_ids: Sequence[int],
-    block_size: int,
-    extra_keys: tuple = (),
-    parent: bytes = ROOT_HASH,
-    start_block: int = 0,
-) -> list[bytes]:
-    """Hashes of the full blocks of ``token_ids`` from block ``start_block`` on, chained
-    from ``parent`` (the hash of block ``start_block - 1``, or the root). A growing sequence
-    extends its list by passing its last hash and the number of blocks it already has."""
-    _check_int("block_size", block_size, 1)
-    _check_int("start_block", start_block, 0)
-    out: list[bytes] = []
-    for b in range(start_block, len(token_ids) // block_size):
-        parent = hash_block(parent, token_ids[b * block_size : (b + 1) * block_size], extra_keys)
-        out.append(parent)
-    return out
-
-
-def max_hit_blocks(num_prompt_tokens: int, block_size: int) -> int:
-    """How many leading blocks a prompt may restore: at least one prompt token must still be
-    computed, since the first output token is sampled from the last prompt token's logits."""
-    _check_int("num_prompt_tokens", num_prompt_tokens, 1)
-    _check_int("block_size", block_size, 1)
-    return (num_prompt_tokens - 1) // block_size
+from vllm.engine.block_hash import (  # noqa: F401 (re-exported: the engine's importers)
+    ROOT_HASH,
+    _check_int,
+    boundary_hash,
+    hash_block,
+    hash_blocks,
+    max_hit_blocks,
+)
 
 
 @dataclass
@@ -255,20 +203,6 @@ class CheckpointIndex:
         assert all(e.committed or e.refs == 0 for e in self._entries.values())
 
 
-def boundary_hash(
-    block_hashes: Sequence[bytes], num_computed_tokens: int, block_size: int
-) -> bytes | None:
-    """The hash whose checkpoint a sequence can write now: that of the block ending exactly
-    at ``num_computed_tokens``, or None when its state is not on a block boundary (the
-    sequence's state is only a valid checkpoint at the end of a step on the grid)."""
-    _check_int("num_computed_tokens", num_computed_tokens, 0)
-    _check_int("block_size", block_size, 1)
-    if num_computed_tokens == 0 or num_computed_tokens % block_size:
-        return None
-    b = num_computed_tokens // block_size
-    return block_hashes[b - 1] if b <= len(block_hashes) else None
-
-
 class StatePrefixCache:
     """The engine core's prefix cache of Mamba states (pure Mamba models; first slice).
 
@@ -305,11 +239,20 @@ class StatePrefixCache:
             return parent
         return hash_block(parent, tokens[full * self.block_size : length])
 
-    def lookup(self, prompt: Sequence[int]) -> tuple[int, bytes | None]:
-        """(tokens of the longest restorable prefix, its key), or (0, None)."""
+    def _lookup_hashes(self, prompt: Sequence[int], hashes) -> list[bytes]:
+        """The chain hashes of the full blocks of ``prompt[:-1]``: a prefix of ``hashes``
+        (the whole prompt's, when the caller has them), else computed."""
+        limit = len(prompt) - 1
+        if hashes is None:
+            return hash_blocks(prompt[:limit], self.block_size)
+        return list(hashes[: limit // self.block_size])
+
+    def lookup(self, prompt: Sequence[int], hashes=None) -> tuple[int, bytes | None]:
+        """(tokens of the longest restorable prefix, its key), or (0, None); ``hashes``:
+        the prompt's full-block hashes, if known."""
         limit = len(prompt) - 1
         bs = self.block_size
-        hashes = hash_blocks(prompt[:limit], bs)
+        hashes = self._lookup_hashes(prompt, hashes)
         for i in range(len(hashes), -1, -1):
             parent = hashes[i - 1] if i else ROOT_HASH
             tails = self._tails.get(parent)
@@ -323,10 +266,10 @@ class StatePrefixCache:
                 return i * bs, hashes[i - 1]
         return 0, None
 
-    def restore(self, prompt: Sequence[int], slot: int) -> int:
+    def restore(self, prompt: Sequence[int], slot: int, hashes=None) -> int:
         """Look the prompt up, count the query, and on a hit pin the checkpoint and queue
         its copy into ``slot``; the tokens restored (0 on a miss)."""
-        n, key = self.lookup(prompt)
+        n, key = self.lookup(prompt, hashes)
         self.index.record(len(prompt), n)
         if key is not None:
             self.copies.append((self.index.acquire(key), slot))
@@ -337,16 +280,21 @@ class StatePrefixCache:
         """Queue a checkpoint of ``slot``, whose state covers ``token_ids[:num_computed]``;
         False when there is nothing to write (no tokens, a token not read yet, the key
         already cached, or every line pinned)."""
-        tokens = token_ids[:num_computed]
+        return self._checkpoint(token_ids[:num_computed], num_computed, slot)[0]
+
+    def _checkpoint(self, tokens: Sequence[int], num_computed: int, slot: int):
+        """``checkpoint``'s work: (written, the key or None when there is nothing to key)."""
         if num_computed < 1 or len(tokens) < num_computed or min(tokens) < 0:
-            return False
+            return False, None
         hashes = hash_blocks(tokens, self.block_size)
-        if not self.write(self._key(tokens, num_computed, hashes), slot):
+        key = self._key(tokens, num_computed, hashes)
+        if not self.write(key, slot):
+            return False, key
             return False
         if num_computed % self.block_size:
             parent = hashes[-1] if hashes else ROOT_HASH
             self._tails.setdefault(parent, set()).add(num_computed % self.block_size)
-        return True
+        return True, key
 
     def write(self, key: bytes, slot: int) -> bool:
         """Queue a copy of ``slot`` into a checkpoint line for ``key`` and commit it (the copy

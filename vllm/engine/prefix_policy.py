@@ -119,11 +119,13 @@ class PromptCheckpoints:
         while len(seen) > self.seen_bound:
             seen.popitem(last=False)
 
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: Sequence, hashes=None) -> None:
         """At admission, after the restore (``num_computed_tokens`` is the restored
-        prefix): plan the sequence's targets, then remember its prompt's block hashes."""
+        prefix): plan the sequence's targets, then remember its prompt's block hashes
+        (``hashes``, when the caller has them)."""
         prompt = seq.prompt_token_ids
-        hashes = hash_blocks(prompt, self.block_size)
+        if hashes is None:
+            hashes = hash_blocks(prompt, self.block_size)
         self._plans[seq] = _Plan(hashes, self.targets(len(prompt), hashes, seq.num_computed_tokens))
         self._remember(hashes)
 
