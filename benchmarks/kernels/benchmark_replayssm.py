@@ -270,14 +270,11 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
     if args.tune and replay.batch_bucket(batch) == batch:
         best, chosen = None, None
         for cfg in tune_configs():
-            replay.launch_config = lambda *a, cfg=cfg: dict(cfg)
             try:
-                us = summarize(time_provider("ours_replay", case, up))[0]
+                us = time_with(cfg, case, up)
             except Exception as err:  # noqa: BLE001 - a config that fails is skipped, noted
                 row.setdefault("tune", []).append({**cfg, "error": repr(err)[:200]})
                 continue
-            finally:
-                replay.launch_config = original
             row.setdefault("tune", []).append({**cfg, "us": us})
             if best is None or us < best:
                 best, chosen = us, cfg

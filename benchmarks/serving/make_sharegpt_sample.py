@@ -82,16 +82,13 @@ def make_multiturn_sample(records: list, num: int, seed: int, tokenizer) -> list
     convs = [(r, c) for r in records if (c := conversation(r)) is not None]
     random.Random(seed).shuffle(convs)
     for record, turns in convs:
-        pairs = multiturn._pairs(turns)[:8]
-        if len(pairs) < 3:
-            continue
-        lens = token_counts(tokenizer, [text for pair in pairs for text in pair])
-        if sum(lens) > 2048:
+        found = multiturn.kept_pairs(turns, tokenizer)
+        if found is None:
             continue
         rid = record.get("id") if isinstance(record, dict) else None
         texts = [
             {"from": who, "value": text}
-            for pair in pairs
+            for pair in found[0]
             for who, text in zip(("human", "gpt"), pair, strict=True)
         ]
         kept.append({"id": rid, "conversations": texts})

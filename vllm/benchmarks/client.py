@@ -138,7 +138,9 @@ class _Stream:
         text = "".join(self.text_of(c) for c in choices)
         ids = [t for c in choices for t in (c.get("token_ids") or ())]
         if ids:
-            self.out.output_token_ids = (self.out.output_token_ids or []) + ids
+            if self.out.output_token_ids is None:
+                self.out.output_token_ids = []
+            self.out.output_token_ids.extend(ids)
         if text or ids:
             if self.last is None:
                 self.out.ttft = now - self.start

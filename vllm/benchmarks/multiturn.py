@@ -92,6 +92,30 @@ def _pairs(turns: list) -> list[tuple[str, str]]:
     return out
 
 
+def kept_pairs(
+    turns: list,
+    tokenizer,
+    min_turns: int = 3,
+    max_turns: int = 8,
+    max_total_len: int = 2048,
+    output_len: int | None = None,
+):
+    """A ShareGPT conversation as the benchmark reads it: (its leading (human, gpt) pairs,
+    cut to ``max_turns``; the user turns' token counts; each turn's output length), or None
+    when it has fewer than ``min_turns`` pairs or passes ``max_total_len`` tokens."""
+    pairs = _pairs(turns)[:max_turns]
+    if len(pairs) < min_turns:
+        return None
+    user_lens = token_counts(tokenizer, [q for q, _ in pairs])
+    if output_len is None:
+        out_lens = [max(1, n) for n in token_counts(tokenizer, [a for _, a in pairs])]
+    else:
+        out_lens = [output_len] * len(pairs)
+    if sum(user_lens) + sum(out_lens) > max_total_len:
+        return None
+    return pairs, user_lens, out_lens
+
+
 def sample_conversations(
     records: list,
     tokenizer,
@@ -107,16 +131,10 @@ def sample_conversations(
     random.Random(seed).shuffle(convs)
     out: list[Conversation] = []
     for turns in convs:
-        pairs = _pairs(turns)[:max_turns]
-        if len(pairs) < min_turns:
+        kept = kept_pairs(turns, tokenizer, min_turns, max_turns, max_total_len, output_len)
+        if kept is None:
             continue
-        user_lens = token_counts(tokenizer, [q for q, _ in pairs])
-        if output_len is None:
-            out_lens = [max(1, n) for n in token_counts(tokenizer, [a for _, a in pairs])]
-        else:
-            out_lens = [output_len] * len(pairs)
-        if sum(user_lens) + sum(out_lens) > max_total_len:
-            continue
+        pairs, user_lens, out_lens = kept
         out.append(Conversation([q for q, _ in pairs], out_lens, user_lens[0]))
         if len(out) == num_conversations:
             break

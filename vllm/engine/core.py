@@ -45,6 +45,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from vllm.config import EngineConfig
+from vllm.engine.block_hash import hash_blocks
 from vllm.engine.input_builder import build_step_inputs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
 from vllm.engine.sequence import PENDING_TOKEN, Sequence
@@ -189,8 +190,6 @@ class EngineCore:
         """Admission under prefix caching: restore the longest checkpointed prefix of the
         prompt into the sequence's slot (not for prompt logprobs, which need every row),
         then plan its prompt checkpoints."""
-        from vllm.engine.block_hash import hash_blocks
-
         # The prompt's block hashes, once for the lookup and the policy.
         hashes = hash_blocks(seq.prompt_token_ids, self.prefix.block_size)
         if seq.params.prompt_logprobs is None:

@@ -290,11 +290,17 @@ class StatePrefixCache:
         key = self._key(tokens, num_computed, hashes)
         if not self.write(key, slot):
             return False, key
-            return False
-        if num_computed % self.block_size:
-            parent = hashes[-1] if hashes else ROOT_HASH
-            self._tails.setdefault(parent, set()).add(num_computed % self.block_size)
+        self._add_tail(num_computed, hashes)
         return True, key
+
+    def _add_tail(self, length: int, hashes: Sequence[bytes]) -> None:
+        """A key of ``length`` tokens off the grid was written: its tail length is listed
+        under its last full block (``hashes``: at least the full blocks of the ``length``
+        tokens), so a lookup tries it."""
+        full, tail = divmod(length, self.block_size)
+        if tail:
+            parent = hashes[full - 1] if full else ROOT_HASH
+            self._tails.setdefault(parent, set()).add(tail)
 
     def write(self, key: bytes, slot: int) -> bool:
         """Queue a copy of ``slot`` into a checkpoint line for ``key`` and commit it (the copy
@@ -317,13 +323,11 @@ class StatePrefixCache:
         blocks hash to ``hashes``), keyed as an end-of-request checkpoint is (a tail key off
         the grid), written through ``write_prompt`` (a hybrid names its KV blocks); its key,
         or None when nothing was written."""
-        n, bs = len(tokens), self.block_size
+        n = len(tokens)
         key = self._key(tokens, n, hashes) if n else None
         if key is None or not self.write_prompt(key, slot, tokens, seq_id):
             return None
-        if n % bs:
-            parent = hashes[n // bs - 1] if n >= bs else ROOT_HASH
-            self._tails.setdefault(parent, set()).add(n % bs)
+        self._add_tail(n, hashes)
         return key
 
     def take_copies(self) -> list[tuple[int, int]]:
