@@ -234,3 +234,17 @@ def test_a_non_boolean_is_refused(server, value):
         r = post(server, path, **body, return_token_ids=value)
         error = assert_error_body(r, 400, "BadRequestError")
         assert error["param"] == "return_token_ids" and "return_token_ids" in error["message"]
+
+
+def test_refusals_and_a_disconnect_leave_the_server_serving(server, offline):
+    """After the 400s above and a client that drops a return_token_ids stream after its
+    first chunk, the next request is served whole, with the offline engine's ids."""
+    for value in ("yes", 1):
+        assert post(server, "v1/completions", prompt=IDS, return_token_ids=value).status_code == 400
+    body = {"model": MODEL_NAME, "prompt": IDS, "max_tokens": 64, "stream": True,
+            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    with httpx.stream("POST", server.url_for("v1", "completions"), json=body, timeout=120) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # one event, then the connection closes
+    out = ok(server, "v1/completions", prompt=IDS, return_token_ids=True, **GREEDY)
+    assert out["choices"][0]["token_ids"] == offline["ids"]
