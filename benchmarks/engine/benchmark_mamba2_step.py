@@ -14,7 +14,11 @@ Steps (rows in the engine's order: decodes first, then the prefill):
   ``causal_conv1d_update``);
 - decode_graph (CUDA, unless ``--no-cuda-graph``): the same decodes replayed from the
   engine's CUDA graphs (``vllm/worker/cuda_graph.py``), all buckets up to the batch captured
-  first; the capture time and the memory it took are reported.
+  first; the capture time and the memory it took are reported;
+- mixed_graph (CUDA, Triton backend, unless ``--no-cuda-graph``): the mixed step replayed
+  from the graph of its bucket (``vllm/worker/mixed_graph.py``, cudagraph_mode FULL: padded
+  to the bucket's tokens within ``--max-num-batched-tokens``), its host packing and upload
+  included.
 
 ``--use-replayssm`` (default: on for CUDA, as the engine) gives the pool the replay rings of
 ``--replayssm-buffer-len`` steps, so decode rows take the replayed update; each decode
@@ -74,7 +78,15 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--no-cuda-graph", action="store_true", help="skip the decode_graph step")
+    p.add_argument(
+        "--no-cuda-graph", action="store_true", help="skip the decode_graph and mixed_graph steps"
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="the engine limit the mixed step's graph bucket is chosen within",
+    )
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per kind")
     p.add_argument(
@@ -122,7 +134,7 @@ class StepCase:
         self.num_tokens = int(qsl[-1])
         self.ids = torch.randint(0, vocab, (self.num_tokens,), generator=gen).to(device)
         self.rows = (qsl[1:] - 1).long().to(device)  # each row's last token: sampled
-        self.slots = slots
+        self.slots, self.lens, self.init = slots, lens, init
 
     def run(self, model, pool):
         from vllm.forward_context import ForwardContext, set_forward_context
@@ -164,6 +176,39 @@ def decode_floor(model, pool, batch: int) -> dict:
         "copy_gbps": bw,
         "floor_ms": total / (bw * 1e9) * 1e3,
     }
+
+
+def mixed_graph_step(model, case, mempool, args):
+    """The mixed step replayed from the graph of its bucket within the engine's limits
+    (``--max-num-batched-tokens``, ``max(num_decodes + 1, decode_batch)`` sequences), as
+    ``cudagraph_mode`` FULL runs it, host packing and upload included; (step, capture)."""
+    import torch
+
+    from vllm.step_io import StepInputs
+    from vllm.worker.mixed_graph import MixedGraphs
+
+    lens, slots = case.lens, case.slots
+    inp = StepInputs(
+        lens=lens, slots=slots, contexts=[2 if i else 0 for i in case.init],
+        num_decodes=args.num_decodes, ids=case.ids.tolist(),
+        sample_rows=(case.rows.cpu()).tolist(),
+    )  # fmt: skip
+    graphs = MixedGraphs(model, case.builder, args.max_num_batched_tokens,
+                         max(args.num_decodes + 1, args.decode_batch), mempool)  # fmt: skip
+    selected = graphs.select(inp)
+    if selected is None:
+        raise SystemExit(f"the mixed step fits no mixed-graph bucket of {graphs.buckets}")
+    t0 = time.perf_counter()
+    reserved = torch.cuda.memory_reserved()
+    graphs._graph(selected[0])
+    torch.cuda.synchronize()
+    capture = {
+        "bucket": vars(selected[0]),
+        "seconds": time.perf_counter() - t0,
+        "memory_gib": (torch.cuda.memory_reserved() - reserved) / 2**30,
+    }
+    print(f"captured the mixed step's graph {capture}", flush=True)
+    return (lambda: graphs.run(inp, selected, None)), capture
 
 
 def run_backend(name, model, cases, args, on_cuda) -> dict:
@@ -213,6 +258,10 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
         )
         ids, slots = cases["decode"].ids.tolist(), cases["decode"].slots
         steps["decode_graph"] = lambda: graphs.run(ids, slots)
+        if name == "triton":
+            steps["mixed_graph"], out["mixed_graph_capture"] = mixed_graph_step(
+                model, cases["mixed"], graphs.mempool, args
+            )
     for kind, fn in steps.items():
         res = timed(fn, args.iters, args.warmup, on_cuda)
         out[kind] = res
@@ -235,7 +284,7 @@ def run_backend(name, model, cases, args, on_cuda) -> dict:
         )
     if args.profile:
         out["profile"], out["decode_graph_kernels"], out["host_ops"] = profile_steps(
-            steps, args.profile_steps, on_cuda, ("decode_graph",)
+            steps, args.profile_steps, on_cuda, ("decode_graph", "mixed_graph")
         )
     return out  # the pool and the graphs die here, before the next backend's are made
 

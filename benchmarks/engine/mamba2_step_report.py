@@ -86,7 +86,7 @@ def markdown(results: dict) -> str:
         if "skipped" in res:
             lines.append(f"| {name} | skipped: {res['skipped']} | | | | | |")
             continue
-        for kind in ("mixed", "decode", "decode_graph"):
+        for kind in ("mixed", "mixed_graph", "decode", "decode_graph"):
             if kind in res:
                 r, tokens = res[kind], s["tokens"][kind.replace("_graph", "")]
                 lines.append(

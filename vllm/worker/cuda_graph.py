@@ -77,7 +77,8 @@ class DecodeGraphs:
         self.attn_builder = attn_builder
         self.buckets = graph_buckets(max_batch)
         self._graphs: dict[int, _Graph] = {}
-        self._mempool = torch.cuda.graph_pool_handle()
+        # Shared with the mixed-step graphs (mixed_graph.py): graphs never run at once.
+        self.mempool = torch.cuda.graph_pool_handle()
         # A replay's host data (input ids, slots, positions, the rows of pending input
         # tokens and their source rows, the attention metadata) reaches the device in one
         # copy; device copies then move it into the buffers the graph captured.
@@ -99,7 +100,7 @@ class DecodeGraphs:
         size = next(b for b in self.buckets if b >= batch_size)
         graph = self._graphs.get(size)
         if graph is None:
-            graph = self._graphs[size] = _Graph(self.model, size, self._mempool, self.attn_builder)
+            graph = self._graphs[size] = _Graph(self.model, size, self.mempool, self.attn_builder)
         return graph
 
     @torch.no_grad()

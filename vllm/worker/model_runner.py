@@ -26,12 +26,16 @@ import torch
 from vllm.config import EngineConfig
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.forward_context import ForwardContext, set_forward_context
+from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.staged_upload import StagedUpload
 from vllm.step_io import StepInputs
 from vllm.worker.cache_engine import CacheEngine
 from vllm.worker.cuda_graph import DecodeGraphs
+from vllm.worker.mixed_graph import MixedGraphs, full_graphs_unsupported, graph_pool_gib
 from vllm.worker.warmup import compile_kernels, dummy_steps
+
+logger = init_logger(__name__)
 
 # Tokens a start-up dummy row that continues a sequence has in the cache already.
 _DUMMY_CONTEXT = 2
@@ -45,6 +49,7 @@ class StepResult:
 
     logits: torch.Tensor | None
     prompt_logits: torch.Tensor | None = None
+    graph: bool = False  # the step replayed a CUDA graph (decode-only or mixed)
 
 
 class ModelRunner:
@@ -95,6 +100,19 @@ class ModelRunner:
         self.cache.allocate_kv(self._startup_blocks(profile_rows))
         kernels = compile_kernels(self.dummy_step, self._zero_state, n_seq, n_tok, self.device)
         peak = self._activation_peak(profile_rows) if profile_rows else 0
+        mode = config.cudagraph_mode if self.device.type == "cuda" else "NONE"
+        self.full_graphs_off = None  # why FULL was asked for and not given
+        if mode == "FULL":
+            self.full_graphs_off = full_graphs_unsupported(
+                self.model, self.builder, config.use_replayssm
+            )
+            if self.full_graphs_off is not None:
+                logger.warning("cudagraph_mode FULL: mixed steps run eagerly: %s",
+                               self.full_graphs_off)  # fmt: skip
+                mode = "FULL_DECODE_ONLY"
+        # The mixed graphs' memory pool holds about one full step's activations beside the
+        # eager steps' own: the KV cache leaves room for both.
+        reserved_peak = 2 * peak if mode == "FULL" else peak
         if self.cache.has_attention:
             self.cache.allocate_kv(
                 self.cache.num_kv_blocks(
@@ -102,23 +120,39 @@ class ModelRunner:
                     gpu_memory_utilization=config.gpu_memory_utilization,
                     max_num_seqs=n_seq,
                     max_model_len=config.max_model_len,
-                    peak_activation_bytes=peak,
+                    peak_activation_bytes=reserved_peak,
                 )
             )
         self._sync()
         t3 = time.perf_counter()
-        self.graphs = None
-        if self.device.type == "cuda" and not config.enforce_eager:
+        self.graphs = self.mixed_graphs = None
+        pool_before = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
+        if mode != "NONE":
             self.graphs = DecodeGraphs(self.model, n_seq, self.attn_builder)
             self.graphs.capture()
             self._sync()
         t4 = time.perf_counter()
+        if mode == "FULL":
+            self.mixed_graphs = MixedGraphs(self.model, self.builder, n_tok, n_seq,
+                                            self.graphs.mempool, self.attn_builder)  # fmt: skip
+            self.mixed_graphs.capture()
+            self._sync()
+        t5 = time.perf_counter()
+        pool_after = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
+        self.cudagraph_mode = mode
+        # Steps by how they ran: decode-only graphs, mixed graphs, eager.
+        self.step_counts = {"graph_decode": 0, "graph_mixed": 0, "eager": 0}
         self.startup = {
             "weights_s": t1 - t0,
             "state_pool_s": t2 - t1,
             "compile_s": kernels.seconds,
             "warmup_s": t3 - t2,
             "graph_capture_s": t4 - t3,
+            "mixed_graph_capture_s": t5 - t4,
+            "cudagraph_mode": mode,
+            "num_mixed_graphs": 0 if self.mixed_graphs is None else len(self.mixed_graphs.buckets),
+            "graph_pool_gib": graph_pool_gib(pool_before, pool_after),
+            "graph_budget_gib": (peak if mode == "FULL" else 0) / 2**30,
             "num_kernels": kernels.num_variants,
             "num_kernels_compiled": kernels.num_new,
             "kernel_variants": kernels.variants,
@@ -277,7 +311,15 @@ class ModelRunner:
             pending = (fill_dst, fill_src, prev_tokens) if fill_dst else None
             attn = (contexts, inp.block_tables) if attention else None
             # Every row of this step ends its sequence's known tokens: all sample.
-            return StepResult(self.graphs.run(ids, slots, pending, attn))
+            self.step_counts["graph_decode"] += 1
+            return StepResult(self.graphs.run(ids, slots, pending, attn), graph=True)
+        if self.mixed_graphs is not None:
+            selected = self.mixed_graphs.select(inp)
+            if selected is not None:
+                self.step_counts["graph_mixed"] += 1
+                logits = self.mixed_graphs.run(inp, selected, prev_tokens)
+                return StepResult(logits, graph=True)
+        self.step_counts["eager"] += 1
 
         n_fill, n_pos = len(fill_dst), len(positions)
         tail = num_tokens + n_pos

@@ -106,6 +106,10 @@ def _ssd_chunk_state_kernel(
     i_g = i_h // HEADS_PER_GROUP
     start = tl.load(chunk_starts_ptr + i_c)
     clen = tl.load(chunk_starts_ptr + i_c + 1) - start
+    if clen == 0:
+        # A CUDA graph's padded chunk layout: its spare chunks hold no rows and belong to a
+        # padded sequence, whose state passing and outputs read none of this chunk's work.
+        return
     row0 = start.to(tl.int64)
 
     # cs in log2 units (dA * log2(e)): every decay below is one exp2.

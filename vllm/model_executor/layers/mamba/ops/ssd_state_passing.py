@@ -10,9 +10,10 @@ Per sequence i (line ``state_indices[i]``, chunks ``c0 .. c1 - 1``) and head h::
 
 The initial state is read straight from its pool line and the final state written straight
 back: no gather or scatter copy. A sequence on the padded-row marker (``pad_slot_id``)
-reads and writes no line. A sequence without chunks (no tokens) leaves its initial state, or
-zeros without one. The start state of a sequence's first chunk is stored only when it has an
-initial state (otherwise it is zero, and the chunk scan skips the term).
+reads and writes no line and passes nothing (no output reads its start states). A sequence
+without chunks (no tokens) leaves its initial state, or zeros without one. The start state
+of a sequence's first chunk is stored only when it has an initial state (otherwise it is
+zero, and the chunk scan skips the term).
 
 The chain is sequential per sequence, so the programs are few and wait on memory; the same
 launch runs the CB job (``ssd_bmm._cb_rows``), which needs only the inputs, on the SMs they
@@ -68,6 +69,11 @@ def _pass_states(
         use_init = live & False
     c0 = tl.load(seq_chunk_starts_ptr + i_s).to(tl.int64)
     c1 = tl.load(seq_chunk_starts_ptr + i_s + 1).to(tl.int64)
+    # A padded sequence's carried states are read by nobody (its outputs start from zeros,
+    # its final state and chunk states have no line): skip its chain. Its chunks may be the
+    # empty spare chunks of a CUDA graph's padded layout, whose contributions were never
+    # written (ssd_chunk_state returns at once on an empty chunk).
+    c1 = tl.where(live, c1, c0)
 
     o_p = i_tp * BLOCK_SP + tl.arange(0, BLOCK_SP)
     o_n = i_tn * BLOCK_SN + tl.arange(0, BLOCK_SN)

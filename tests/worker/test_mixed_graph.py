@@ -1,0 +1,170 @@
+"""Mixed steps padded to a CUDA-graph bucket (cudagraph_mode FULL): the buckets, the padded
+Mamba2 metadata, the Triton SSD over a padded layout, and whole engines whose mixed steps
+run through the padded path eagerly (``capture=False``: the CPU has no graphs; the graphs'
+own test is test_mixed_graph_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.utils import ASYNC_SCHED_CONFIG, BAMBA
+from vllm import LLM, SamplingParams
+from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
+from vllm.model_executor.layers.mamba.mamba2_padded import (
+    MixedBucket,
+    decodes_lead,
+    padded_chunk_count,
+    prepare_padded,
+)
+from vllm.model_executor.layers.mamba.ops.ssd_combined import (
+    mamba_chunk_scan_combined_varlen,
+    plan_ssd_chunks,
+)
+from vllm.worker.mixed_graph import MixedGraphs, mixed_buckets, mixed_token_sizes
+
+
+def test_bucket_sizes_follow_the_limits():
+    assert mixed_token_sizes(16) == [16]
+    assert mixed_token_sizes(100) == [32, 64, 100]
+    sizes = mixed_token_sizes(2048)
+    assert sizes[:4] == [32, 64, 128, 256] and sizes[-3:] == [1536, 1792, 2048]
+    assert all(b - a in (32, 64, 128, 256) for a, b in zip(sizes, sizes[1:], strict=False))
+    buckets = mixed_buckets(2048, 64)
+    assert [b.num_tokens for b in buckets] == sizes
+    assert buckets[0] == MixedBucket(32, 32, 4)
+    assert buckets[-1] == MixedBucket(2048, 64, 16)
+    assert all(b.max_prefills <= b.num_seqs <= min(b.num_tokens, 64) for b in buckets)
+    with pytest.raises(ValueError, match="max_prefills <= num_seqs"):
+        MixedBucket(8, 16, 4)
+
+
+def test_decodes_lead():
+    assert decodes_lead([1, 1, 5, 1], [3, 4, 0, 0], 2)  # then a fresh 1-token prompt
+    assert decodes_lead([1, 5, 1], [3, 0, 3], 1)  # a 1-token chunk continuation
+    assert not decodes_lead([5, 1], [0, 3], 1)
+    assert not decodes_lead([1, 1], [2, 0], 2)
+    assert decodes_lead([7], [2], 0)
+
+
+def test_prepare_padded_layout():
+    bucket = MixedBucket(32, 8, 4)
+    lens, ctx, slots = [1, 1, 5, 9], [3, 4, 0, 2], [5, 2, 7, 1]
+    plan = prepare_padded(bucket, 8, lens, slots, ctx, 2)
+    h = {k: v.tolist() for k, v in plan.host.items()}
+    assert h["conv.query_start_loc"] == [0, 1, 2, 7, 16, 16, 16, 16, 16, 32]
+    assert h["state_indices"] == [5, 2, 7, 1, 0, 0, 0, 0, 0]
+    assert h["has_initial_state"] == [True, True, False, True] + [False] * 5
+    assert h["decode_slots"] == [5, 2, 0, 0, 0, 0, 0, 0]
+    assert h["prefill_slots"] == [7, 1, 0, 0, 0]
+    assert h["prefill_init"] == [False, True, False, False, False]
+    assert h["prefill_query_start_loc"] == [0, 5, 14, 14, 14, 14]
+    assert padded_chunk_count(32, 4, 8) == 8
+    # rows 2..7 one chunk, rows 7..16 two; then five empty spare chunks of the last sequence
+    assert h["layout.chunk_starts"] == [2, 7, 15, 16, 16, 16, 16, 16, 16]
+    assert h["layout.chunk_seqs"] == [0, 1, 1, 4, 4, 4, 4, 4]
+    assert h["layout.seq_chunk_starts"] == [0, 1, 3, 3, 3, 8]
+    assert plan.counts == dict(num_tokens=32, batch_size=9, num_decode_tokens=8,
+                               num_prefills=5, num_prefill_tokens=0)  # fmt: skip
+    assert plan.conv_fields["max_query_len"] == 32
+    # every tensor has the bucket's size whatever the step
+    other = prepare_padded(bucket, 8, [1, 20], [3, 4], [6, 0], 1)
+    assert {k: v.shape for k, v in other.host.items()} == {k: v.shape for k, v in plan.host.items()}
+    padding = prepare_padded(bucket, 8, [], [], [], 0)
+    assert padding.host["state_indices"].tolist() == [0] * 9
+    assert padding.host["layout.chunk_seqs"].tolist() == [4] * 8
+
+
+@pytest.mark.parametrize(
+    "lens, ctx, d",
+    [
+        ([1] * 4 + [2] * 5, [1] * 4 + [0] * 5, 4),  # five prefills > P = 4
+        ([1] * 9, [1] * 9, 9),  # nine rows > S = 8
+        ([1, 32], [1, 0], 1),  # 33 tokens > T = 32
+    ],
+)
+def test_prepare_padded_refuses_what_does_not_fit(lens, ctx, d):
+    slots = list(range(1, len(lens) + 1))
+    assert prepare_padded(MixedBucket(32, 8, 4), 8, lens, slots, ctx, d) is None
+
+
+def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison):
+    """The prefills' y and final states through the padded layout (spare empty chunks,
+    sequences on the null line) are the eager layout's, bit for bit; no other line moves."""
+    gen = torch.Generator().manual_seed(5)
+    heads, hd, ds, chunk = 4, 8, 16, 8
+    bucket = MixedBucket(48, 6, 4)
+    lens, ctx, slots = [1, 1, 11, 3, 17], [2, 5, 4, 0, 1], [3, 6, 1, 4, 2]
+    t = bucket.num_tokens
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    x, dt = rand(t, heads, hd), rand(t, heads)
+    B, C = rand(t, 2, ds), rand(t, 2, ds)
+    A = -torch.rand(heads, generator=gen).to(device) - 0.5
+    pool = rand(9, heads, hd, ds)
+    plan = prepare_padded(bucket, chunk, lens, slots, ctx, 2)
+    layout = plan.layout.to(device)
+    got_pool, got_y = pool.clone(), torch.zeros(t, heads, hd, device=device)
+    mamba_chunk_scan_combined_varlen(
+        x, dt, A, B, C, layout, got_pool, plan.host["prefill_slots"].to(device),
+        plan.host["prefill_init"].to(device), out=got_y, dt_softplus=True,
+    )  # fmt: skip
+    q = torch.tensor([2, 13, 16, 33], dtype=torch.int32)
+    ref_pool, ref_y = pool.clone(), torch.zeros(t, heads, hd, device=device)
+    mamba_chunk_scan_combined_varlen(
+        x, dt, A, B, C, plan_ssd_chunks(q, chunk).to(device), ref_pool,
+        torch.tensor([1, 4, 2], dtype=torch.int32, device=device),
+        torch.tensor([True, False, True], device=device), out=ref_y, dt_softplus=True,
+    )  # fmt: skip
+    assert torch.equal(got_y[2:33], ref_y[2:33])
+    assert torch.equal(got_pool, ref_pool)
+    assert not torch.equal(got_pool[1], pool[1])  # the prefills did write their lines
+    assert torch.equal(got_pool[[0, 3, 5, 6, 7, 8]], pool[[0, 3, 5, 6, 7, 8]])
+    assert got_y[33:].abs().max() == 0 and got_y[:2].abs().max() == 0
+
+
+def _padded_path(llm: LLM, device) -> MixedGraphs:
+    """Every step of ``llm`` through the padded mixed path, run eagerly (enforce_eager: no
+    decode graph takes the decode-only steps first either)."""
+    runner = llm.engine.runner
+    c = llm.engine.config
+    builder = Mamba2MetadataBuilder(runner.builder.chunk_size, device, triton_ssd=True)
+    runner.mixed_graphs = MixedGraphs(
+        runner.model, builder, c.max_num_batched_tokens, c.max_num_seqs, None,
+        runner.attn_builder, capture=False,
+    )  # fmt: skip
+    return runner.mixed_graphs
+
+
+def _greedy(llm: LLM, prompts, n: int):
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [
+        (o.outputs[0].token_ids, [next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs])
+        for o in outs
+    ]
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["mamba2", "bamba"])
+def test_engine_through_the_padded_path_equals_eager(hybrid, device):
+    """Prompt lengths 1 .. chunk + 1 and longer beside running decodes, chunked prefills
+    continuing their states, async scheduling's pending tokens: the padded steps give the
+    eager engine's greedy tokens, and their logprobs within fp32 noise."""
+    model = BAMBA if hybrid else ASYNC_SCHED_CONFIG
+    opts = dict(load_format="dummy", dtype="float32", device=device.type, max_num_seqs=4,
+                max_num_batched_tokens=16, max_model_len=48, enforce_eager=True)  # fmt: skip
+    lens = [1, 9, 3, 20, 8, 2]
+    prompts = [[(5 * i + 3 * j) % 90 + 1 for j in range(n)] for i, n in enumerate(lens)]
+    want = _greedy(LLM(model, **opts), prompts, 5)
+    llm = LLM(model, **opts)
+    padded = _padded_path(llm, device)
+    got = _greedy(llm, prompts, 5)
+    counts = llm.engine.runner.step_counts
+    assert counts["eager"] == 0 and counts["graph_mixed"] == padded.num_replays > 5
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (_, g), (_, w) in zip(got, want, strict=True):
+        assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
+    # the buckets used were the step's smallest: 16 tokens is the only one here
+    assert [b.num_tokens for b in padded._graphs] == [16]

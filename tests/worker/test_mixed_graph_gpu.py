@@ -1,0 +1,98 @@
+"""cudagraph_mode FULL on the GPU: mixed steps replay CUDA graphs captured at start-up and
+give the eager engine's greedy tokens (Mamba2 and the Bamba hybrid's attention), every step
+inside a bucket replays a graph, and what cannot be graphed runs eagerly and is counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.utils import BAMBA
+from vllm import LLM, SamplingParams
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+from vllm.model_executor.models.mamba_config import MambaModelConfig
+from vllm.worker.mixed_graph import mixed_buckets
+
+pytestmark = pytest.mark.gpu
+
+MAMBA2 = Mamba2ModelConfig(
+    vocab_size=256, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+    state_size=16, n_groups=2, chunk_size=16,
+)  # fmt: skip
+# Four sequences: every step has at most four prefills, so every step fits the bucket.
+OPTS = dict(load_format="dummy", dtype="float32", device="cuda", max_num_seqs=4,
+            max_num_batched_tokens=32, max_model_len=96)  # fmt: skip
+
+
+def _llm(model, mode: str, **kw) -> LLM:
+    return LLM(model, **{**OPTS, **kw}, compilation_config={"cudagraph_mode": mode})
+
+
+def _prompts(chunk: int) -> list[list[int]]:
+    """Lengths 1 .. chunk + 1, and two longer than a step's budget (chunked prefills that
+    continue their states), arriving together: mixed steps beside running decodes."""
+    lens = [*range(1, chunk + 2), 45, 70]
+    return [[(11 * i + 7 * j) % 120 + 1 for j in range(n)] for i, n in enumerate(lens)]
+
+
+def _greedy(llm: LLM, prompts, n: int = 6, **kw):
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=0, **kw)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    tokens = [o.outputs[0].token_ids for o in outs]
+    logprobs = [[next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs] for o in outs]
+    return tokens, logprobs
+
+
+def test_full_captures_every_bucket_at_start_up():
+    llm = _llm(MAMBA2, "FULL")
+    runner = llm.engine.runner
+    buckets = mixed_buckets(OPTS["max_num_batched_tokens"], OPTS["max_num_seqs"])
+    assert runner.cudagraph_mode == "FULL" and runner.mixed_graphs.buckets == buckets
+    assert sorted(runner.mixed_graphs._graphs, key=lambda b: b.num_tokens) == buckets
+    startup = llm.engine.startup
+    assert startup["cudagraph_mode"] == "FULL" and startup["num_mixed_graphs"] == len(buckets)
+    assert startup["graph_pool_gib"] > 0
+
+
+@pytest.mark.parametrize("model", [MAMBA2, BAMBA], ids=["mamba2", "bamba"])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_full_equals_eager_and_decode_only(model, async_scheduling):
+    """Graphs pad the step, so matmuls may differ in the last bits: greedy tokens must
+    agree, logprobs within fp32 noise. No mixed step of this workload runs eagerly."""
+    chunk = getattr(model, "chunk_size", None) or model.mamba_chunk_size
+    prompts = _prompts(chunk)
+    got = {}
+    for mode in ("NONE", "FULL_DECODE_ONLY", "FULL"):
+        llm = _llm(model, mode, async_scheduling=async_scheduling)
+        got[mode] = _greedy(llm, prompts)
+        counts = llm.engine.runner.step_counts
+        if mode == "FULL":
+            assert counts["eager"] == 0, counts
+            assert counts["graph_mixed"] == llm.engine.runner.mixed_graphs.num_replays > 3
+        elif mode == "FULL_DECODE_ONLY":
+            assert counts["graph_mixed"] == 0 and counts["eager"] > 3
+        del llm
+        torch.cuda.empty_cache()
+    for mode in ("FULL_DECODE_ONLY", "FULL"):
+        assert got[mode][0] == got["NONE"][0], mode
+        for g, w in zip(got[mode][1], got["NONE"][1], strict=True):
+            assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_logprob_steps_run_eagerly_and_are_counted():
+    llm = _llm(MAMBA2, "FULL")
+    want = _greedy(_llm(MAMBA2, "NONE"), [[5, 6, 7, 8, 9]], prompt_logprobs=1)
+    counts = llm.engine.runner.step_counts
+    assert _greedy(llm, [[5, 6, 7, 8, 9]], prompt_logprobs=1)[0] == want[0]
+    assert counts["eager"] >= 1 and counts["graph_decode"] >= 1
+
+
+def test_a_model_without_padded_layers_keeps_decode_graphs():
+    """Mamba1 layers take no padded metadata: FULL falls back to FULL_DECODE_ONLY, said at
+    start-up, and the engine still serves."""
+    mamba1 = MambaModelConfig(vocab_size=128, hidden_size=32, state_size=8,
+                              num_hidden_layers=2, expand=2, conv_kernel=4)  # fmt: skip
+    llm = _llm(mamba1, "FULL")
+    assert llm.engine.runner.cudagraph_mode == "FULL_DECODE_ONLY"
+    assert "MambaMixer" in llm.engine.runner.full_graphs_off
+    assert len(_greedy(llm, [[1, 2, 3]])[0][0]) == 6
