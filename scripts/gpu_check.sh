@@ -9,8 +9,9 @@
 # Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, replay_bench,
 # selective_scan_bench, fused_moe_bench, vs_hf, vs_hf_arch, cold_start, e2e, e2e_cold_warm,
 # host_cost, hybrid_bench, tp (scripts/gpu_steps/benchmarks.sh) and serve, lm_eval,
-# serving_sweep, old_new, prefix_bench (scripts/gpu_steps/serving.sh); each is described
-# where it is defined. docs/gpu_box.md tables them with their times and what to carry.
+# serving_sweep, old_new, prefix_bench, graph_modes (scripts/gpu_steps/serving.sh); each is
+# described where it is defined. docs/gpu_box.md tables them with their times and what to
+# carry.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
@@ -107,7 +108,7 @@ for s in $steps; do
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
         wheels | ssd_bench | replay_bench | selective_scan_bench | fused_moe_bench | \
         vs_hf | cold_start | serve | host_cost | hybrid_bench | lm_eval | \
-        serving_sweep | old_new | prefix_bench | tp) step "$s" "$s" ;;
+        serving_sweep | old_new | prefix_bench | graph_modes | tp) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;
     esac
 done

@@ -271,3 +271,51 @@ prefix_bench() {
         --dataset-path "$data" --out "$out/prefix" "${args[@]}" \
         --server-args "${PREFIX_BENCH_SERVER_ARGS:-$server}" 2>&1 | tee "$out/prefix_bench.log"
 }
+
+# CUDA graph modes served (issue 32): serving_sweep.py once per cudagraph_mode of
+# GRAPH_MODES (default "FULL_DECODE_ONLY FULL": graphs for decode-only steps only, or for
+# mixed prefill + decode steps too), each its own `vllm serve` (Triton conv, its own empty
+# Triton cache) given the mode as vLLM's --compilation-config JSON, running
+# GRAPH_MODES_RUNS (default sharegpt@8:300,sharegpt@inf:300) GRAPH_MODES_REPEATS times
+# (default 1; repeats against the same server). GRAPH_MODES_SERVER_ARGS is appended to the
+# server's options (e.g. --max-num-seqs 128: the last one given wins). Carry .whl/serve,
+# .whl/codestral and .whl/sharegpt_3000.json as for serving_sweep. Table (per workload@rate:
+# tok/s, TTFT, ITL, graph / eager steps, start-up; FULL against FULL_DECODE_ONLY):
+# OUT/graph_modes/graph_modes.md (benchmarks/serving/graph_modes_report.py). Per mode: the
+# server's start from an empty Triton cache ~30-60 s, rate 8 ~45 s, rate inf ~40 s: ~2-2.5
+# minutes, ~4-5 for both modes (add ~1.5 minutes per mode for each further repeat).
+graph_modes_server_args() { # graph_modes_server_args MODE: serving_sweep's --server-args
+    # serving_sweep splits them with shlex: the JSON goes in single quotes.
+    local args="--load-format dummy --dtype bfloat16 --max-num-seqs 256"
+    args="$args --max-num-batched-tokens 4096"
+    args="$args --compilation-config '{\"cudagraph_mode\": \"$1\"}'"
+    echo "$args${GRAPH_MODES_SERVER_ARGS:+ $GRAPH_MODES_SERVER_ARGS}"
+}
+graph_modes() {
+    local model=${SERVING_MODEL_DIR:-.whl/codestral} data=${SERVING_DATASET:-.whl/sharegpt_3000.json}
+    local dir="$out/graph_modes" rc=0 mode
+    local -a modes
+    read -r -a modes <<<"${GRAPH_MODES:-FULL_DECODE_ONLY FULL}"
+    serve_wheels "$out/serve_wheels.log" || return 1
+    if [ ! -f "$model/config.json" ] || [ ! -f "$data" ]; then
+        echo "graph_modes: carry $model and $data (see the comment above this step)"
+        return 1
+    fi
+    mkdir -p "$dir"
+    for mode in "${modes[@]}"; do
+        if [[ ! $mode =~ ^[A-Za-z_]+$ ]]; then
+            echo "graph_modes: $mode is no cudagraph_mode name"
+            rc=1
+            continue
+        fi
+        echo "graph_modes: $mode: $(graph_modes_server_args "$mode")"
+        python3 -m benchmarks.serving.serving_sweep --model "$model" --dataset-path "$data" \
+            --conv-backends 1 --out "$dir/$mode" \
+            --runs "${GRAPH_MODES_RUNS:-sharegpt@8:300,sharegpt@inf:300}" \
+            --repeats "${GRAPH_MODES_REPEATS:-1}" --server-args "$(graph_modes_server_args "$mode")" \
+            2>&1 | tee "$dir/$mode.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    done
+    python3 -m benchmarks.serving.graph_modes_report "$dir" --modes "${modes[@]}" || rc=1
+    return $rc
+}
