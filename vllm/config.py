@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -22,6 +23,46 @@ logger = init_logger(__name__)
 # --mamba-cache-mode (upstream's name): which prompt checkpoints are written under prefix
 # caching (docs/prefix_caching.md, "Where checkpoints are written").
 MAMBA_CACHE_MODES = ("none", "align", "all")
+CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL")  # upstream's names
+
+
+@dataclass
+class CompilationConfig:
+    """vLLM's ``compilation_config``, of which this engine reads one key: ``cudagraph_mode``,
+    one of ``CUDAGRAPH_MODES`` (any case, stored upper-case); None: the default."""
+
+    cudagraph_mode: str | None = None
+
+    def __post_init__(self):
+        mode = self.cudagraph_mode
+        if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
+            raise ValueError(
+                f"compilation_config cudagraph_mode {mode!r} is not supported: give one of "
+                f"{', '.join(CUDAGRAPH_MODES)}"
+            )
+        self.cudagraph_mode = None if mode is None else mode.upper()
+
+    @classmethod
+    def from_any(cls, value) -> CompilationConfig:
+        """None, a dict, a JSON string of one, or a ``CompilationConfig``, checked."""
+        if isinstance(value, cls | None):
+            return cls(getattr(value, "cudagraph_mode", None))
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"compilation_config: bad JSON ({err}): {value!r}") from None
+        accepted = [f.name for f in fields(cls)]
+        if not isinstance(value, dict):
+            raise ValueError(f"compilation_config must be a dict (or JSON object), got {value!r}")
+        unknown = [repr(key) for key in value if key not in accepted]
+        if unknown:
+            raise ValueError(
+                f"compilation_config key(s) {', '.join(unknown)} not supported; accepted: "
+                f"{', '.join(accepted)}"
+            )
+        return cls(**value)
+
 
 _SSM_CACHE_DTYPES = {
     "float32": torch.float32,
@@ -45,8 +86,7 @@ class EngineConfig:
     decodes carries at most N tokens of each prompt (0, the default: only the step budget
     cuts chunks). The budget still bounds the step's total: several prompts may each bring
     N. An N >= ``max_num_batched_tokens`` never binds (the budget cuts first) and is
-    accepted with a warning, as vLLM accepts it. ``enforce_eager`` turns the CUDA
-    graphs of decode-only steps off (they are never used off CUDA).
+    accepted with a warning, as vLLM accepts it.
     ``mamba_ssm_cache_dtype`` (vLLM's name) is the dtype of the SSM state pool: "float32"
     (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32
     whatever it is, and read and write the pool in it. ``async_scheduling`` dispatches
@@ -55,6 +95,14 @@ class EngineConfig:
     generation stops there with finish reason "length"); None takes the config's
     ``max_position_embeddings``, else 2048 (vLLM's fallback). ``served_model_name`` is the
     name the server answers to (default: the model argument).
+
+    ``compilation_config`` (vLLM's: a dict, its JSON or a ``CompilationConfig``) sets
+    ``cudagraph_mode``: "NONE", "FULL_DECODE_ONLY" (default: decode-only steps replay CUDA
+    graphs) or "FULL" (decode-only AND mixed prefill + decode steps replay CUDA graphs
+    captured at start-up for buckets of padded token count and sequence count; a step outside
+    them runs eagerly, counted by the ``execution`` label of ``vllm:engine_step_seconds``).
+    ``enforce_eager`` means "NONE" and wins, with a warning (property ``cudagraph_mode``: the
+    mode in effect). No graphs off CUDA.
 
     ``model`` and ``tokenizer`` (default: the model's) are each a directory or a Hugging
     Face Hub id (``ORG/NAME``), resolved once here to ``model_dir`` / ``tokenizer_dir``
@@ -134,6 +182,7 @@ class EngineConfig:
     mamba_cache_mode: str = "align"
     enable_mamba_shared_prefix_checkpoint: bool = True
     enable_mamba_prompt_end_checkpoint: bool = False
+    compilation_config: CompilationConfig | dict | str | None = None
     # Set from the fields above: where the model's and the tokenizer's files are.
     model_dir: Any = field(init=False, default=None, repr=False)
     tokenizer_dir: Any = field(init=False, default=None, repr=False)
@@ -154,14 +203,9 @@ class EngineConfig:
                 f"mamba_ssm_cache_dtype must be one of {', '.join(_SSM_CACHE_DTYPES)}, got "
                 f"{self.mamba_ssm_cache_dtype!r}"
             )
-        for name in (
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "seed",
-            "block_size",
-            "tensor_parallel_size",
-            "long_prefill_token_threshold",
-        ):
+        ints = ("max_num_seqs", "max_num_batched_tokens", "seed", "block_size",
+                "tensor_parallel_size", "long_prefill_token_threshold")  # fmt: skip
+        for name in ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -204,6 +248,13 @@ class EngineConfig:
                 self.max_num_batched_tokens,
             )
         self.device = _check_device(self.device)
+        self.compilation_config = CompilationConfig.from_any(self.compilation_config)
+        asked = self.compilation_config.cudagraph_mode
+        if self.enforce_eager and asked not in (None, "NONE"):
+            logger.warning(
+                "enforce_eager wins over compilation_config: cudagraph_mode %s ignored, NONE "
+                "used (no CUDA graphs)", asked,
+            )  # fmt: skip
         if self.use_replayssm is None:
             self.use_replayssm = False
         if not isinstance(self.use_replayssm, bool):
@@ -304,6 +355,13 @@ class EngineConfig:
         """The registered config of the model (``Mamba2ModelConfig``, ``BambaModelConfig``,
         ...), read from its config.json once."""
         return load_model_config(self.model_dir)
+
+    @property
+    def cudagraph_mode(self) -> str:
+        """NONE under ``enforce_eager``, else the mode asked for, else FULL_DECODE_ONLY."""
+        if self.enforce_eager:
+            return "NONE"
+        return self.compilation_config.cudagraph_mode or "FULL_DECODE_ONLY"
 
     @property
     def ssm_state_dtype(self) -> torch.dtype:

@@ -113,7 +113,9 @@ class StepOutput:
     meaningless; the other rows are sampled as usual). ``device_s``: the step's device span,
     from the GPU reaching it to its sampler's end (None off CUDA). ``kernel_compiles``:
     Triton kernel variants the step compiled (a launch that missed the start-up warm-up),
-    ``compiles_by_kernel`` naming them."""
+    ``compiles_by_kernel`` naming them. ``graph``: True when the step's forward replayed a
+    CUDA graph captured at start-up (a decode-only step, or under cudagraph_mode FULL a
+    mixed one within the captured buckets); False when it ran eagerly."""
 
     sampled_token_ids: list[int]
     logprobs: LogprobLists | None = None
@@ -122,6 +124,7 @@ class StepOutput:
     device_s: float | None = None
     kernel_compiles: int = 0
     compiles_by_kernel: dict[str, int] = field(default_factory=dict)
+    graph: bool = False
 
 
 class StepHandle(Protocol):

@@ -68,14 +68,17 @@ def test_tokenize_and_detokenize(server):
 
 
 def _scrape(server) -> dict[str, float]:
-    """Every sample of /metrics for our model, keyed by name and other labels."""
+    """Every sample of /metrics for our model, keyed by name and other labels, summed over
+    the step series' ``execution`` label (graph / eager)."""
     text = httpx.get(server.url_for("metrics"), timeout=30).text
     samples = {}
     for line in text.splitlines():
         m = re.match(r"^(vllm:[a-z0-9_]+)\{(.*)\} (\S+)$", line)
         if m and f'model_name="{MODEL_NAME}"' in m.group(2):
-            labels = ",".join(p for p in m.group(2).split(",") if not p.startswith("model_name="))
-            samples[m.group(1) + (f"{{{labels}}}" if labels else "")] = float(m.group(3))
+            drop = ("model_name=", "execution=")
+            labels = ",".join(p for p in m.group(2).split(",") if not p.startswith(drop))
+            key = m.group(1) + (f"{{{labels}}}" if labels else "")
+            samples[key] = samples.get(key, 0.0) + float(m.group(3))
     return samples
 
 

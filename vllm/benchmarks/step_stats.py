@@ -7,6 +7,9 @@ are the difference of two readings (``diff``); ``summarize`` turns them into:
 
 - ``num_steps``, ``num_steps_with_prefill`` (steps whose waited-for batch held prompt
   tokens), ``num_steps_decode_only``, ``share_of_steps_with_prefill``;
+- ``num_steps_with_prefill_graph`` / ``_eager`` and ``num_steps_decode_only_graph`` /
+  ``_eager``: the same steps split by whether the batch replayed a CUDA graph (the
+  ``execution`` label on /metrics; None for a server without it);
 - ``total_step_s``, ``mean_step_ms``, ``mean_step_ms_with_prefill``,
   ``mean_step_ms_decode_only``;
 - ``prefill_tokens``, ``decode_tokens``, ``mean_tokens_per_step``,
@@ -48,9 +51,12 @@ TOTAL_KEYS = (
     "prefill_device_s",
     "kernel_compiles",
 )
+# Present when the source splits steps by CUDA graph replay (StepTotals; the label
+# execution="graph" on /metrics); absent from an older server's totals.
+GRAPH_KEYS = ("graph_steps", "prefill_graph_steps")
 LOOP_KEYS = ("loop_wait_s", "loop_other_s")
 PHASES = ("schedule", "dispatch", "read", "output")
-# /metrics series (less the model_name label) -> total key.
+# /metrics series (less the model_name and execution labels: summed over both) -> total key.
 PROMETHEUS_SERIES = {
     'vllm:engine_step_seconds_count{step_kind="prefill"}': ("steps", "prefill_steps"),
     'vllm:engine_step_seconds_count{step_kind="decode"}': ("steps",),
@@ -70,6 +76,11 @@ PROMETHEUS_SERIES = {
     'vllm:engine_loop_seconds_total{phase="wait"}': ("loop_wait_s",),
     'vllm:engine_loop_seconds_total{phase="other"}': ("loop_other_s",),
 }
+# The same, for the samples labelled execution="graph" only.
+GRAPH_SERIES = {
+    'vllm:engine_step_seconds_count{step_kind="prefill"}': ("graph_steps", "prefill_graph_steps"),
+    'vllm:engine_step_seconds_count{step_kind="decode"}': ("graph_steps",),
+}
 _SAMPLE = re.compile(r"^(vllm:[a-z0-9_]+)(?:\{(.*)\})? (\S+)$")
 
 
@@ -83,10 +94,19 @@ def parse_prometheus(text: str) -> dict | None:
         if m is None:
             continue
         labels = [p for p in (m.group(2) or "").split(",") if p and not p.startswith("model_name=")]
+        execution = [p for p in labels if p.startswith("execution=")]
+        labels = [p for p in labels if not p.startswith("execution=")]
         series = m.group(1) + (f"{{{','.join(labels)}}}" if labels else "")
+        value = float(m.group(3))
         for key in PROMETHEUS_SERIES.get(series, ()):
-            totals[key] += float(m.group(3))
+            totals[key] += value
             found = True
+        if execution and series in GRAPH_SERIES:
+            for key in GRAPH_KEYS:
+                totals.setdefault(key, 0.0)
+            if execution == ['execution="graph"']:
+                for key in GRAPH_SERIES[series]:
+                    totals[key] += value
     return totals if found else None
 
 
@@ -98,6 +118,19 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def _graph_split(totals: dict, prefill_steps: int, decode_steps: int) -> dict:
+    """Steps with prefill and decode-only steps, each split into graph / eager (None when
+    the totals do not say)."""
+    kinds = ("with_prefill", "decode_only")
+    names = [f"num_steps_{k}_{e}" for k in kinds for e in ("graph", "eager")]
+    if not all(key in totals for key in GRAPH_KEYS):
+        return dict.fromkeys(names, None)
+    pre = int(totals["prefill_graph_steps"])
+    dec = int(totals["graph_steps"]) - pre
+    counts = (pre, prefill_steps - pre, dec, decode_steps - dec)
+    return dict(zip(names, counts, strict=True))
+
+
 def summarize(totals: dict, wall_s: float) -> dict:
     steps, prefill_steps = int(totals["steps"]), int(totals["prefill_steps"])
     decode_steps = steps - prefill_steps
@@ -106,6 +139,7 @@ def summarize(totals: dict, wall_s: float) -> dict:
         "num_steps": steps,
         "num_steps_with_prefill": prefill_steps,
         "num_steps_decode_only": decode_steps,
+        **_graph_split(totals, prefill_steps, decode_steps),
         "share_of_steps_with_prefill": _ratio(prefill_steps, steps),
         "total_step_s": totals["step_s"],
         "mean_step_ms": _ms(_ratio(totals["step_s"], steps)),
@@ -155,6 +189,14 @@ def format_block(s: dict, title: str = "Engine steps") -> str:
         f"{_f(s['mean_step_ms_with_prefill'], '.2f')}, decode-only "
         f"{_f(s['mean_step_ms_decode_only'], '.2f')}",
         f"per step ms: {phases}",
+    ]
+    if s.get("num_steps_with_prefill_graph") is not None:
+        lines.append(
+            f"CUDA graph / eager steps: with prefill {s['num_steps_with_prefill_graph']} / "
+            f"{s['num_steps_with_prefill_eager']}, decode-only "
+            f"{s['num_steps_decode_only_graph']} / {s['num_steps_decode_only_eager']}"
+        )
+    lines += [
         f"in steps: {s['total_step_s']:.2f} s of {s['wall_s']:.2f} s wall "
         f"({_f(_pct(s['share_of_wall_in_steps']))}%)",
     ]

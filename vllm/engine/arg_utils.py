@@ -3,7 +3,8 @@
 ``EngineArgs(model=..., **options).create_engine_config()`` gives the checked
 ``EngineConfig``; ``EngineArgs.add_cli_args(parser)`` adds the same options to an argparse
 parser as vLLM names them (``--max-num-seqs``, ``--dtype``, ...), and
-``EngineArgs.from_cli_args(namespace)`` reads them back.
+``EngineArgs.from_cli_args(namespace)`` reads them back. ``--compilation-config`` (``-cc``)
+takes vLLM's JSON: ``-cc '{"cudagraph_mode": "FULL"}'`` (``vllm.config.CompilationConfig``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from vllm.config import EngineConfig
+from vllm.config import CUDAGRAPH_MODES, CompilationConfig, EngineConfig
+
+
+def _compilation_config(text: str) -> CompilationConfig:
+    """``--compilation-config``'s JSON, checked (argparse names the flag in its error)."""
+    try:
+        return CompilationConfig.from_any(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
 
 _DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
 
@@ -49,6 +59,8 @@ class EngineArgs:
     mamba_cache_mode: str = "align"
     enable_mamba_shared_prefix_checkpoint: bool = True
     enable_mamba_prompt_end_checkpoint: bool = False
+    # None, a dict, its JSON or a CompilationConfig: {"cudagraph_mode": ...}.
+    compilation_config: Any = None
 
     def create_engine_config(self) -> EngineConfig:
         kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -120,7 +132,19 @@ class EngineArgs:
             help="longest prompt + output in tokens (default: from the config, else 2048)",
         )
         g.add_argument(
-            "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps"
+            "--enforce-eager",
+            action="store_true",
+            help="no CUDA graphs: cudagraph_mode NONE, whatever --compilation-config says",
+        )
+        g.add_argument(
+            "--compilation-config",
+            "-cc",
+            type=_compilation_config,
+            default=None,
+            help="vLLM's compilation config as JSON; read: cudagraph_mode, one of "
+            f"{', '.join(CUDAGRAPH_MODES)} (default FULL_DECODE_ONLY: decode-only steps replay "
+            "CUDA graphs; FULL: mixed prefill + decode steps too), e.g. "
+            '\'{"cudagraph_mode": "FULL"}\'',
         )
         g.add_argument(
             "--mamba-ssm-cache-dtype",

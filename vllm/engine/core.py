@@ -35,7 +35,7 @@ Each step leaves its host timing and token counts in ``last_step`` (``StepStats`
 scheduler, the dispatch, the read of a dispatched step's tokens); the clock reads add no
 device sync. The device span of the step read (CUDA events the worker records) and the
 Triton kernel variants it compiled (a launch the start-up warm-up missed, which the worker
-also logs) come with its output.
+also logs) and whether it replayed a CUDA graph (``graph``) come with its output.
 """
 
 from __future__ import annotations
@@ -268,6 +268,7 @@ class EngineCore:
             waited_on_prefill=read_prefill > 0,
             device_s=out.device_s if out is not None else None,
             kernel_compiles=out.kernel_compiles if out is not None else 0,
+            graph=out.graph if out is not None else False,
         )
         if index is not None:
             self.last_step.prefix_cache_queries = index.queries - looked[0]

@@ -9,14 +9,16 @@ Every series carries the label ``model_name``. Each logger owns a registry (prom
 global one would reject a second server in the same process, as tests start).
 
 Engine step series (this project's, in vLLM's naming; ``stats.StepStats`` defines the
-pieces): ``vllm:engine_step_seconds{step_kind}``, the wall time of each step call,
-``step_kind`` "prefill" when the batch the call waited for held prompt tokens, else
-"decode"; ``vllm:engine_step_phase_seconds_total{phase}`` (schedule, dispatch, read,
-output); ``vllm:iteration_tokens_total`` (vLLM's: tokens per step) and
-``vllm:engine_step_tokens_total{token_kind}`` (prefill, decode);
-``vllm:engine_step_device_seconds{step_kind}``, the device span of the batch each call
-read (CUDA only), by the same kind; ``vllm:engine_kernel_compiles_total``, Triton kernel
-variants compiled inside steps (0 unless the start-up warm-up missed one); and
+pieces): ``vllm:engine_step_seconds{step_kind,execution}``, the wall time of each step
+call, ``step_kind`` "prefill" when the batch the call waited for held prompt tokens, else
+"decode", ``execution`` "graph" when that batch replayed a CUDA graph (decode-only steps,
+and mixed steps under cudagraph_mode FULL: ``EngineConfig.cudagraph_mode``), else "eager"
+(a call that read no batch too); ``vllm:engine_step_phase_seconds_total{phase}``
+(schedule, dispatch, read, output); ``vllm:iteration_tokens_total`` (vLLM's: tokens per
+step) and ``vllm:engine_step_tokens_total{token_kind}`` (prefill, decode);
+``vllm:engine_step_device_seconds{step_kind,execution}``, the device span of the batch
+each call read (CUDA only), by the same labels; ``vllm:engine_kernel_compiles_total``,
+Triton kernel variants compiled inside steps (0 unless the start-up warm-up missed one); and
 ``vllm:engine_loop_seconds_total{phase}``, the engine loop thread's wall time: in steps
 (step), blocked waiting for work (wait), and the rest (other: taking requests, recording
 stats, handing outputs to the event loop).
@@ -43,6 +45,7 @@ STEP_BUCKETS = (
 )  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 STEP_PHASES = ("schedule", "dispatch", "read", "output")
+EXECUTIONS = ("graph", "eager")  # the ``execution`` label: StepStats.graph
 E2E_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -112,19 +115,22 @@ class PrometheusStatLogger(StatLoggerBase):
         reg, name = self.registry, self.model_name
 
         def by_step_kind(series: str, doc: str) -> dict:
-            hist = Histogram(series, doc, ["model_name", "step_kind"], buckets=STEP_BUCKETS,
-                             registry=reg)  # fmt: skip
-            return {k: hist.labels(name, k) for k in ("prefill", "decode")}
+            hist = Histogram(series, doc, ["model_name", "step_kind", "execution"],
+                             buckets=STEP_BUCKETS, registry=reg)  # fmt: skip
+            kinds = ("prefill", "decode")
+            return {(k, e): hist.labels(name, k, e) for k in kinds for e in EXECUTIONS}
 
         self.step_seconds = by_step_kind(
             "vllm:engine_step_seconds",
             "Wall time of one engine step call (schedule, forward, sample, outputs), by "
-            "whether the batch it waited for held prompt tokens.",
+            "whether the batch it waited for held prompt tokens, and whether that batch "
+            "replayed a CUDA graph (execution: graph or eager).",
         )
         self.step_device_seconds = by_step_kind(
             "vllm:engine_step_device_seconds",
             "Device span of the batch an engine step call read (CUDA events: from the GPU "
-            "reaching the batch to its sampler's end), by whether it held prompt tokens.",
+            "reaching the batch to its sampler's end), by whether it held prompt tokens and "
+            "whether it replayed a CUDA graph.",
         )
         self.kernel_compiles = Counter(
             "vllm:engine_kernel_compiles_total",
@@ -185,10 +191,11 @@ class PrometheusStatLogger(StatLoggerBase):
         step = stats.step
         if step is not None:
             self.loop_seconds["step"].inc(step.total_s)
-            kind = "prefill" if step.waited_on_prefill else "decode"
-            self.step_seconds[kind].observe(step.total_s)
+            labels = ("prefill" if step.waited_on_prefill else "decode",
+                      "graph" if step.graph else "eager")  # fmt: skip
+            self.step_seconds[labels].observe(step.total_s)
             if step.device_s is not None:
-                self.step_device_seconds[kind].observe(step.device_s)
+                self.step_device_seconds[labels].observe(step.device_s)
             if step.kernel_compiles:
                 self.kernel_compiles.inc(step.kernel_compiles)
             for counter, attr in self._step_phases:

@@ -40,7 +40,9 @@ class StepStats:
     worker); the start-up warm-up compiles every variant a step can pick, so anything but
     0 is a variant it missed. ``prefix_cache_queries`` / ``prefix_cache_hits``: with prefix
     caching, the prompt tokens the batch's newly admitted requests looked up and those
-    restored from checkpoints."""
+    restored from checkpoints. ``graph``: the batch the call read replayed a CUDA graph
+    (``StepOutput.graph``: decode-only, or mixed under cudagraph_mode FULL); False when it
+    ran eagerly or the call read no batch."""
 
     schedule_s: float = 0.0
     dispatch_s: float = 0.0
@@ -54,6 +56,7 @@ class StepStats:
     kernel_compiles: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    graph: bool = False
 
 
 @dataclass
@@ -62,7 +65,8 @@ class StepTotals:
     and ``step_s`` split into those ``waited_on_prefill`` (``prefill_steps``,
     ``prefill_step_s``) and the rest; the pieces' seconds and the tokens; the device spans
     of the calls that have one, split the same way (``device_steps``, ``device_s``,
-    ``prefill_device_steps``, ``prefill_device_s``); the kernel compiles."""
+    ``prefill_device_steps``, ``prefill_device_s``); the kernel compiles; the calls whose
+    batch replayed a CUDA graph (``graph_steps``), of them ``prefill_graph_steps``."""
 
     steps: int = 0
     step_s: float = 0.0
@@ -79,6 +83,8 @@ class StepTotals:
     prefill_device_steps: int = 0
     prefill_device_s: float = 0.0
     kernel_compiles: int = 0
+    graph_steps: int = 0
+    prefill_graph_steps: int = 0
 
     def add(self, step: StepStats) -> None:
         self.steps += 1
@@ -93,6 +99,9 @@ class StepTotals:
         self.prefill_tokens += step.num_prefill_tokens
         self.decode_tokens += step.num_decode_tokens
         self.kernel_compiles += step.kernel_compiles
+        if step.graph:
+            self.graph_steps += 1
+            self.prefill_graph_steps += int(step.waited_on_prefill)
         if step.device_s is not None:
             self.device_steps += 1
             self.device_s += step.device_s

@@ -116,7 +116,8 @@ class LLM:
     ``Mamba2ModelConfig`` with ``load_format="dummy"``. Other keyword arguments are
     ``EngineArgs`` fields (``tokenizer``, ``dtype``, ``device``, ``seed``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``long_prefill_token_threshold``, ``max_model_len``,
-    ``enforce_eager``, ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the
+    ``enforce_eager``, ``compilation_config`` (vLLM's: ``{"cudagraph_mode": "FULL"}``),
+    ``mamba_ssm_cache_dtype``, ``gpu_memory_utilization``, ...), the
     options ``vllm serve`` takes (``tensor_parallel_size`` among them: the model shards
     over that many processes, the hybrids as Mamba2), or vLLM's other ``LLM`` keywords
     (``swap_space``, ``quantization``, ``trust_remote_code``, ``code_revision``,

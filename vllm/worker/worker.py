@@ -53,6 +53,7 @@ class AsyncStepOutput:
         errors: dict[int, str],
         span: DeviceSpan | None,
         compiles: dict[str, int],
+        graph: bool = False,
     ):
         self._host: HostCopy | None = host
         self._has_logprobs = has_logprobs
@@ -60,6 +61,7 @@ class AsyncStepOutput:
         self._errors = errors
         self._span = span
         self._compiles = compiles
+        self._graph = graph
         self._output: StepOutput | None = None
 
     def get(self) -> StepOutput:
@@ -78,6 +80,7 @@ class AsyncStepOutput:
                 device_s=self._span.seconds() if self._span is not None else None,
                 kernel_compiles=sum(self._compiles.values()),
                 compiles_by_kernel=self._compiles,
+                graph=self._graph,
             )
         return self._output
 
@@ -130,7 +133,13 @@ class Worker:
         compiles = self._count_compiles(misses)
         self.num_steps += 1
         return AsyncStepOutput(
-            host, bool(ks), result.prompt_logits is not None, errors, span, compiles
+            host,
+            bool(ks),
+            result.prompt_logits is not None,
+            errors,
+            span,
+            compiles,
+            graph=getattr(result, "graph", False),  # the runner's StepResult: a graph replayed
         )
 
     def _pending_tokens(self, inputs: StepInputs, prev: torch.Tensor | None):
