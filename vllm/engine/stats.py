@@ -171,7 +171,24 @@ def startup_line(s: dict) -> str:
         + _longest_compile(s.get("kernel_finished_s"))
         + ") in a warm-up of "
         f"{s['warmup_s']:.1f} s, graph capture {s['graph_capture_s']:.1f} s "
-        f"({s['num_graphs']} graphs)"
+        f"({s['num_graphs']} graphs"
+        + (
+            f", cudagraph_mode {s['cudagraph_mode']}"
+            + (
+                f": {s['num_mixed_graphs']} mixed-step graphs in "
+                f"{s['mixed_graph_capture_s']:.1f} s, graph pool {s['graph_pool_gib']:.2f} GiB"
+                + (
+                    f" of a {s['graph_budget_gib']:.2f} GiB budget"
+                    if s.get("graph_budget_gib")
+                    else ""
+                )
+                if s.get("num_mixed_graphs")
+                else ""
+            )
+            if "cudagraph_mode" in s
+            else ""
+        )
+        + ")"
         + (
             f", KV cache {s['num_kv_blocks']} blocks ({s['kv_cache_gib']:.2f} GiB)"
             if s.get("num_kv_blocks")

@@ -5,8 +5,10 @@ Once per step (``execute_inputs``; the worker samples the logits) it fills host 
 the rows whose logits are needed, and the metadata's host data, copies them to the device
 without a sync, builds the step's metadata once (the Mamba2 metadata; the attention
 metadata from the step's block tables), and runs the model inside ``set_forward_context``,
-where each layer reads the part it needs. Decode-only steps on CUDA replay a captured
-graph instead (``cuda_graph.py``) unless ``enforce_eager``.
+where each layer reads the part it needs. On CUDA, by ``cudagraph_mode``: decode-only
+steps replay a captured graph instead (``cuda_graph.py``; FULL_DECODE_ONLY and FULL), and
+with FULL so do mixed steps that fit a bucket (``mixed_graph.py``); NONE (``enforce_eager``)
+runs every step eagerly. ``step_counts`` counts the steps by how they ran.
 
 Start-up (``__init__``) does all the one-time work before the first request: weights,
 the caches the model's specs describe (``cache_engine.py``: the state pool, and the KV
@@ -139,6 +141,13 @@ class ModelRunner:
             self._sync()
         t5 = time.perf_counter()
         pool_after = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
+        if mode == "FULL" and peak and pool_after - pool_before > peak:
+            logger.warning(
+                "the CUDA graphs' pool (%.2f GiB) exceeds its budget, one full step's "
+                "activations (%.2f GiB), which the KV cache left free for it: lower "
+                "gpu_memory_utilization if steps run out of memory",
+                (pool_after - pool_before) / 2**30, peak / 2**30,
+            )  # fmt: skip
         self.cudagraph_mode = mode
         # Steps by how they ran: decode-only graphs, mixed graphs, eager.
         self.step_counts = {"graph_decode": 0, "graph_mixed": 0, "eager": 0}
