@@ -27,11 +27,13 @@ from vllm.worker.mixed_graph import MixedGraphs, mixed_buckets, mixed_token_size
 def test_bucket_sizes_follow_the_limits():
     assert mixed_token_sizes(16) == [16]
     assert mixed_token_sizes(100) == [32, 64, 100]
-    sizes = mixed_token_sizes(2048)
-    assert sizes[:4] == [32, 64, 128, 256] and sizes[-3:] == [1536, 1792, 2048]
-    assert all(b - a in (32, 64, 128, 256) for a, b in zip(sizes, sizes[1:], strict=False))
+    sizes = mixed_token_sizes(4096)
+    assert sizes[:4] == [32, 64, 128, 192] and sizes[-3:] == [3584, 3840, 4096]
+    assert len(sizes) == 33 and 1024 in sizes and 2048 in sizes
+    # a step pads by at most 64 tokens up to 1024, then by at most an eighth
+    assert all(b - a <= max(64, a // 8) for a, b in zip(sizes, sizes[1:], strict=False))
     buckets = mixed_buckets(2048, 64)
-    assert [b.num_tokens for b in buckets] == sizes
+    assert [b.num_tokens for b in buckets] == mixed_token_sizes(2048)
     assert buckets[0] == MixedBucket(32, 32, 4)
     assert buckets[-1] == MixedBucket(2048, 64, 16)
     assert all(b.max_prefills <= b.num_seqs <= min(b.num_tokens, 64) for b in buckets)

@@ -63,7 +63,8 @@ def test_full_equals_eager_and_decode_only(model, async_scheduling):
     prompts = _prompts(chunk)
     got = {}
     for mode in ("NONE", "FULL_DECODE_ONLY", "FULL"):
-        llm = _llm(model, mode, async_scheduling=async_scheduling)
+        # A fixed KV cache: the suite's parallel workers share the GPU's memory.
+        llm = _llm(model, mode, async_scheduling=async_scheduling, num_gpu_blocks_override=64)
         got[mode] = _greedy(llm, prompts)
         counts = llm.engine.runner.step_counts
         if mode == "FULL":
@@ -94,5 +95,5 @@ def test_a_model_without_padded_layers_keeps_decode_graphs():
                               num_hidden_layers=2, expand=2, conv_kernel=4)  # fmt: skip
     llm = _llm(mamba1, "FULL")
     assert llm.engine.runner.cudagraph_mode == "FULL_DECODE_ONLY"
-    assert "MambaMixer" in llm.engine.runner.full_graphs_off
+    assert "Triton SSD" in llm.engine.runner.full_graphs_off
     assert len(_greedy(llm, [[1, 2, 3]])[0][0]) == 6

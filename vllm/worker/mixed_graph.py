@@ -40,10 +40,10 @@ from vllm.model_executor.staged_upload import ALIGN_BYTES, StagedUpload
 
 
 def mixed_token_sizes(max_tokens: int) -> list[int]:
-    """Token counts of the buckets: 32, 64, 128, then every 128 up to 1024, then every
-    256, and ``max_tokens`` itself; none above it."""
-    sizes = [32, 64, 128]
-    sizes += list(range(256, 1025, 128)) + list(range(1280, max_tokens, 256))
+    """Token counts of the buckets: 32, then every 64 up to 1024, every 128 up to 2048,
+    every 256 above, and ``max_tokens`` itself; none above it. A step pads to the next one:
+    by at most 64 tokens up to 1024, by at most an eighth above."""
+    sizes = [32, *range(64, 1025, 64), *range(1152, 2049, 128), *range(2304, max_tokens, 256)]
     return sorted({t for t in sizes if t < max_tokens} | {max_tokens})
 
 

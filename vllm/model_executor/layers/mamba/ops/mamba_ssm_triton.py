@@ -131,6 +131,14 @@ def _selective_state_update_kernel(
     if HAS_INDICES:
         line = tl.load(idx_ptr + i_b * stride_idx_b).to(tl.int64)
         live = (line != pad_slot_id) & (line >= 0)
+        if (line == pad_slot_id) | (line < 0):
+            # A padded row: y = 0 and nothing else. A mixed step's CUDA graph pads the
+            # decode rows to its bucket, so most of its programs can be these: they must
+            # cost no more than their one store.
+            p_out = out_ptr + i_b * stride_out_b + i_h * stride_out_h + o_p * stride_out_p
+            tl.store(p_out, tl.zeros([BLOCK_P], dtype=tl.float32).to(out_ptr.dtype.element_ty),
+                     mask=m_p)  # fmt: skip
+            return
     else:
         line = i_b
         live = i_b >= 0
