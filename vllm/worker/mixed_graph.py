@@ -16,10 +16,12 @@ sampled rows and the Mamba2 metadata at offsets that never change, so the graph 
 step's data where it read its capture's. A step packs its data there on the host, sends it
 with the attention plan and the pending-token rows in ONE upload (``StagedUpload``), and
 one device copy moves the fixed part into place; the attention builder's ``finish`` writes
-its persistent buffers, which the graph captured. Graphs share the decode graphs' memory
-pool (they never run at once) and are captured largest first at start-up, every row
-padded, so capturing touches no sequence's state. ``capture=False`` runs the padded steps
-eagerly instead: the CPU tests' check of the padding (graphs are CUDA-only).
+its persistent buffers, which the graph captured. The graph ends at the hidden states of
+the S sampled rows; the logits of the real ones follow it (one matmul, outside). Graphs
+share the decode graphs' memory pool (they never run at once) and are captured largest
+first at start-up, every row padded, so capturing touches no sequence's state.
+``capture=False`` runs the padded steps eagerly instead: the CPU tests' check of the
+padding (graphs are CUDA-only).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class _MixedGraph:
         def step():
             with set_forward_context(context):
                 hidden = model(self.input_ids, self.positions)
-            return model.compute_logits(hidden.index_select(0, self.rows))
+            return hidden.index_select(0, self.rows)
 
         self.graph = None
         if not capture:
@@ -120,7 +122,7 @@ class _MixedGraph:
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=mempool):
-            self.logits = step()
+            self.hidden = step()
 
     def _fill_mamba(self, host: dict[str, torch.Tensor]) -> None:
         for name, v in host.items():
@@ -216,12 +218,15 @@ class MixedGraphs:
             fill = dev["fill"]
             g.input_ids.index_copy_(0, fill[:n_fill], prev_tokens.index_select(0, fill[n_fill:]))
         if g.graph is None:
-            logits = g.step()
+            hidden = g.step()
         else:
             g.graph.replay()
-            logits = g.logits
+            hidden = g.hidden
         self.num_replays += 1
-        return None if logits is None else logits[: len(inp.sample_rows)]
+        # The logits of the real sampled rows only, after the replay: a graph's output is
+        # its S rows of hidden states, not S rows of fp32 logits (33 buckets x 256 rows of
+        # a 32k vocabulary held 1.1 GB), and the head's matmul skips the padded rows.
+        return self.model.compute_logits(hidden[: len(inp.sample_rows)])
 
 
 def full_graphs_unsupported(model, builder, use_replayssm: bool) -> str | None:

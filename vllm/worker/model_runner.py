@@ -98,10 +98,6 @@ class ModelRunner:
         self.staging = StagedUpload(self.device)
         self._sync()
         t2 = time.perf_counter()
-        profile_rows = self._profile_rows()
-        self.cache.allocate_kv(self._startup_blocks(profile_rows))
-        kernels = compile_kernels(self.dummy_step, self._zero_state, n_seq, n_tok, self.device)
-        peak = self._activation_peak(profile_rows) if profile_rows else 0
         mode = config.cudagraph_mode if self.device.type == "cuda" else "NONE"
         self.full_graphs_off = None  # why FULL was asked for and not given
         if mode == "FULL":
@@ -112,6 +108,11 @@ class ModelRunner:
                 logger.warning("cudagraph_mode FULL: mixed steps run eagerly: %s",
                                self.full_graphs_off)  # fmt: skip
                 mode = "FULL_DECODE_ONLY"
+        # FULL's graphs get a budget: one full step's activations, measured here.
+        profile_rows = self._profile_rows(for_graphs=mode == "FULL")
+        self.cache.allocate_kv(self._startup_blocks(profile_rows))
+        kernels = compile_kernels(self.dummy_step, self._zero_state, n_seq, n_tok, self.device)
+        peak = self._activation_peak(profile_rows) if profile_rows else 0
         # The mixed graphs' memory pool holds about one full step's activations beside the
         # eager steps' own: the KV cache leaves room for both.
         reserved_peak = 2 * peak if mode == "FULL" else peak
@@ -134,6 +135,7 @@ class ModelRunner:
             self.graphs.capture()
             self._sync()
         t4 = time.perf_counter()
+        pool_mid = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
         if mode == "FULL":
             self.mixed_graphs = MixedGraphs(self.model, self.builder, n_tok, n_seq,
                                             self.graphs.mempool, self.attn_builder)  # fmt: skip
@@ -141,12 +143,12 @@ class ModelRunner:
             self._sync()
         t5 = time.perf_counter()
         pool_after = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
-        if mode == "FULL" and peak and pool_after - pool_before > peak:
+        if mode == "FULL" and pool_after - pool_mid > peak:
             logger.warning(
-                "the CUDA graphs' pool (%.2f GiB) exceeds its budget, one full step's "
-                "activations (%.2f GiB), which the KV cache left free for it: lower "
+                "the mixed-step CUDA graphs took %.2f GiB, over their budget, one full step's "
+                "activations (%.2f GiB), which the KV cache left free for them: lower "
                 "gpu_memory_utilization if steps run out of memory",
-                (pool_after - pool_before) / 2**30, peak / 2**30,
+                (pool_after - pool_mid) / 2**30, peak / 2**30,
             )  # fmt: skip
         self.cudagraph_mode = mode
         # Steps by how they ran: decode-only graphs, mixed graphs, eager.
@@ -161,6 +163,7 @@ class ModelRunner:
             "cudagraph_mode": mode,
             "num_mixed_graphs": 0 if self.mixed_graphs is None else len(self.mixed_graphs.buckets),
             "graph_pool_gib": graph_pool_gib(pool_before, pool_after),
+            "mixed_graph_pool_gib": graph_pool_gib(pool_mid, pool_after),
             "graph_budget_gib": (peak if mode == "FULL" else 0) / 2**30,
             "num_kernels": kernels.num_variants,
             "num_kernels_compiled": kernels.num_new,
@@ -187,13 +190,15 @@ class ModelRunner:
 
     # -- start-up ------------------------------------------------------------------------
 
-    def _profile_rows(self) -> list[tuple[int, bool]]:
+    def _profile_rows(self, for_graphs: bool = False) -> list[tuple[int, bool]]:
         """Fresh prompts filling the token budget: the step whose activations peak, run on
-        CUDA to size the KV cache from memory (none needed otherwise)."""
+        CUDA to size the KV cache from memory, or ``for_graphs``, the mixed-step graphs'
+        memory budget (none needed otherwise)."""
         c = self.config
-        if not (self.cache.has_attention and self.device.type == "cuda"):
+        if self.device.type != "cuda":
             return []
-        if c.num_gpu_blocks_override is not None:
+        kv_sized = self.cache.has_attention and c.num_gpu_blocks_override is None
+        if not (kv_sized or for_graphs):
             return []
         total = min(c.max_num_batched_tokens, c.max_num_seqs * c.max_model_len)
         rows = []
