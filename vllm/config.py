@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import torch
 
+from vllm.compilation_config import CUDAGRAPH_MODES, CompilationConfig  # noqa: F401
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import LOAD_FORMATS, check_tensor_parallel_support
@@ -23,47 +23,6 @@ logger = init_logger(__name__)
 # --mamba-cache-mode (upstream's name): which prompt checkpoints are written under prefix
 # caching (docs/prefix_caching.md, "Where checkpoints are written").
 MAMBA_CACHE_MODES = ("none", "align", "all")
-CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL")  # upstream's names
-
-
-@dataclass
-class CompilationConfig:
-    """vLLM's ``compilation_config``, of which this engine reads one key: ``cudagraph_mode``,
-    one of ``CUDAGRAPH_MODES`` (any case, stored upper-case); None: the default."""
-
-    cudagraph_mode: str | None = None
-
-    def __post_init__(self):
-        mode = self.cudagraph_mode
-        if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
-            raise ValueError(
-                f"compilation_config cudagraph_mode {mode!r} is not supported: give one of "
-                f"{', '.join(CUDAGRAPH_MODES)}"
-            )
-        self.cudagraph_mode = None if mode is None else mode.upper()
-
-    @classmethod
-    def from_any(cls, value) -> CompilationConfig:
-        """None, a dict, a JSON string of one, or a ``CompilationConfig``, checked."""
-        if isinstance(value, cls | None):
-            return cls(getattr(value, "cudagraph_mode", None))
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"compilation_config: bad JSON ({err}): {value!r}") from None
-        accepted = [f.name for f in fields(cls)]
-        if not isinstance(value, dict):
-            raise ValueError(f"compilation_config must be a dict (or JSON object), got {value!r}")
-        unknown = [repr(key) for key in value if key not in accepted]
-        if unknown:
-            raise ValueError(
-                f"compilation_config key(s) {', '.join(unknown)} not supported; accepted: "
-                f"{', '.join(accepted)}"
-            )
-        return cls(**value)
-
-
 _SSM_CACHE_DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -102,7 +61,9 @@ class EngineConfig:
     captured at start-up for buckets of padded token count and sequence count; a step outside
     them runs eagerly, counted by the ``execution`` label of ``vllm:engine_step_seconds``).
     ``enforce_eager`` means "NONE" and wins, with a warning (property ``cudagraph_mode``: the
-    mode in effect). No graphs off CUDA.
+    mode in effect). No graphs off CUDA. ``max_cudagraph_capture_size`` (upstream's key)
+    caps the tokens of a graphed step (default 2048: larger steps take longer on the device
+    than the host takes to issue them eagerly).
 
     ``model`` and ``tokenizer`` (default: the model's) are each a directory or a Hugging
     Face Hub id (``ORG/NAME``), resolved once here to ``model_dir`` / ``tokenizer_dir``

@@ -80,7 +80,8 @@ def test_an_unknown_key_is_named(value, unknown):
     with pytest.raises(ValueError) as err:
         make_config(compilation_config=value)
     assert str(err.value) == (
-        f"compilation_config key(s) {unknown} not supported; accepted: cudagraph_mode"
+        f"compilation_config key(s) {unknown} not supported; accepted: cudagraph_mode, "
+        "max_cudagraph_capture_size"
     )
 
 
@@ -187,3 +188,13 @@ def test_llm_passes_it_through():
     assert len(out.outputs[0].token_ids) == 3
     with pytest.raises(ValueError, match="compilation_config key"):
         LLM(CONFIG, load_format="dummy", device="cpu", compilation_config={"levels": 3})
+
+
+def test_max_cudagraph_capture_size():
+    assert make_config().compilation_config.capture_size == 2048
+    config = make_config(compilation_config='{"cudagraph_mode": "FULL", '
+                         '"max_cudagraph_capture_size": 512}')  # fmt: skip
+    assert config.compilation_config.capture_size == 512 and config.cudagraph_mode == "FULL"
+    for bad in (0, -3, 2.5, True, "512"):
+        with pytest.raises(ValueError, match="max_cudagraph_capture_size must be a positive"):
+            make_config(compilation_config={"max_cudagraph_capture_size": bad})

@@ -11,7 +11,7 @@ from tests.engine.utils import BAMBA
 from vllm import LLM, SamplingParams
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.model_executor.models.mamba_config import MambaModelConfig
-from vllm.worker.mixed_graph import mixed_buckets
+from vllm.worker.mixed_graph import mixed_buckets, mixed_token_sizes
 
 pytestmark = pytest.mark.gpu
 
@@ -97,3 +97,16 @@ def test_a_model_without_padded_layers_keeps_decode_graphs():
     assert llm.engine.runner.cudagraph_mode == "FULL_DECODE_ONLY"
     assert "Triton SSD" in llm.engine.runner.full_graphs_off
     assert len(_greedy(llm, [[1, 2, 3]])[0][0]) == 6
+
+
+def test_steps_above_the_capture_size_run_eagerly():
+    """max_cudagraph_capture_size 16: buckets stop at 16 tokens; a longer prompt's step runs
+    eagerly, counted, with the eager engine's tokens."""
+    cc = {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 16}
+    llm = LLM(MAMBA2, **OPTS, compilation_config=cc)
+    runner = llm.engine.runner
+    assert [b.num_tokens for b in runner.mixed_graphs.buckets] == mixed_token_sizes(16) == [16]
+    prompts = [[3] * 5, [4] * 30]
+    want = _greedy(_llm(MAMBA2, "NONE"), prompts)
+    assert _greedy(llm, prompts)[0] == want[0]
+    assert runner.step_counts["eager"] >= 1 and runner.step_counts["graph_mixed"] >= 1

@@ -38,6 +38,23 @@ def buckets_covering(buckets: list[int], max_batch: int) -> list[int]:
     return [b for b in buckets if b <= top]
 
 
+_WARMUP_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def warm_up(step) -> None:
+    """Run ``step`` once before its capture, on a side stream that every graph of the
+    device shares: the caching allocator keeps the blocks a stream freed for that stream
+    only, so a new stream per graph would strand each warm-up's memory."""
+    device = torch.cuda.current_device()
+    side = _WARMUP_STREAMS.get(device)
+    if side is None:
+        side = _WARMUP_STREAMS[device] = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 class _Graph:
     def __init__(self, model, size: int, mempool, attn_builder=None):
         self.size = size
@@ -61,11 +78,7 @@ class _Graph:
                 hidden = model(self.input_ids, self.positions)
             return model.compute_logits(hidden)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()  # warm-up
-        torch.cuda.current_stream().wait_stream(side)
+        warm_up(step)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=mempool):
             self.logits = step()

@@ -39,6 +39,7 @@ from vllm.model_executor.layers.mamba.mamba2_padded import (
     prepare_padded,
 )
 from vllm.model_executor.staged_upload import ALIGN_BYTES, StagedUpload
+from vllm.worker.cuda_graph import warm_up
 
 
 def mixed_token_sizes(max_tokens: int) -> list[int]:
@@ -115,11 +116,7 @@ class _MixedGraph:
             # The padded step run eagerly (the CPU's check of the padding: no graphs there).
             self.step = step
             return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()  # warm-up
-        torch.cuda.current_stream().wait_stream(side)
+        warm_up(step)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=mempool):
             self.hidden = step()

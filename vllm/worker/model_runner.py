@@ -129,20 +129,21 @@ class ModelRunner:
         self._sync()
         t3 = time.perf_counter()
         self.graphs = self.mixed_graphs = None
-        pool_before = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
+        cap = config.compilation_config.capture_size  # the most tokens of a graphed step
+        pool_before = self._reserved() if mode != "NONE" else 0
         if mode != "NONE":
-            self.graphs = DecodeGraphs(self.model, n_seq, self.attn_builder)
+            self.graphs = DecodeGraphs(self.model, min(n_seq, cap), self.attn_builder)
             self.graphs.capture()
             self._sync()
         t4 = time.perf_counter()
-        pool_mid = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
+        pool_mid = self._reserved() if mode != "NONE" else 0
         if mode == "FULL":
-            self.mixed_graphs = MixedGraphs(self.model, self.builder, n_tok, n_seq,
+            self.mixed_graphs = MixedGraphs(self.model, self.builder, min(n_tok, cap), n_seq,
                                             self.graphs.mempool, self.attn_builder)  # fmt: skip
             self.mixed_graphs.capture()
             self._sync()
         t5 = time.perf_counter()
-        pool_after = torch.cuda.memory_reserved(self.device) if mode != "NONE" else 0
+        pool_after = self._reserved() if mode != "NONE" else 0
         if mode == "FULL" and pool_after - pool_mid > peak:
             logger.warning(
                 "the mixed-step CUDA graphs took %.2f GiB, over their budget, one full step's "
@@ -183,6 +184,13 @@ class ModelRunner:
             "num_kv_blocks": self.cache.num_blocks,
             "kv_cache_gib": self.cache.kv_nbytes() / 2**30,
         }
+
+    def _reserved(self) -> int:
+        """Device memory the caching allocator holds, its unused cached blocks released
+        first: what graphs captured since the last call keep."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved(self.device)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
