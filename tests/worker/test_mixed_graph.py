@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from tests.engine.utils import ASYNC_SCHED_CONFIG, BAMBA
+from tests.models.hf_builders import make_nemotron_h_hf, make_zamba2_hf
+from tests.models.hybrid_utils import save_checkpoint
 from vllm import LLM, SamplingParams
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
 from vllm.model_executor.layers.mamba.mamba2_padded import (
@@ -149,12 +151,26 @@ def _greedy(llm: LLM, prompts, n: int):
     ]
 
 
-@pytest.mark.parametrize("hybrid", [False, True], ids=["mamba2", "bamba"])
-def test_engine_through_the_padded_path_equals_eager(hybrid, device):
+def _hf_dir(make, tmp_path) -> str:
+    return str(save_checkpoint(make(), tmp_path / "hf"))
+
+
+MODELS = {
+    "mamba2": lambda tmp: ASYNC_SCHED_CONFIG,
+    "bamba": lambda tmp: BAMBA,
+    # NemotronH (Mamba2, attention and MLP blocks) and Zamba2 (a shared attention block
+    # beside its Mamba2 layers), from tiny transformers checkpoints.
+    "nemotron_h": lambda tmp: _hf_dir(make_nemotron_h_hf, tmp),
+    "zamba2": lambda tmp: _hf_dir(make_zamba2_hf, tmp),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_engine_through_the_padded_path_equals_eager(name, device, tmp_path):
     """Prompt lengths 1 .. chunk + 1 and longer beside running decodes, chunked prefills
     continuing their states, async scheduling's pending tokens: the padded steps give the
     eager engine's greedy tokens, and their logprobs within fp32 noise."""
-    model = BAMBA if hybrid else ASYNC_SCHED_CONFIG
+    model = MODELS[name](tmp_path)
     opts = dict(load_format="dummy", dtype="float32", device=device.type, max_num_seqs=4,
                 max_num_batched_tokens=16, max_model_len=48, enforce_eager=True)  # fmt: skip
     lens = [1, 9, 3, 20, 8, 2]
