@@ -143,8 +143,9 @@ class EngineArgs:
             default=None,
             help="vLLM's compilation config as JSON; read: cudagraph_mode, one of "
             f"{', '.join(CUDAGRAPH_MODES)} (default FULL_DECODE_ONLY: decode-only steps replay "
-            "CUDA graphs; FULL: mixed prefill + decode steps too), e.g. "
-            '\'{"cudagraph_mode": "FULL"}\'',
+            "CUDA graphs; FULL: mixed prefill + decode steps too), and "
+            "max_cudagraph_capture_size (the most tokens of a graphed step, default 2048), "
+            'e.g. \'{"cudagraph_mode": "FULL"}\'',
         )
         g.add_argument(
             "--mamba-ssm-cache-dtype",

@@ -245,25 +245,36 @@ class Mamba2MetadataBuilder:
     def finish(self, plan: Mamba2Plan, dev: dict[str, torch.Tensor]) -> Mamba2Metadata:
         """The metadata of ``plan`` from the device copies of ``plan.host`` (same names;
         more names may be there)."""
-        layout = plan.layout
-        if layout is not None:
-            layout = replace(layout, **{n: dev[f"layout.{n}"] for n in layout.TENSOR_FIELDS})
-        conv = conv1d_metadata_from(
-            plan.conv_fields, {n: dev[f"conv.{n}"] for n in ("query_start_loc", "tile_seq")}
-        )
+        layout, common = finish_common(plan, dev)
         self.num_builds += 1
         return Mamba2Metadata(
-            **plan.counts,
-            query_start_loc_cpu=plan.conv_fields["query_start_loc_cpu"],
-            query_start_loc=conv.query_start_loc,
-            state_indices=dev["state_indices"],
-            has_initial_state=dev["has_initial_state"],
-            prefill_query_start_loc=dev["prefill_query_start_loc"],
-            conv=conv,
+            **common,
             ssd=layout if self.triton_ssd else None,
             scan=None if self.triton_ssd else layout,
             token_perm=dev.get("token_perm") if "token_perm" in plan.host else None,
         )
+
+
+def finish_common(plan: Mamba2Plan, dev: dict[str, torch.Tensor]) -> tuple:
+    """(the chunk layout on the device, the metadata's fields every step has) from the
+    device copies of ``plan.host``: ``Mamba2MetadataBuilder.finish`` and the CUDA graphs'
+    padded metadata (``mamba2_padded``) share it."""
+    layout = plan.layout
+    if layout is not None:
+        layout = replace(layout, **{n: dev[f"layout.{n}"] for n in layout.TENSOR_FIELDS})
+    conv = conv1d_metadata_from(
+        plan.conv_fields, {n: dev[f"conv.{n}"] for n in ("query_start_loc", "tile_seq")}
+    )
+    common = dict(
+        **plan.counts,
+        query_start_loc_cpu=plan.conv_fields["query_start_loc_cpu"],
+        query_start_loc=conv.query_start_loc,
+        state_indices=dev["state_indices"],
+        has_initial_state=dev["has_initial_state"],
+        prefill_query_start_loc=dev["prefill_query_start_loc"],
+        conv=conv,
+    )
+    return layout, common
 
 
 def check_layer_inputs(where: str, hidden_states, hidden_size: int, md) -> None:

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2Metadata, Mamba2Plan
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID
-from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import (
-    conv1d_metadata_from,
-    conv1d_metadata_host,
+from vllm.model_executor.layers.mamba.mamba2_metadata import (
+    Mamba2Metadata,
+    Mamba2Plan,
+    finish_common,
 )
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import NULL_BLOCK_ID
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_host import conv1d_metadata_host
 from vllm.model_executor.layers.mamba.ops.ssd_layout import SSDChunkLayout, plan_ssd_chunks
 
 
@@ -174,20 +175,9 @@ def prepare_padded(
 
 def finish_padded(plan: Mamba2Plan, dev: dict[str, torch.Tensor]) -> Mamba2PaddedMetadata:
     """The padded metadata from the device copies of ``plan.host`` (same names)."""
-    layout = plan.layout
-    fields = {n: dev[f"layout.{n}"] for n in layout.TENSOR_FIELDS}
-    ssd = SSDChunkLayout(**{**layout.__dict__, **fields})
-    conv = conv1d_metadata_from(
-        plan.conv_fields, {n: dev[f"conv.{n}"] for n in ("query_start_loc", "tile_seq")}
-    )
+    ssd, common = finish_common(plan, dev)
     return Mamba2PaddedMetadata(
-        **plan.counts,
-        query_start_loc_cpu=plan.conv_fields["query_start_loc_cpu"],
-        query_start_loc=conv.query_start_loc,
-        state_indices=dev["state_indices"],
-        has_initial_state=dev["has_initial_state"],
-        prefill_query_start_loc=dev["prefill_query_start_loc"],
-        conv=conv,
+        **common,
         ssd=ssd,
         scan=None,
         token_perm=None,
