@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from tests.engine.utils import ASYNC_SCHED_CONFIG, BAMBA
+from tests.models.granitemoehybrid_utils import make_granite_hf
 from tests.models.hf_builders import make_nemotron_h_hf, make_zamba2_hf
 from tests.models.hybrid_utils import save_checkpoint
+from tests.models.lfm2_utils import make_lfm2_hf
+from tests.models.mamba1_utils import make_hf as make_mamba1_hf
 from vllm import LLM, SamplingParams
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
 from vllm.model_executor.layers.mamba.mamba2_padded import (
@@ -23,7 +26,12 @@ from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     mamba_chunk_scan_combined_varlen,
     plan_ssd_chunks,
 )
-from vllm.worker.mixed_graph import MixedGraphs, mixed_buckets, mixed_token_sizes
+from vllm.worker.mixed_graph import (
+    MixedGraphs,
+    full_graphs_unsupported,
+    mixed_buckets,
+    mixed_token_sizes,
+)
 
 
 def test_bucket_sizes_follow_the_limits():
@@ -186,3 +194,27 @@ def test_engine_through_the_padded_path_equals_eager(name, device, tmp_path):
         assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
     # the buckets used were the step's smallest: 16 tokens is the only one here
     assert [b.num_tokens for b in padded._graphs] == [16]
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda tmp: BAMBA, None),
+        (lambda tmp: _hf_dir(make_lfm2_hf, tmp), "ShortConv layers"),
+        (lambda tmp: _hf_dir(make_granite_hf, tmp), "FusedMoE layers"),
+        (lambda tmp: _hf_dir(lambda: make_mamba1_hf("mamba"), tmp), "Triton SSD"),
+    ],
+    ids=["bamba", "lfm2", "granite_moe", "mamba1"],
+)
+def test_which_models_graph_their_mixed_steps(make, reason, tmp_path):
+    """FULL's check, run where the graphs would be (CUDA: the Triton SSD): layers that
+    read no padded metadata keep their mixed steps eager, and the reason names them."""
+    llm = LLM(make(tmp_path), load_format="dummy", dtype="float32", device="cpu",
+              max_num_seqs=2, max_num_batched_tokens=16, max_model_len=48)  # fmt: skip
+    runner = llm.engine.runner
+    chunk = runner.builder.chunk_size
+    builder = Mamba2MetadataBuilder(chunk, "cpu", triton_ssd=chunk is not None)
+    got = full_graphs_unsupported(runner.model, builder, use_replayssm=False)
+    assert (got is None) if reason is None else (reason in got), got
+    if reason is None:
+        assert "use_replayssm" in full_graphs_unsupported(runner.model, builder, True)
