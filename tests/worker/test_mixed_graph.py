@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.utils import ASYNC_SCHED_CONFIG, BAMBA
+from tests.engine.utils import ASYNC_SCHED_CONFIG, BAMBA, prefix_llm, run_greedy
 from tests.models.granitemoehybrid_utils import make_granite_hf
 from tests.models.hf_builders import make_nemotron_h_hf, make_zamba2_hf
 from tests.models.hybrid_utils import save_checkpoint
@@ -218,3 +218,21 @@ def test_which_models_graph_their_mixed_steps(make, reason, tmp_path):
     assert (got is None) if reason is None else (reason in got), got
     if reason is None:
         assert "use_replayssm" in full_graphs_unsupported(runner.model, builder, True)
+
+
+def test_prefix_cache_restores_into_padded_steps(device):
+    """Prefix caching under FULL: the second turn restores the first's end-of-request state,
+    and its padded steps continue from it as an eager engine without caching computes."""
+    first = [5, 17, 3, 3, 40, 9, 71]
+    on = prefix_llm(device, True, enforce_eager=True)
+    padded = _padded_path(on, device)
+    out1, _, _ = run_greedy(on, first, 5)
+    second = first + out1 + [12, 60, 2]
+    out2, lps2, cached = run_greedy(on, second, 4)
+    assert cached == len(first) + len(out1) - 1 and on.engine.runner.step_counts["eager"] == 0
+    assert padded.num_replays > 4
+    off = prefix_llm(device, False, enforce_eager=True)
+    run_greedy(off, first, 5)
+    ref2, ref_lps2, _ = run_greedy(off, second, 4)
+    assert out2 == ref2
+    assert lps2 == pytest.approx(ref_lps2, rel=1e-4, abs=1e-5)
