@@ -24,6 +24,16 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
+def packed_offsets(nbytes: dict[str, int]) -> tuple[dict[str, int], int]:
+    """Each named field's first byte when packed in order, every one 16-byte aligned, and
+    the bytes in all: the layout of an upload (and of a CUDA graph's fixed buffers)."""
+    offsets, total = {}, 0
+    for name, n in nbytes.items():
+        offsets[name] = total
+        total += _aligned(n)
+    return offsets, total
+
+
 class StagedUpload:
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
@@ -54,12 +64,12 @@ class StagedUpload:
     def upload(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Device views (same dtype and shape) of the host tensors ``tensors``, after one
         non-blocking copy. Each must be a contiguous-able CPU tensor."""
-        offsets, total = {}, 0
         for name, t in tensors.items():
             if t.device.type != "cpu":
                 raise ValueError(f"staged tensor {name!r} must be on the CPU, got {t.device}")
-            offsets[name] = total
-            total += _aligned(t.numel() * t.element_size())
+        offsets, total = packed_offsets(
+            {name: t.numel() * t.element_size() for name, t in tensors.items()}
+        )
         self._ensure(max(total, 1))
         if self._copied is not None:
             self._copied.synchronize()

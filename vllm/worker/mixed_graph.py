@@ -38,7 +38,7 @@ from vllm.model_executor.layers.mamba.mamba2_padded import (
     finish_padded,
     prepare_padded,
 )
-from vllm.model_executor.staged_upload import ALIGN_BYTES, StagedUpload
+from vllm.model_executor.staged_upload import ALIGN_BYTES, StagedUpload, packed_offsets
 from vllm.worker.cuda_graph import warm_up
 
 
@@ -65,10 +65,8 @@ class _Fields:
     """Named typed views at fixed, 16-byte aligned offsets of one byte buffer."""
 
     def __init__(self, specs: dict[str, tuple[torch.dtype, int]]):
-        self.specs, self.offsets, total = specs, {}, 0
-        for name, (dtype, numel) in specs.items():
-            self.offsets[name] = total
-            total += -(-numel * dtype.itemsize // ALIGN_BYTES) * ALIGN_BYTES
+        self.specs = specs
+        self.offsets, total = packed_offsets({n: d.itemsize * k for n, (d, k) in specs.items()})
         self.nbytes = max(total, ALIGN_BYTES)
 
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:

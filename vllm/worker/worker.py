@@ -139,7 +139,7 @@ class Worker:
             errors,
             span,
             compiles,
-            graph=getattr(result, "graph", False),  # the runner's StepResult: a graph replayed
+            graph=result.graph,
         )
 
     def _pending_tokens(self, inputs: StepInputs, prev: torch.Tensor | None):
