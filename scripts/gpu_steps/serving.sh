@@ -278,18 +278,28 @@ prefix_bench() {
 # Triton cache) given the mode as vLLM's --compilation-config JSON, running
 # GRAPH_MODES_RUNS (default sharegpt@8:300,sharegpt@inf:300) GRAPH_MODES_REPEATS times
 # (default 1; repeats against the same server). GRAPH_MODES_SERVER_ARGS is appended to the
-# server's options (e.g. --max-num-seqs 128: the last one given wins). Carry .whl/serve,
+# server's options (e.g. --max-num-seqs 128: the last one given wins). A mode may name a
+# variant, MODE+NAME (e.g. FULL+lpt512): that server also gets GRAPH_MODES_VARIANT_NAME's
+# options (e.g. GRAPH_MODES_VARIANT_lpt512="--long-prefill-token-threshold 512"), so one
+# call compares a server option under the same mode. Carry .whl/serve,
 # .whl/codestral and .whl/sharegpt_3000.json as for serving_sweep. Table (per workload@rate:
 # tok/s, TTFT, ITL, graph / eager steps, start-up; FULL against FULL_DECODE_ONLY):
 # OUT/graph_modes/graph_modes.md (benchmarks/serving/graph_modes_report.py). Per mode: the
 # server's start from an empty Triton cache ~30-60 s, rate 8 ~45 s, rate inf ~40 s: ~2-2.5
 # minutes, ~4-5 for both modes (add ~1.5 minutes per mode for each further repeat).
-graph_modes_server_args() { # graph_modes_server_args MODE: serving_sweep's --server-args
+graph_modes_server_args() { # graph_modes_server_args MODE[+NAME]: serving_sweep's --server-args
     # serving_sweep splits them with shlex: the JSON goes in single quotes.
+    local mode=${1%%+*} variant="" extra
+    [[ $1 == *+* ]] && variant=${1#*+}
     local args="--load-format dummy --dtype bfloat16 --max-num-seqs 256"
     args="$args --max-num-batched-tokens 4096"
-    args="$args --compilation-config '{\"cudagraph_mode\": \"$1\"}'"
-    echo "$args${GRAPH_MODES_SERVER_ARGS:+ $GRAPH_MODES_SERVER_ARGS}"
+    args="$args --compilation-config '{\"cudagraph_mode\": \"$mode\"}'"
+    args="$args${GRAPH_MODES_SERVER_ARGS:+ $GRAPH_MODES_SERVER_ARGS}"
+    if [ -n "$variant" ]; then
+        extra="GRAPH_MODES_VARIANT_$variant"
+        args="$args${!extra:+ ${!extra}}"
+    fi
+    echo "$args"
 }
 graph_modes() {
     local model=${SERVING_MODEL_DIR:-.whl/codestral} data=${SERVING_DATASET:-.whl/sharegpt_3000.json}
@@ -303,10 +313,18 @@ graph_modes() {
     fi
     mkdir -p "$dir"
     for mode in "${modes[@]}"; do
-        if [[ ! $mode =~ ^[A-Za-z_]+$ ]]; then
-            echo "graph_modes: $mode is no cudagraph_mode name"
+        if [[ ! $mode =~ ^[A-Za-z_]+(\+[A-Za-z0-9_]+)?$ ]]; then
+            echo "graph_modes: $mode is no cudagraph_mode name (MODE or MODE+NAME)"
             rc=1
             continue
+        fi
+        if [[ $mode == *+* ]]; then
+            local extra="GRAPH_MODES_VARIANT_${mode#*+}"
+            if [ -z "${!extra:-}" ]; then
+                echo "graph_modes: $mode names a variant but $extra is not set"
+                rc=1
+                continue
+            fi
         fi
         echo "graph_modes: $mode: $(graph_modes_server_args "$mode")"
         python3 -m benchmarks.serving.serving_sweep --model "$model" --dataset-path "$data" \

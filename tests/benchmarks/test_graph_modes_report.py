@@ -247,3 +247,23 @@ graph_modes"""
     (tmp_path / "n").unlink()
     bad = _shell(stub, {**env, "GRAPH_MODES": "FULL 'x"})
     assert bad.returncode == 1 and "graph_modes: 'x is no cudagraph_mode name" in bad.stdout
+
+
+def test_a_variant_mode_adds_its_options_and_an_unset_variant_is_refused(tmp_path):
+    env = {"GRAPH_MODES_VARIANT_lpt512": "--long-prefill-token-threshold 512"}
+    proc = _shell("graph_modes_server_args FULL+lpt512", {**env, "GRAPH_MODES_SERVER_ARGS": "-x 1"})
+    assert proc.returncode == 0, proc.stderr
+    args = shlex.split(proc.stdout)
+    i = args.index("--compilation-config")
+    assert json.loads(args[i + 1]) == {"cudagraph_mode": "FULL"}  # the mode without +NAME
+    assert args[-4:] == ["-x", "1", "--long-prefill-token-threshold", "512"]
+    plain = shlex.split(_shell("graph_modes_server_args FULL", env).stdout)
+    assert "--long-prefill-token-threshold" not in plain
+    stub = "serve_wheels() { :; }\npython3() { :; }\ngraph_modes"
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "data.json").write_text("[]")
+    base = {"out": str(tmp_path), "SERVING_MODEL_DIR": str(tmp_path)}
+    base["SERVING_DATASET"] = str(tmp_path / "data.json")
+    bad = _shell(stub, {**base, "GRAPH_MODES": "FULL+nope"})
+    assert bad.returncode == 1
+    assert "FULL+nope names a variant but GRAPH_MODES_VARIANT_nope is not set" in bad.stdout
