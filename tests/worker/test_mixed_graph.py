@@ -236,3 +236,23 @@ def test_prefix_cache_restores_into_padded_steps(device):
     ref2, ref_lps2, _ = run_greedy(off, second, 4)
     assert out2 == ref2
     assert lps2 == pytest.approx(ref_lps2, rel=1e-4, abs=1e-5)
+
+
+def test_eager_mixed_steps_say_why(device, caplog):
+    """A step no bucket holds runs eagerly and the runner counts and logs why: five prompts
+    in one step against buckets of at most four prefills; prompt logprobs."""
+    opts = dict(load_format="dummy", dtype="float32", device=device.type, max_num_seqs=8,
+                max_num_batched_tokens=16, max_model_len=48, enforce_eager=True)  # fmt: skip
+    llm = LLM(ASYNC_SCHED_CONFIG, **opts)
+    padded = _padded_path(llm, device)
+    assert [(b.num_tokens, b.max_prefills) for b in padded.buckets] == [(16, 4)]
+    runner = llm.engine.runner
+    with caplog.at_level("INFO", logger="vllm.worker.model_runner"):
+        _greedy(llm, [[3 + i, 7, 11] for i in range(5)], 2)
+    kind = "more prefills or SSD chunks than every bucket of its size"
+    assert runner.eager_mixed_reasons == {kind: 1} and runner.step_counts["eager"] == 1
+    assert f"{kind} (15 tokens, 5 rows, 5 prefills)" in caplog.text
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    llm.generate([{"prompt_token_ids": [4, 8, 15]}], params, use_tqdm=False)
+    assert runner.eager_mixed_reasons == {kind: 1, "prompt logprobs": 1}
+    assert padded.last_miss == "prompt logprobs"

@@ -152,6 +152,7 @@ class MixedGraphs:
         self.device = builder.device
         self.staging = StagedUpload(self.device)
         self.num_replays = 0
+        self.last_miss: str | None = None  # why ``select`` last returned None
 
     def capture(self) -> list[MixedBucket]:
         """Capture every bucket's graph now, largest first (the smaller ones reuse the pool
@@ -171,11 +172,15 @@ class MixedGraphs:
     def select(self, inp):
         """(bucket, padded Mamba2 plan) of the smallest bucket holding step ``inp``, or None
         when it must run eagerly (the leading rows are not decodes, prompt logprobs, too
-        many tokens, rows, prefills or chunks)."""
+        many tokens, rows, prefills or chunks); then ``last_miss`` says which, with the
+        step's counts."""
+        self.last_miss = None
         if inp.prompt_rows or not inp.lens:
+            self.last_miss = "prompt logprobs" if inp.prompt_rows else "no rows"
             return None
         d = inp.num_decodes
         if not decodes_lead(inp.lens, inp.contexts, d):
+            self.last_miss = "the leading rows are not all decodes"
             return None
         n, r, p = len(inp.ids), len(inp.lens), len(inp.lens) - d
         for bucket in self.buckets:
@@ -184,6 +189,14 @@ class MixedGraphs:
             plan = prepare_padded(bucket, self.chunk_size, inp.lens, inp.slots, inp.contexts, d)
             if plan is not None:
                 return bucket, plan
+        top = self.buckets[-1]
+        if n > top.num_tokens:
+            why = "more tokens than the largest bucket"
+        elif r > top.num_seqs:
+            why = "more rows than the largest bucket"
+        else:
+            why = "more prefills or SSD chunks than every bucket of its size"
+        self.last_miss = f"{why} ({n} tokens, {r} rows, {p} prefills)"
         return None
 
     @torch.no_grad()

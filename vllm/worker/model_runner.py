@@ -154,6 +154,8 @@ class ModelRunner:
         self.cudagraph_mode = mode
         # Steps by how they ran: decode-only graphs, mixed graphs, eager.
         self.step_counts = {"graph_decode": 0, "graph_mixed": 0, "eager": 0}
+        # cudagraph_mode FULL: mixed steps that ran eagerly, by why (``MixedGraphs.select``).
+        self.eager_mixed_reasons: dict[str, int] = {}
         self.startup = {
             "weights_s": t1 - t0,
             "state_pool_s": t2 - t1,
@@ -307,6 +309,14 @@ class ModelRunner:
     # -- steps ---------------------------------------------------------------------------
 
     @torch.no_grad()
+    def _note_eager_mixed(self, why: str | None) -> None:
+        """Count a FULL-mode mixed step that ran eagerly; log each kind of reason once (the
+        server's log then names what no bucket held)."""
+        kind = (why or "unknown").split(" (")[0]
+        if kind not in self.eager_mixed_reasons:
+            logger.info("cudagraph_mode FULL: a mixed step ran eagerly: %s", why)
+        self.eager_mixed_reasons[kind] = self.eager_mixed_reasons.get(kind, 0) + 1
+
     def execute_inputs(
         self, inp: StepInputs, prev_tokens: torch.Tensor | None = None
     ) -> StepResult:
@@ -341,6 +351,7 @@ class ModelRunner:
                 self.step_counts["graph_mixed"] += 1
                 logits = self.mixed_graphs.run(inp, selected, prev_tokens)
                 return StepResult(logits, graph=True)
+            self._note_eager_mixed(self.mixed_graphs.last_miss)
         self.step_counts["eager"] += 1
 
         n_fill, n_pos = len(fill_dst), len(positions)
