@@ -26,8 +26,8 @@ down kernel writes the output directly (no sum).
 
 The K loops load without row or column masks (``EVEN_K``: none at all when BLOCK_K divides
 K): padding rows read row 0 and columns past the end the last weight row, and only the
-store is masked. Accumulation is fp32; fp32 inputs use IEEE dots (``DOT_PRECISION``), narrow ones the
-tensor cores. Offsets of a token's, a pair's or an expert's rows are int64.
+store is masked. Accumulation is fp32; fp32 inputs use IEEE dots (``DOT_PRECISION``),
+narrow ones the tensor cores. Offsets of a token's, a pair's or an expert's rows are int64.
 """
 
 from __future__ import annotations
