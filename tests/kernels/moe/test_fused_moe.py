@@ -92,11 +92,12 @@ def test_precompile_registers_every_bucket_variant(device, kernels_only):
     (x, w13, w2, weights, ids), _ = _inputs(3, 2, 4, FP32, "silu", device)
     with precompile() as report:
         fused_experts(x, w13, w2, weights, ids)
-    # BLOCK_M 16 and 32 (and 64 from '*') at these tiny N/K tiles: 3 variants per GEMM.
-    assert report.variants["moe_gate_up_kernel"] == 3
-    assert report.variants["moe_down_kernel"] == 3
+    # fp32: BLOCK_M 16 up to 64 tokens, 64 above (the dtype=float32 entries), at these tiny
+    # N/K tiles: 2 variants per GEMM and of the alignment.
+    assert report.variants["moe_gate_up_kernel"] == 2
+    assert report.variants["moe_down_kernel"] == 2
     assert report.variants["moe_sum_kernel"] == 1
-    assert report.variants["moe_align_kernel"] == 3
+    assert report.variants["moe_align_kernel"] == 2
     # Every later step size selects a variant compiled above (decode to a torch-aligned
     # prefill): no launch misses.
     before = launch_misses()
@@ -148,3 +149,31 @@ def test_other_errors():
         fused_experts(x[:, :31], w13, w2, weights, ids)
     with pytest.raises(ValueError, match="router_logits"):
         fused_moe(x, w13, w2, torch.zeros(4, 4), 2)
+
+
+@pytest.mark.parametrize("hidden, inter, dtype", [(40, 48, FP32), (80, 40, FP16)])
+def test_uneven_k_and_partial_column_tiles(hidden, inter, dtype, device, kernels_only):
+    """H and I no multiple of the tiles: the K loop's masked path (EVEN_K False, both GEMMs)
+    and weight rows clamped past the last column; gated and ungated."""
+    gen = gen_for("fused-moe-uneven", hidden, inter, str(dtype))
+    x = torch.randn(17, hidden, generator=gen).to(dtype).to(device)
+    ids = distinct_ids(17, 3, 6, gen).to(device)
+    weights = torch.rand(17, 3, generator=gen).to(device)
+    for activation, gated in (("silu", True), ("relu2", False)):
+        w13, w2 = expert_weights(6, hidden, inter, dtype, gen, act_and_mul=gated)
+        w13, w2 = w13.to(device), w2.to(device)
+        out = fused_experts(x, w13, w2, weights, ids, activation, gated)
+        ref = fused_experts_ref(x, w13, w2, weights, ids, activation, gated)
+        torch.testing.assert_close(out.float(), ref.float(), **TOLERANCES[dtype])
+
+
+def test_unmasked_k_loop_equals_the_masked_one(device, kernels_only, monkeypatch):
+    """Where BLOCK_K divides K the loop loads without masks (padding rows read row 0, tail
+    columns the last weight row): bit for bit what the masked loop gives."""
+    (x, w13, w2, weights, ids), gated = _inputs(17, 8, 16, FP32, "silu", device)
+    even = fused_experts(x, w13, w2, weights, ids)
+    real = fused_moe_module._gemm_constexprs
+    assert real({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}, "gate_up", INTER, HIDDEN)["EVEN_K"]
+    monkeypatch.setattr(fused_moe_module, "_gemm_constexprs",
+                        lambda *a: dict(real(*a), EVEN_K=False))  # fmt: skip
+    assert torch.equal(fused_experts(x, w13, w2, weights, ids), even)

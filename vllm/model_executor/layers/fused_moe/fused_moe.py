@@ -100,10 +100,12 @@ def _launch_options(cfg: dict) -> dict:
 
 def _gemm_constexprs(cfg: dict, part: str, n: int, k: int) -> dict:
     own = {**cfg, **cfg.get(part, {})}
+    block_k = _tile(k, own["BLOCK_K"])
     return dict(
         BLOCK_M=max(16, int(cfg["BLOCK_M"])),
         BLOCK_N=_tile(n, own["BLOCK_N"]),
-        BLOCK_K=_tile(k, own["BLOCK_K"]),
+        BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0,  # the K loop's loads need no mask
         **_launch_options(own),
     )
 

@@ -10,9 +10,10 @@ stores are masked). The grid is sized for the worst case, so it depends on shape
 - ``moe_gate_up_kernel``: h[p] = act(x[token] W_gate[e]^T) * (x[token] W_up[e]^T) with
   W13[e] = [W_gate; W_up] (2I, H) (``IS_ACT_AND_MUL``), or act(x[token] W13[e]^T) with
   W13[e] (I, H) for experts without a gate (Nemotron-H's relu^2 MLP). One program per
-  (block of rows, block of BLOCK_N intermediate columns): the gate and up tiles of the same
-  columns are accumulated side by side, so the activation is applied in registers and only
-  h (pairs, I) is written, in the activation dtype.
+  (block of rows, block of BLOCK_N intermediate columns): one weight tile and one dot per
+  K step, 2 x BLOCK_N wide when gated (gate row j and up row j interleaved, split after
+  the loop), so the activation is applied in registers and only h (pairs, I) is written,
+  in the activation dtype.
 - ``moe_down_kernel``: y[p] = w[p] * (h[p] W2[e]^T), W2[e] (H, I), the routing weight
   applied to the fp32 accumulator; y (pairs, H) is written, a row per pair.
 - ``moe_sum_kernel``: out[t] = sum_k y[t * top_k + k] in fp32, in a fixed order.
@@ -23,8 +24,10 @@ outputs need no zeroed fp32 scratch or atomic adds in a narrow type. The cost is
 (pairs, H) write and read, small beside the weights the GEMMs stream. With top_k == 1 the
 down kernel writes the output directly (no sum).
 
-Accumulation is fp32; fp32 inputs use IEEE dots (``DOT_PRECISION``), narrow ones the
-tensor cores. Offsets of a token's, a pair's or an expert's rows are int64.
+The K loops load without row or column masks (``EVEN_K``: none at all when BLOCK_K divides
+K): padding rows read row 0 and columns past the end the last weight row, and only the
+store is masked. Accumulation is fp32; fp32 inputs use IEEE dots (``DOT_PRECISION``),
+narrow ones the tensor cores. Offsets of a token's, a pair's or an expert's rows are int64.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def moe_gate_up_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -64,30 +68,42 @@ def moe_gate_up_kernel(
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + o_m).to(tl.int64)
     m_m = pair < num_pairs
-    token = pair // top_k
+    # The K loop's loads carry no row or column mask: padding rows read x's row 0 and
+    # columns past ``inter`` read its last gate (up) row of W13, real data whose products
+    # land only in accumulator rows and columns the masked store drops (each output
+    # element's dot reads its own row and column only, so the stored values are unchanged).
+    token = tl.where(m_m, pair // top_k, 0)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < inter
+    # One weight tile and one dot per K step. Gated: 2 x BLOCK_N columns interleaved, 2j
+    # the gate row of intermediate column j and 2j + 1 its up row, split after the loop.
+    N_W: tl.constexpr = 2 * BLOCK_N if IS_ACT_AND_MUL else BLOCK_N
+    o_c = tl.arange(0, N_W)
+    if IS_ACT_AND_MUL:
+        o_w = tl.minimum(i_n * BLOCK_N + o_c // 2, inter - 1) + (o_c % 2) * inter
+    else:
+        o_w = tl.minimum(i_n * BLOCK_N + o_c, inter - 1)
     o_k = tl.arange(0, BLOCK_K)
     p_x = x_ptr + token[:, None] * stride_x_t + o_k[None, :] * stride_x_h
-    # W13[e] is (rows, H); the tile is read transposed, (BLOCK_K, BLOCK_N).
-    p_g = w_ptr + expert * stride_w_e + o_n[None, :] * stride_w_n + o_k[:, None] * stride_w_h
-    p_u = p_g + inter * stride_w_n
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # W13[e] is (rows, H); the tile is read transposed, (BLOCK_K, N_W).
+    p_w = w_ptr + expert * stride_w_e + o_w[None, :] * stride_w_n + o_k[:, None] * stride_w_h
+    acc = tl.zeros((BLOCK_M, N_W), dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
-        m_k = o_k < hidden - k0
-        b_x = tl.load(p_x, mask=m_m[:, None] & m_k[None, :], other=0.0)
-        b_g = tl.load(p_g, mask=m_k[:, None] & m_n[None, :], other=0.0)
-        acc_g = tl.dot(b_x, b_g, acc_g, input_precision=DOT_PRECISION)
-        if IS_ACT_AND_MUL:
-            b_u = tl.load(p_u, mask=m_k[:, None] & m_n[None, :], other=0.0)
-            acc_u = tl.dot(b_x, b_u, acc_u, input_precision=DOT_PRECISION)
-            p_u += BLOCK_K * stride_w_h
+        if EVEN_K:  # BLOCK_K divides H: no mask at all
+            b_x = tl.load(p_x)
+            b_w = tl.load(p_w)
+        else:
+            m_k = o_k < hidden - k0
+            b_x = tl.load(p_x, mask=m_k[None, :], other=0.0)
+            b_w = tl.load(p_w, mask=m_k[:, None], other=0.0)
+        acc = tl.dot(b_x, b_w, acc, input_precision=DOT_PRECISION)
         p_x += BLOCK_K * stride_x_h
-        p_g += BLOCK_K * stride_w_h
-    b_h = _activation(acc_g, ACTIVATION)
+        p_w += BLOCK_K * stride_w_h
     if IS_ACT_AND_MUL:
-        b_h = b_h * acc_u
+        acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        b_h = _activation(acc_g, ACTIVATION) * acc_u
+    else:
+        b_h = _activation(acc, ACTIVATION)
     p_h = h_ptr + pair[:, None] * stride_h_p + o_n[None, :] * stride_h_n
     tl.store(p_h, b_h.to(h_ptr.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
@@ -101,6 +117,7 @@ def moe_down_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -113,13 +130,21 @@ def moe_down_kernel(
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < hidden
     o_k = tl.arange(0, BLOCK_K)
-    p_h = h_ptr + pair[:, None] * stride_h_p + o_k[None, :] * stride_h_k
-    p_w = w_ptr + expert * stride_w_e + o_n[None, :] * stride_w_n + o_k[:, None] * stride_w_k
+    # Unmasked rows and columns in the K loop, as in the gate/up kernel: padding rows read
+    # h's row 0, columns past H the last row of W2; the store drops both.
+    row = tl.where(m_m, pair, 0)
+    o_w = tl.minimum(o_n, hidden - 1)
+    p_h = h_ptr + row[:, None] * stride_h_p + o_k[None, :] * stride_h_k
+    p_w = w_ptr + expert * stride_w_e + o_w[None, :] * stride_w_n + o_k[:, None] * stride_w_k
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
-        m_k = o_k < inter - k0
-        b_h = tl.load(p_h, mask=m_m[:, None] & m_k[None, :], other=0.0)
-        b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0)
+        if EVEN_K:  # BLOCK_K divides I: no mask at all
+            b_h = tl.load(p_h)
+            b_w = tl.load(p_w)
+        else:
+            m_k = o_k < inter - k0
+            b_h = tl.load(p_h, mask=m_k[None, :], other=0.0)
+            b_w = tl.load(p_w, mask=m_k[:, None], other=0.0)
         acc = tl.dot(b_h, b_w, acc, input_precision=DOT_PRECISION)
         p_h += BLOCK_K * stride_h_k
         p_w += BLOCK_K * stride_w_k
