@@ -101,6 +101,27 @@ fused_moe_bench() {
     PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_fused_moe ${MOE_BENCH_ARGS:-} \
         --out "$out/fused_moe" 2>&1 | tee "$out/fused_moe.log"
 }
+# The fused-MoE launch table tuned on this device (benchmarks/kernels/tune_fused_moe.py,
+# docs/fused_moe.md): writes configs/fused_moe/<device>.json in the tree (kept as
+# OUT/fused_moe_tune/ with every timing), then runs fused_moe_bench's benchmark again with
+# it into OUT/fused_moe_tuned; ~2 minutes of tuning for the two benchmark shapes, plus the
+# benchmark's ~2. MOE_TUNE_ARGS adds options (e.g. --shapes ...,granite-4.0-h-tiny).
+# Run fused_moe_bench before it in the same call to have the default table's figures.
+fused_moe_tune() {
+    local path="$PWD${PYTHONPATH:+:$PYTHONPATH}" dir="$out/fused_moe_tune" table
+    [ -d .upstream ] && path="$path:$PWD/.upstream"
+    mkdir -p "$dir"
+    # shellcheck disable=SC2086
+    PYTHONPATH=$path python3 -m benchmarks.kernels.tune_fused_moe ${MOE_TUNE_ARGS:-} \
+        --json "$dir/tune_fused_moe.json" 2>&1 | tee "$dir/tune.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || return 1
+    for table in vllm/model_executor/layers/fused_moe/configs/fused_moe/NVIDIA_*.json; do
+        [ -f "$table" ] && cp "$table" "$dir/"
+    done
+    # shellcheck disable=SC2086
+    PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_fused_moe ${MOE_BENCH_ARGS:-} \
+        --out "$out/fused_moe_tuned" 2>&1 | tee "$out/fused_moe_tuned.log"
+}
 # Ours (max_num_batched_tokens 2048 and 8192, fp32 state; 8192 with bf16 state) and HF
 # generate with mamba_ssm's Triton kernels: 128 prompts x 512 tokens, 256 output tokens,
 # and a 1-token run of the same prompts for prefill tok/s; ~5-6 minutes.
