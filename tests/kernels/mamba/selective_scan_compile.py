@@ -2,7 +2,10 @@
 what the interpreter cannot show: whether every variant compiles (Triton's type rules are
 stricter than the interpreter's), and the scan loop's layout cost, counted in the PTX:
 shuffles and barriers (a state tile spread over lanes along dstate pays both on every
-token), and ex2 instructions (the SFU work per token and channel).
+token), and ex2 instructions (the SFU work per token and channel); in the SASS, the scan
+loop's instructions (UNROLL tokens per trip), its global loads and how many of them issue
+before the first instruction that waits on one (``ldg_ahead``: the loads in flight at a
+warp's first stall), and the kernel's registers and stack (spills) from cuobjdump.
 
 Run as ``python -m tests.kernels.mamba.selective_scan_compile`` with TRITON_INTERPRET unset
 (the kernels must be JIT functions); it prints one JSON line per variant. A helper of
@@ -88,20 +91,69 @@ def ptx_counts(ptx: str) -> dict:
     }
 
 
-def loop_sass(cubin: bytes) -> dict:
-    """Instruction counts of the largest loop with an SFU instruction in the SASS (the scan
-    loop: one token per trip), by opcode family, from the nvdisasm Triton ships."""
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    if not nvdisasm.is_file():
-        return {}
+def _cuda_tool(name: str, cubin: bytes, *flags: str) -> str | None:
+    """stdout of one of the CUDA tools Triton ships run on the cubin, or None without it."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not tool.is_file():
+        return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        lines = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True,
-                               check=True).stdout.splitlines()  # fmt: skip
+        return subprocess.run([str(tool), *flags, f.name], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
+
+def resources(cubin: bytes) -> dict:
+    """Registers per thread and stack bytes (spills) of the kernel, from cuobjdump."""
+    text = _cuda_tool("cuobjdump", cubin, "--dump-resource-usage")
+    if text is None:
+        return {}
+    regs, stack = re.search(r"REG:(\d+)", text), re.search(r"STACK:(\d+)", text)
+    return {"regs": int(regs.group(1)), "stack": int(stack.group(1))}
+
+
+_REG = re.compile(r"\bR(\d+)\b")
+
+
+def _loads_ahead(body: list[str]) -> tuple[int, int]:
+    """(global loads in a loop body, those issued before the first instruction that reads a
+    register one of them loaded): how many loads a warp has in flight at its first stall."""
+    pending: set[int] = set()
+    total = ahead = 0
+    stalled = False
+    for ln in body:
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)(\.[A-Z0-9.]*)?\s+([^;]*)", ln)
+        if not m:
+            continue
+        op, mods, operands = m.group(1), m.group(2) or "", m.group(3)
+        dest, _, srcs = operands.partition(",")
+        if op.startswith("ST"):
+            dest, srcs = "", operands
+        if not stalled and pending & {int(r) for r in _REG.findall(srcs)}:
+            stalled = True
+        if op == "LDG":
+            total += 1
+            ahead += not stalled
+            width = {".64": 2, ".128": 4}.get(
+                next((w for w in (".128", ".64") if w in mods), ""), 1
+            )
+            base = int(_REG.search(dest).group(1))
+            pending.update(range(base, base + width))
+    return total, ahead
+
+
+def loop_sass(cubin: bytes) -> dict:
+    """Instruction counts of the largest loop with an SFU instruction in the SASS (the scan
+    loop: UNROLL tokens per trip), by opcode family, from the nvdisasm Triton ships; and
+    its global loads, all of them and those issued before the first use of one."""
+    text = _cuda_tool("nvdisasm", cubin, "-c")
+    if text is None:
+        return {}
+    lines = text.splitlines()
     found = ((i, re.match(r"\s*(\.L_x_\d+):", ln)) for i, ln in enumerate(lines))
     labels = {m.group(1): i for i, m in found if m}
     best: collections.Counter = collections.Counter()
+    body: list[str] = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)\)?", line)
         if not m or labels.get(m.group(1), i) >= i:
@@ -112,21 +164,31 @@ def loop_sass(cubin: bytes) -> dict:
             if op:
                 ops[op.group(1)] += 1
         if ops["MUFU"] and sum(ops.values()) > sum(best.values()):
-            best = ops
+            best, body = ops, lines[labels[m.group(1)] : i + 1]
+    ldg, ahead = _loads_ahead(body)
     return {"loop_instrs": sum(best.values()), "loop_mufu": best["MUFU"],
-            "loop_fp32": best["FMUL"] + best["FFMA"] + best["FADD"]}  # fmt: skip
+            "loop_fp32": best["FMUL"] + best["FFMA"] + best["FADD"], "loop_ldg": ldg,
+            "ldg_ahead": ahead}  # fmt: skip
 
 
 def variants() -> list[tuple[str, object, dict, int, str]]:
+    """(name, kernel, constexprs, num_warps, pool dtype). The prefill scan's variants cover
+    default.json's launches (1: plain, 3: PREFETCH) and the latency knobs the tuner sweeps
+    (benchmarks/kernels/tune_selective_scan.py), UNROLL 4 with PREFETCH excepted: it
+    spills (255 registers and a stack with Triton 3.6)."""
     on = dict.fromkeys(FLAGS, True)
     off = dict.fromkeys(FLAGS, False)
     tile = dict(BLOCK_D=64, BLOCK_N=16)
     out = []
     chunk = K._selective_scan_chunk_kernel
-    for final in (False, True):
-        full = dict(on, HAS_INIT=True, FINAL=final, PREFETCH=False, **tile)
-        out.append((f"chunk final={final}", chunk, full, 2, "fp32"))
-    bare = dict(off, HAS_INIT=False, FINAL=False, PREFETCH=True, **tile)
+    for final, prefetch, unroll in ((False, False, 1), (True, False, 1), (True, True, 1),
+                                    (False, True, 1), (False, False, 2), (True, False, 2),
+                                    (True, True, 2), (True, False, 4)):  # fmt: skip
+        name = f"chunk final={final}" + (" prefetch" if prefetch else "")
+        name += f" unroll={unroll}" if unroll > 1 else ""
+        full = dict(on, HAS_INIT=True, FINAL=final, PREFETCH=prefetch, UNROLL=unroll, **tile)
+        out.append((name, chunk, full, 2, "fp32"))
+    bare = dict(off, HAS_INIT=False, FINAL=False, PREFETCH=True, UNROLL=2, **tile)
     out.append(("chunk bare bf16-pool", chunk, bare, 2, "bf16"))
     out.append(("state passing", K._selective_scan_state_passing_kernel,
                 dict(HAS_INDICES=True, BLOCK_D=32, BLOCK_N=16), 1, "bf16"))  # fmt: skip
@@ -140,9 +202,10 @@ def main() -> None:
     for name, kernel, constexprs, warps, pool in variants():
         compiled = compile_sm90(kernel, constexprs, warps, pool)
         layouts = re.findall(r"#ttg\.blocked<\{[^}]*\}>", compiled.asm["ttgir"])
-        print(json.dumps(dict(variant=name, layouts=sorted(set(layouts)),
-                              **ptx_counts(compiled.asm["ptx"]),
-                              **loop_sass(compiled.asm["cubin"]))))  # fmt: skip
+        cubin = compiled.asm["cubin"]
+        print(json.dumps(dict(variant=name, unroll=constexprs.get("UNROLL", 1),
+                              layouts=sorted(set(layouts)), **ptx_counts(compiled.asm["ptx"]),
+                              **loop_sass(cubin), **resources(cubin))))  # fmt: skip
 
 
 if __name__ == "__main__":

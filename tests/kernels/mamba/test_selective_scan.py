@@ -31,6 +31,7 @@ from vllm.model_executor.layers.mamba.ops.selective_scan import (
     selective_state_update_mamba1,
     use_selective_scan_kernel,
 )
+from vllm.model_executor.layers.mamba.ops.selective_scan_kernels import LAUNCH_CHUNK
 from vllm.model_executor.layers.mamba.ops.selective_scan_ref import (
     selective_scan_ref,
     selective_state_update_ref,
@@ -65,8 +66,45 @@ def _touched(case: ScanCase) -> set[int]:
     return real_lines([ln for ln, n in zip(lines, case.lens, strict=True) if n > 0], marker)
 
 
+# The prefill scan's latency knobs (launch table: ``chunk`` for launch 1, ``rescan`` over
+# it for launch 3): every variant runs the same per-token math in the same order. UNROLL 4
+# with CHUNK 4 runs whole groups and the remainder loop (sequences of 1-3, 5 and 9 tokens),
+# UNROLL 2 both as well. Pairs: (launch 1's knobs, launch 3's).
+KNOBS = [dict(PREFETCH=p, UNROLL=u) for u in (1, 2, 4) for p in (False, True)]
+PAIRS = [(k, k) for k in KNOBS] + [
+    (dict(PREFETCH=False, UNROLL=1), dict(PREFETCH=True, UNROLL=1)),  # default.json's
+    (dict(PREFETCH=False, UNROLL=4), dict(PREFETCH=True, UNROLL=2)),
+]
+
+
+def _knob_id(k: dict) -> str:
+    return f"unroll{k['UNROLL']}" + ("-prefetch" if k["PREFETCH"] else "")
+
+
+def _pair_id(pair) -> str:
+    first, rescan = map(_knob_id, pair)
+    return first if first == rescan else f"{first}+rescan-{rescan}"
+
+
+def _with_knobs(monkeypatch, first: dict, rescan: dict) -> None:
+    table = selective_scan.scan_config
+
+    def patched(*args):
+        cfg = table(*args)
+        return dict(cfg, chunk=dict(cfg["chunk"], **first), rescan=dict(rescan))
+
+    monkeypatch.setattr(selective_scan, "scan_config", patched)
+
+
+@pytest.fixture(params=PAIRS, ids=_pair_id)
+def knobs(request, monkeypatch) -> tuple[dict, dict]:
+    """The launch table with these knobs for launches 1 and 3 (the rest as it has it)."""
+    _with_knobs(monkeypatch, *request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("case", SCAN_CASES, ids=lambda c: c.id)
-def test_scan_matches_reference(case: ScanCase, device, nan_poison):
+def test_scan_matches_reference(case: ScanCase, knobs, device, nan_poison):
     kw, pool = scan_inputs(case, device)
     if device.type == "cpu":
         assert use_selective_scan_kernel(kw["u"]), "the interpreter should run the kernels"
@@ -80,26 +118,50 @@ def test_scan_matches_reference(case: ScanCase, device, nan_poison):
 
 
 @pytest.mark.parametrize("chunk_len", [None, 3])
-def test_scan_other_plans_and_no_initial_state(chunk_len, device, nan_poison):
+def test_scan_other_plans_and_no_initial_state(chunk_len, knobs, device, nan_poison):
     kw, pool = scan_inputs(BASE, device)
     kw["has_initial_state"] = None
     check_against_reference(selective_scan_fn, selective_scan_ref, kw, pool, FP32,
                             _touched(BASE), chunk_len=chunk_len)  # fmt: skip
 
 
-def test_scan_with_the_other_prefetch(device, nan_poison, monkeypatch):
-    """The PREFETCH variant the table does not pick (loads one token ahead, or not)."""
+@pytest.mark.parametrize("chunk_len", [None, 3, CHUNK])
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=str)
+def test_every_knob_is_bit_identical_to_the_plain_loop(chunk_len, dtype, device, monkeypatch):
+    """Same chunk plan, same per-token math in the same order: outputs and every pool line
+    equal bit for bit across PREFETCH and UNROLL (a tail or prefetch bug shows as a
+    difference even where it stays within the reference's tolerance)."""
+    case = dataclasses.replace(BASE, dtype=dtype, state_dtype=dtype, strided=True)
+    kw, pool = scan_inputs(case, device)
+    runs = []
+    for k in KNOBS:
+        _with_knobs(monkeypatch, k, k)
+        mine = pool.clone()
+        runs.append((selective_scan_fn(ssm_states=mine, **kw, chunk_len=chunk_len), mine))
+    for k, (y, lines) in zip(KNOBS[1:], runs[1:], strict=True):
+        assert torch.equal(y, runs[0][0]) and torch.equal(lines, runs[0][1]), _knob_id(k)
+
+
+BAD_KNOBS = [
+    (dict(UNROLL=3), {}, "chunk UNROLL must be"),
+    (dict(UNROLL=True), {}, "chunk UNROLL must be"),
+    (dict(PREFETCH=1), {}, "chunk PREFETCH must be"),
+    ({}, dict(UNROLL=8), "chunk UNROLL must be"),  # the rescan's, checked as launch 3 is
+    ({}, dict(num_warps=4), "rescan may set only PREFETCH and UNROLL"),
+]
+
+
+@pytest.mark.parametrize("first,rescan,match", BAD_KNOBS,
+                         ids=["unroll3", "unroll-bool", "prefetch-int", "rescan-unroll8",
+                              "rescan-warps"])  # fmt: skip
+def test_a_bad_knob_in_the_table_is_named(first, rescan, match, device, monkeypatch):
     table = selective_scan.scan_config
-
-    def flipped(*args):
-        cfg = table(*args)
-        cfg["chunk"] = dict(cfg["chunk"], PREFETCH=not cfg["chunk"]["PREFETCH"])
-        return cfg
-
-    monkeypatch.setattr(selective_scan, "scan_config", flipped)
+    monkeypatch.setattr(selective_scan, "scan_config",
+                        lambda *a: dict(table(*a), chunk=dict(table(*a)["chunk"], **first),
+                                        rescan=rescan))  # fmt: skip
     kw, pool = scan_inputs(BASE, device)
-    check_against_reference(selective_scan_fn, selective_scan_ref, kw, pool, FP32,
-                            _touched(BASE), chunk_len=CHUNK)  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        selective_scan_fn(ssm_states=pool, **kw, chunk_len=CHUNK)
 
 
 def test_scan_writes_out_and_zeroes_rows_outside_the_batch(device, nan_poison):
@@ -220,11 +282,20 @@ def test_decode_steps_continue_a_scan(device):
     assert_close(split, whole, "scan", FP32)
 
 
-def test_precompile_records_every_launch_of_a_one_chunk_step(device):
+def test_precompile_records_every_launch_of_a_one_chunk_step(knobs, device, monkeypatch):
     """Start-up's dummy prefill may fit in one chunk; it still registers the state pass and
-    the rescan, which a longer prompt launches later, and runs nothing."""
+    the rescan, which a longer prompt launches later, and runs nothing; both chunk launches
+    with the table's knobs (the remainder loop of UNROLL is inside the same kernel)."""
     kw, pool = scan_inputs(BASE, device)
     before = pool.clone()
+    asked = []
+
+    def chunk_launch(grid, args, constexprs, *rest):
+        asked.append(constexprs)
+        return LAUNCH_CHUNK(grid, args, constexprs, *rest)
+
+    chunk_launch.runs_cpu_tensors = LAUNCH_CHUNK.runs_cpu_tensors
+    monkeypatch.setattr(selective_scan, "LAUNCH_CHUNK", chunk_launch)
     with precompile() as report:
         selective_scan_fn(ssm_states=pool, **kw)
         rows = {k: kw[k][:2] for k in ("u", "delta", "B", "C")}
@@ -235,9 +306,12 @@ def test_precompile_records_every_launch_of_a_one_chunk_step(device):
              "_selective_state_update_mamba1_kernel": 1}  # fmt: skip
     assert {k: report.variants.get(k) for k in names} == names
     assert torch.equal(pool, before)
+    assert sorted(c["FINAL"] for c in asked) == [False, True]
+    for c in asked:
+        assert c.items() >= knobs[c["FINAL"]].items(), asked
 
 
-def test_a_longer_step_after_the_warmup_compiles_nothing(device):
+def test_a_longer_step_after_the_warmup_compiles_nothing(knobs, device):
     """Per-step counts (tokens, sequences, chunk length, slots) select no new variant: after
     start-up's one-chunk dummy step, a step of other lengths cut into chunks misses none."""
     kw, pool = scan_inputs(

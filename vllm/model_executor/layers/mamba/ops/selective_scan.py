@@ -32,6 +32,7 @@ from vllm.model_executor.layers.mamba.ops.selective_scan_host import (
     check_chunk_len,
     check_scan_args,
     check_update_args,
+    chunk_options,
     chunk_plan,
     launch_options,
     scan_config,
@@ -106,7 +107,7 @@ def _scan_launch(
     C = C if C.dtype == torch.float32 else C.float()
     cfg = scan_config(dim, dstate, u.dtype)
     chunk_len, n_chunks = chunk_plan(num_tokens, batch, dim, dstate, u.dtype, chunk_len or None)
-    opts = launch_options(cfg["chunk"], dim, dstate)
+    opts = chunk_options(cfg, dim, dstate)
     # Chunk c of sequence b has slot b + qsl[b] // chunk_len + c: fewer than n_slots.
     n_slots = batch + num_tokens // chunk_len
     if n_chunks > 1:
@@ -147,7 +148,7 @@ def _scan_launch(
     )  # fmt: skip
     sp_grid = (batch, cdiv(dim, sp["BLOCK_D"]))
     LAUNCH_STATE_PASSING(sp_grid, sp_args, dict(HAS_INDICES=flags["HAS_INDICES"], **sp))
-    LAUNCH_CHUNK(grid, args, dict(flags, FINAL=True, **opts))
+    LAUNCH_CHUNK(grid, args, dict(flags, FINAL=True, **chunk_options(cfg, dim, dstate, True)))
 
 
 def selective_scan_fn(

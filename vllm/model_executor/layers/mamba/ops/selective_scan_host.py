@@ -21,6 +21,7 @@ from vllm.triton_utils.host import cdiv, next_power_of_2
 CONFIG_DIR = Path(__file__).parent / "configs" / "selective_scan"
 INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_TILE = 4096  # state elements per program: BLOCK_D x next_pow2(dstate)
+UNROLLS = (1, 2, 4)  # rows whose loads the prefill scan issues together
 
 
 def scan_config(dim: int, dstate: int, dtype: torch.dtype) -> dict:
@@ -34,6 +35,24 @@ def launch_options(entry: dict, dim: int, dstate: int) -> dict:
     block_d = min(entry["BLOCK_D"], next_power_of_2(dim), max(1, _MAX_TILE // block_n))
     opts = {k: v for k, v in entry.items() if k != "BLOCK_D"}
     return dict(BLOCK_D=block_d, BLOCK_N=block_n, **opts)
+
+
+def chunk_options(cfg: dict, dim: int, dstate: int, final: bool = False) -> dict:
+    """``launch_options`` of the prefill scan's launch 1 (the table's ``chunk`` entry) or,
+    ``final``, launch 3 (the rescan: ``chunk`` with the latency knobs of the optional
+    ``rescan`` entry over it; the two launches share BLOCK_D, so their grids and slots
+    agree). Knobs a table leaves out take their plain values (PREFETCH off, UNROLL 1).
+    ValueError naming the knob for a value the kernel does not take."""
+    entry = dict({"PREFETCH": False, "UNROLL": 1}, **cfg["chunk"])
+    rescan = cfg.get("rescan", {}) if final else {}
+    if set(rescan) - {"PREFETCH", "UNROLL"}:
+        raise ValueError(f"rescan may set only PREFETCH and UNROLL, got {sorted(rescan)}")
+    opts = launch_options(dict(entry, **rescan), dim, dstate)
+    if opts["UNROLL"] not in UNROLLS or isinstance(opts["UNROLL"], bool):
+        raise ValueError(f"chunk UNROLL must be one of {UNROLLS}, got {opts['UNROLL']!r}")
+    if not isinstance(opts["PREFETCH"], bool):
+        raise ValueError(f"chunk PREFETCH must be a bool, got {opts['PREFETCH']!r}")
+    return opts
 
 
 def check_chunk_len(chunk_len) -> None:
@@ -53,7 +72,7 @@ def chunk_plan(num_tokens: int, batch: int, dim: int, dstate: int, dtype: torch.
     ``chunk_len`` (tests, sweeps) overrides the rule."""
     if chunk_len is None:
         cfg = scan_config(dim, dstate, dtype)
-        blocks = cdiv(dim, launch_options(cfg["chunk"], dim, dstate)["BLOCK_D"])
+        blocks = cdiv(dim, chunk_options(cfg, dim, dstate)["BLOCK_D"])
         if blocks * batch >= cfg["target_programs"]:
             chunk_len = num_tokens
         else:

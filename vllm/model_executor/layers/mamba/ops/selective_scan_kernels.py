@@ -88,42 +88,55 @@ def _load_row(p_u, p_delta, p_B, p_C, p_z, m_d, m_n, WITH_Y: tl.constexpr, HAS_Z
 
 
 @triton.jit
-def _scan_rows(
-    b_h,
-    t_lo,
-    t_hi,
-    u_ptr,
-    delta_ptr,
-    B_ptr,
-    C_ptr,
-    z_ptr,
-    out_ptr,
-    stride_u_t,
-    stride_delta_t,
-    stride_B_t,
-    stride_C_t,
-    stride_z_t,
-    stride_out_t,
-    o_d,
-    o_n,
-    m_d,
-    m_n,
-    b_A2,
-    b_D,
-    b_bias,
-    WITH_Y: tl.constexpr,
-    HAS_D: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    SOFTPLUS: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Rows t_lo .. t_hi-1 from state b_h; returns the end state and sum of dt per channel.
-    With WITH_Y the outputs are written (D and the gate included). With PREFETCH each
-    token's loads are issued one token ahead (loop-carried), so their latency overlaps the
-    previous token's arithmetic instead of stalling the warp."""
-    b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+def _load_rows(p_u, p_delta, p_B, p_C, p_z, stride_u_t, stride_delta_t, stride_B_t,
+               stride_C_t, stride_z_t, m_d, m_n, ok_first, t_ok,
+               WITH_Y: tl.constexpr, HAS_Z: tl.constexpr, UNROLL: tl.constexpr,
+               GUARD: tl.constexpr):  # fmt: skip
+    """UNROLL consecutive rows' loads, issued together (a tuple of ``_load_row`` tuples), and
+    the pointers past them. With GUARD, row k is loaded only where ``ok_first + k < t_ok``
+    (a prefetch past the end); without, every row is (the caller's loop bounds them)."""
+    rows = ()
+    for k in tl.static_range(UNROLL):
+        if GUARD:
+            ok = ok_first + k < t_ok
+            row = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d & ok, m_n & ok, WITH_Y, HAS_Z)
+        else:
+            row = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d, m_n, WITH_Y, HAS_Z)
+        rows = rows + (row,)
+        p_u += stride_u_t
+        p_delta += stride_delta_t
+        p_B += stride_B_t
+        p_C += stride_C_t
+        p_z += stride_z_t
+    return rows, p_u, p_delta, p_B, p_C, p_z
+
+
+@triton.jit
+def _scan_token(b_h, b_sum, row, p_out, m_d, b_A2, b_D, b_bias, WITH_Y: tl.constexpr,
+                HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+                SOFTPLUS: tl.constexpr):  # fmt: skip
+    """One token's update of the state tile from its loaded row (and its output, WITH_Y)."""
+    r_u, r_delta, r_B, r_C, r_z = row
+    b_u = r_u.to(tl.float32)
+    b_dt = _step_dt(r_delta, b_bias, HAS_BIAS, SOFTPLUS)
+    b_B = r_B.to(tl.float32)
+    b_h = tl.exp2(b_dt[:, None] * b_A2) * b_h + (b_dt * b_u)[:, None] * b_B[None, :]
+    b_sum += b_dt
+    if WITH_Y:
+        b_y = _gated_output(b_h, r_C.to(tl.float32), b_u, b_D, r_z, HAS_D, HAS_Z)
+        tl.store(p_out, b_y.to(p_out.dtype.element_ty), mask=m_d)
+    return b_h, b_sum
+
+
+@triton.jit
+def _scan_range(b_h, b_sum, t_lo, t_hi, u_ptr, delta_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
+                stride_u_t, stride_delta_t, stride_B_t, stride_C_t, stride_z_t, stride_out_t,
+                o_d, o_n, m_d, m_n, b_A2, b_D, b_bias, WITH_Y: tl.constexpr,
+                HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+                SOFTPLUS: tl.constexpr, PREFETCH: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """Rows t_lo .. t_hi-1 (a multiple of UNROLL of them) in groups of UNROLL. The row
+    pointers start here from t_lo (a loop continuing another's pointers would carry them in
+    the other loop's layout, and pay a shared-memory round trip for B and C per row)."""
     # Row pointers advance by their strides (64-bit pointer arithmetic, no int32 product).
     row = t_lo.to(tl.int64)
     p_u = u_ptr + row * stride_u_t + o_d
@@ -133,33 +146,57 @@ def _scan_rows(
     p_z = z_ptr + row * stride_z_t + o_d
     p_out = out_ptr + row * stride_out_t + o_d
     if PREFETCH:
-        ok = t_lo < t_hi
-        n_u, n_delta, n_B, n_C, n_z = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d & ok,
-                                                m_n & ok, WITH_Y, HAS_Z)  # fmt: skip
-    for t in range(t_lo, t_hi):
+        nxt, p_u, p_delta, p_B, p_C, p_z = _load_rows(
+            p_u, p_delta, p_B, p_C, p_z, stride_u_t, stride_delta_t, stride_B_t, stride_C_t,
+            stride_z_t, m_d, m_n, t_lo, t_hi, WITH_Y, HAS_Z, UNROLL, True)  # fmt: skip
+    for t in range(t_lo, t_hi, UNROLL):
         if PREFETCH:
-            r_u, r_delta, r_B, r_C, r_z = n_u, n_delta, n_B, n_C, n_z
+            rows = nxt
+            nxt, p_u, p_delta, p_B, p_C, p_z = _load_rows(
+                p_u, p_delta, p_B, p_C, p_z, stride_u_t, stride_delta_t, stride_B_t,
+                stride_C_t, stride_z_t, m_d, m_n, t + UNROLL, t_hi, WITH_Y, HAS_Z, UNROLL,
+                True)  # fmt: skip
         else:
-            r_u, r_delta, r_B, r_C, r_z = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d, m_n,
-                                                    WITH_Y, HAS_Z)  # fmt: skip
-        p_u += stride_u_t
-        p_delta += stride_delta_t
-        p_B += stride_B_t
-        p_C += stride_C_t
-        p_z += stride_z_t
-        if PREFETCH:
-            ok = t + 1 < t_hi
-            n_u, n_delta, n_B, n_C, n_z = _load_row(p_u, p_delta, p_B, p_C, p_z, m_d & ok,
-                                                    m_n & ok, WITH_Y, HAS_Z)  # fmt: skip
-        b_u = r_u.to(tl.float32)
-        b_dt = _step_dt(r_delta, b_bias, HAS_BIAS, SOFTPLUS)
-        b_B = r_B.to(tl.float32)
-        b_h = tl.exp2(b_dt[:, None] * b_A2) * b_h + (b_dt * b_u)[:, None] * b_B[None, :]
-        b_sum += b_dt
-        if WITH_Y:
-            b_y = _gated_output(b_h, r_C.to(tl.float32), b_u, b_D, r_z, HAS_D, HAS_Z)
-            tl.store(p_out, b_y.to(out_ptr.dtype.element_ty), mask=m_d)
-        p_out += stride_out_t
+            rows, p_u, p_delta, p_B, p_C, p_z = _load_rows(
+                p_u, p_delta, p_B, p_C, p_z, stride_u_t, stride_delta_t, stride_B_t,
+                stride_C_t, stride_z_t, m_d, m_n, t, t_hi, WITH_Y, HAS_Z, UNROLL,
+                False)  # fmt: skip
+        for k in tl.static_range(UNROLL):
+            b_h, b_sum = _scan_token(b_h, b_sum, rows[k], p_out, m_d, b_A2, b_D, b_bias, WITH_Y,
+                                     HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS)  # fmt: skip
+            p_out += stride_out_t
+    return b_h, b_sum
+
+
+@triton.jit
+def _scan_rows(b_h, t_lo, t_hi, u_ptr, delta_ptr, B_ptr, C_ptr, z_ptr, out_ptr, stride_u_t,
+               stride_delta_t, stride_B_t, stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d,
+               m_n, b_A2, b_D, b_bias, WITH_Y: tl.constexpr, HAS_D: tl.constexpr,
+               HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+               PREFETCH: tl.constexpr, UNROLL: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Rows t_lo .. t_hi-1 from state b_h; returns the end state and sum of dt per channel.
+    With WITH_Y the outputs are written (D and the gate included).
+
+    Latency hiding (the row loads are the loop's long stalls; the update is a chain):
+    UNROLL rows are loaded together, then their UNROLL updates run in order, so a warp waits
+    once per group with UNROLL rows of loads in flight (and the group's decays, which do not
+    depend on the state, can overlap); the last (t_hi - t_lo) % UNROLL rows run one by one
+    after. With PREFETCH each group's loads are issued one group ahead (loop-carried),
+    overlapping the previous group's arithmetic. The per-token math and its order are the
+    same in every variant: results are bit-identical across the knobs."""
+    b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+    t_main = t_lo + (t_hi - t_lo) // UNROLL * UNROLL
+    b_h, b_sum = _scan_range(b_h, b_sum, t_lo, t_main, u_ptr, delta_ptr, B_ptr, C_ptr, z_ptr,
+                             out_ptr, stride_u_t, stride_delta_t, stride_B_t, stride_C_t,
+                             stride_z_t, stride_out_t, o_d, o_n, m_d, m_n, b_A2, b_D, b_bias,
+                             WITH_Y, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, PREFETCH,
+                             UNROLL)  # fmt: skip
+    if UNROLL > 1:
+        b_h, b_sum = _scan_range(b_h, b_sum, t_main, t_hi, u_ptr, delta_ptr, B_ptr, C_ptr,
+                                 z_ptr, out_ptr, stride_u_t, stride_delta_t, stride_B_t,
+                                 stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d, m_n,
+                                 b_A2, b_D, b_bias, WITH_Y, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS,
+                                 False, 1)  # fmt: skip
     return b_h, b_sum
 
 
@@ -227,6 +264,7 @@ def _selective_scan_chunk_kernel(
     HAS_INIT: tl.constexpr,
     FINAL: tl.constexpr,
     PREFETCH: tl.constexpr,
+    UNROLL: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -289,7 +327,8 @@ def _selective_scan_chunk_kernel(
             _scan_rows(b_h, t_lo, t_run, u_ptr, delta_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
                        stride_u_t, stride_delta_t, stride_B_t, stride_C_t, stride_z_t,
                        stride_out_t, o_d, o_n, m_d, m_n, b_A2, b_D, b_bias,
-                       True, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, PREFETCH, BLOCK_D)  # fmt: skip
+                       True, HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, PREFETCH, UNROLL,
+                       BLOCK_D)  # fmt: skip
     else:
         # A padded sequence's rows are zeros, and so are rows no sequence covers.
         _zero_rows(out_ptr, t_run, t_hi, stride_out_t, o_d, m_d, BLOCK_D)
@@ -307,7 +346,7 @@ def _selective_scan_chunk_kernel(
                                     out_ptr, stride_u_t, stride_delta_t, stride_B_t,
                                     stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d, m_n,
                                     b_A2, b_D, b_bias, True, HAS_D, HAS_Z, HAS_BIAS,
-                                    SOFTPLUS, PREFETCH, BLOCK_D)  # fmt: skip
+                                    SOFTPLUS, PREFETCH, UNROLL, BLOCK_D)  # fmt: skip
             m_ran = m_dn & live & (t_lo < t_hi)
             tl.store(p_line, b_h.to(state_ptr.dtype.element_ty), mask=m_ran & (t_hi == seq_hi))
             tl.store(p_hbuf, b_h, mask=m_ran & (t_hi < seq_hi))
@@ -317,7 +356,7 @@ def _selective_scan_chunk_kernel(
                                     out_ptr, stride_u_t, stride_delta_t, stride_B_t,
                                     stride_C_t, stride_z_t, stride_out_t, o_d, o_n, m_d, m_n,
                                     b_A2, b_D, b_bias, False, HAS_D, HAS_Z, HAS_BIAS,
-                                    SOFTPLUS, PREFETCH, BLOCK_D)  # fmt: skip
+                                    SOFTPLUS, PREFETCH, UNROLL, BLOCK_D)  # fmt: skip
             ran = live & (t_lo < t_hi)
             tl.store(p_hbuf, b_h, mask=m_dn & ran)
             tl.store(dtsum_ptr + slot.to(tl.int64) * dim + o_d, b_sum, mask=m_d & ran)
