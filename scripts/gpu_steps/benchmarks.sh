@@ -101,6 +101,25 @@ fused_moe_bench() {
     PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_fused_moe ${MOE_BENCH_ARGS:-} \
         --out "$out/fused_moe" 2>&1 | tee "$out/fused_moe.log"
 }
+# The selective scan's launch table tuned on this device (benchmarks/kernels/
+# tune_selective_scan.py, docs/selective_scan.md): writes configs/selective_scan/<device>.json
+# in the tree (kept as OUT/selective_scan_tune/ with every candidate's times), then runs
+# selective_scan_bench's benchmark again with it into OUT/selective_scan_tuned; ~4 minutes
+# at most of tuning plus the benchmark's ~1-2. Run selective_scan_bench before it in the same
+# call to have the default table's figures.
+selective_scan_tune() {
+    local dir="$out/selective_scan_tune" table
+    mkdir -p "$dir"
+    python3 -m benchmarks.kernels.tune_selective_scan --write --json "$dir/tune.json" 2>&1 |
+        tee "$dir/tune.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || return 1
+    for table in vllm/model_executor/layers/mamba/ops/configs/selective_scan/NVIDIA_*.json; do
+        [ -f "$table" ] && cp "$table" "$dir/"
+    done
+    # shellcheck disable=SC2086
+    python3 -m benchmarks.kernels.benchmark_selective_scan ${SCAN_BENCH_ARGS:-} \
+        --out "$out/selective_scan_tuned" 2>&1 | tee "$out/selective_scan_tuned.log"
+}
 # The fused-MoE launch table tuned on this device (benchmarks/kernels/tune_fused_moe.py,
 # docs/fused_moe.md): writes configs/fused_moe/<device>.json in the tree (kept as
 # OUT/fused_moe_tune/ with every timing), then runs fused_moe_bench's benchmark again with
