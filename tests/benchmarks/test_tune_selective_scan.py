@@ -26,11 +26,13 @@ def smoke_globals(monkeypatch):
 def test_the_candidates_cover_the_knobs_the_compile_keeps():
     base = host.scan_config(8192, 16, torch.bfloat16)
     cands = tune.candidates(base, smoke=False)
-    assert len(cands) == 3 * 3 * 5 * 5
+    assert len(cands) == 3 * 4 * 5 * 5
     layouts = {(c["chunk"]["BLOCK_D"], c["chunk"]["num_warps"]) for c in cands}
     assert layouts == {(32, 1), (64, 2), (128, 4)}  # one channel per thread
     assert {c["rescan"]["UNROLL"] for c in cands} == {1, 2, 4}
     assert {c["chunk"]["UNROLL"] for c in cands} == {1, 2}
+    assert {c["chunk"].get("maxnreg") for c in cands} == {None, 128}  # launch 1's register cap
+    assert not any("maxnreg" in c["rescan"] for c in cands)  # the rescan takes knobs only
     for c in cands:  # every one is a table entry the op accepts
         host.chunk_options(c, 8192, 16, final=True)
     assert tune.UPDATE[0] == dict(BLOCK_D=32, num_warps=1) and len(tune.UPDATE) == 12
@@ -43,6 +45,8 @@ def test_smoke_writes_a_table_the_op_reads(tmp_path, smoke_globals, monkeypatch)
     assert all(c["ok"] for c in summary["prefill"][0]["cases"].values())
     assert all(c["ok"] for c in summary["update"][0]["cases"].values())
     assert len(summary["prefill"][0]["cases"]) == 4 and len(summary["update"][0]["cases"]) == 4
+    capped = [p for p in summary["all_prefill"] if p["entry"]["chunk"].get("maxnreg") == 128]
+    assert capped and all(c["ok"] for p in capped for c in p["cases"].values())
     monkeypatch.setattr(host, "CONFIG_DIR", tmp_path)
     configs._read.cache_clear()
     try:
