@@ -67,11 +67,19 @@ VARIANTS += [
         dict(num_stages=1),
         dict(maxnreg=128),
         dict(maxnreg=128, num_stages=3),
+        # The tables' RELOAD_CS (compile-checked, not measured): off, and with 3 stages.
+        dict(RELOAD_CS=False),
+        dict(RELOAD_CS=True, num_stages=3),
     )
 ]
 VARIANTS += [
     ("state_passing", c)
-    for c in (dict(BLOCK_N=64), dict(BLOCK_SP=32, num_warps=8), dict(BLOCK_T=32))
+    for c in (
+        dict(BLOCK_N=64),
+        dict(BLOCK_SP=32, num_warps=8),
+        dict(BLOCK_T=32),
+        dict(num_stages=2),  # pipelines the CB loop, but 80 KiB shared per program
+    )
 ]
 VARIANTS += [("cb", dict(cb_16bit=True))]
 # Precision traded for time: measured for the record, never taken (docs/ssd.md, "Precision").

@@ -78,6 +78,24 @@ def test_ssd_matches_reference_with_blocks_smaller_than_the_chunk(case, device, 
     check_against_reference(case, build(case, device), device)
 
 
+@pytest.mark.parametrize("case", BLOCK_CASES[1:3], ids=lambda c: c.id)
+@pytest.mark.parametrize("state_blocks", [{}, dict(BLOCK_N=16, BLOCK_P=16)], ids=["one", "tiles"])
+@pytest.mark.parametrize("reload", [True, False], ids=["reload_cs", "recompute"])
+def test_chunk_state_cs_paths(case, state_blocks, reload, device, nan_poison, monkeypatch):
+    """The chunk state's two ways to the token weights: ``RELOAD_CS`` (the tables' default)
+    reads back the dt and cs its program stored, with several programs per (chunk, head)
+    ("tiles": dstate and headdim blocks of 16) each storing the same values; off, each
+    token block recomputes them from dt_raw."""
+    from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
+
+    extra = {f"chunk_state__{k}": v for k, v in state_blocks.items()}
+    small_blocks(monkeypatch, chunk_state__RELOAD_CS=reload, **extra)
+    try:
+        check_against_reference(case, build(case, device), device)
+    finally:
+        PLANS.clear()
+
+
 @pytest.mark.parametrize(
     "case",
     [Case((13, 8, 0, 3), pads=1), Case((40, 17), chunk=16, init="all", groups=1)],

@@ -97,13 +97,22 @@ def _cb_rows(
     p_cb = cb_ptr + (i_c * NGROUPS + i_g) * (CHUNK * CHUNK) + o_l[:, None] * CHUNK
     # Blocks s <= l that hold tokens; none when the block row is past the chunk's end.
     n_cols = tl.minimum(i_l + 1, tl.cdiv(clen, BLOCK_T))
+    # With one dstate block the C block is the same for every source block: loaded once
+    # (the loop then loads only B^T; docs/ssd.md "Compile comparison").
+    ONE_N: tl.constexpr = DSTATE <= BLOCK_N
+    if ONE_N:
+        b_C1 = tl.load(p_C, mask=m_l[:, None] & (o_n < DSTATE)[None, :], other=0.0)
     for i_s in range(0, n_cols):
         o_s = i_s * BLOCK_T + o_t
         m_s = o_s < clen
         acc = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
         for n0 in tl.static_range(0, DSTATE, BLOCK_N):
             m_n = (n0 + o_n) < DSTATE
-            b_C = tl.load(p_C + n0 * stride_C_n, mask=m_l[:, None] & m_n[None, :], other=0.0)
+            if ONE_N:
+                b_C = b_C1
+            else:
+                b_C = tl.load(p_C + n0 * stride_C_n, mask=m_l[:, None] & m_n[None, :],
+                              other=0.0)  # fmt: skip
             # B^T: (BLOCK_N, BLOCK_T)
             p_Bt = p_B + o_s[None, :] * stride_B_t + (n0 + o_n)[:, None] * stride_B_n
             b_Bt = tl.load(p_Bt, mask=m_n[:, None] & m_s[None, :], other=0.0)

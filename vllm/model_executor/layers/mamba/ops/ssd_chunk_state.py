@@ -17,6 +17,13 @@ workspace (``ssd_combined``): ``states`` (chunks, nheads, headdim, dstate), ``dt
 One program per (chunk, head, headdim block, dstate block); it walks the chunk in blocks of
 BLOCK_T tokens twice: once for the chunk's total decay, once for the dot, a tensor-core
 product of the scaled x^T (P x T) with B (T x N).
+
+``RELOAD_CS`` (launch table): the first pass stores the chunk's dt and cs from every program
+(identical values), and the dot's loop loads each block's back after a CTA barrier, so a
+trip computes its weights as ``exp2(cs[last] - cs[t]) * dt[t]`` instead of the dt's softplus
+and a block cumsum again (a scan across the warps: 7 barriers and 10 shuffles per trip at
+sm_90, docs/ssd.md "Compile comparison"). The weights then use the same cs as the chunk
+scan and the decay. Off: each trip recomputes them from dt_raw.
 """
 
 from __future__ import annotations
@@ -91,6 +98,7 @@ def _ssd_chunk_state_kernel(
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_LIMIT: tl.constexpr,
     SPLIT: tl.constexpr,
+    RELOAD_CS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -125,12 +133,23 @@ def _ssd_chunk_state_kernel(
     m_l = o_l < clen
     b_dt_l = _chunk_dt(p_dt + o_l * stride_dt_t, m_l, b_bias, dt_min, dt_max, DT_SOFTPLUS,
                        HAS_DT_LIMIT)  # fmt: skip
-    b_total = tl.sum(b_dt_l * b_A)
-    if (i_pb == 0) & (i_nb == 0):
-        p_ws = (i_c * NHEADS + i_h) * CHUNK
+    p_ws = (i_c * NHEADS + i_h) * CHUNK
+    if RELOAD_CS:
+        # Every program of (chunk, head) stores the same dt and cs; the barrier makes this
+        # CTA's stores visible to its own loads below (the loop reads them back).
+        b_cs_l = tl.cumsum(b_dt_l * b_A, axis=0)
+        b_total = tl.sum(tl.where(o_l == clen - 1, b_cs_l, 0.0))  # cs[last], exactly
         tl.store(dt_out_ptr + p_ws + o_l, b_dt_l, mask=m_l)
-        tl.store(cs_out_ptr + p_ws + o_l, tl.cumsum(b_dt_l * b_A, axis=0), mask=m_l)
-        tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
+        tl.store(cs_out_ptr + p_ws + o_l, b_cs_l, mask=m_l)
+        if (i_pb == 0) & (i_nb == 0):
+            tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
+        tl.debug_barrier()
+    else:
+        b_total = tl.sum(b_dt_l * b_A)
+        if (i_pb == 0) & (i_nb == 0):
+            tl.store(dt_out_ptr + p_ws + o_l, b_dt_l, mask=m_l)
+            tl.store(cs_out_ptr + p_ws + o_l, tl.cumsum(b_dt_l * b_A, axis=0), mask=m_l)
+            tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
 
     # state (P x N) = x^T (P x T) @ (w * B) (T x N) per block of BLOCK_T tokens: x^T comes
     # from memory as the dot's first operand; the fp32 weighted B is the split one.
@@ -148,11 +167,16 @@ def _ssd_chunk_state_kernel(
     b_prefix = 0.0
     for t0 in range(0, clen, BLOCK_T):
         m_t = (t0 + o_t) < clen
-        b_dt = _chunk_dt(p_dt + (t0 + o_t) * stride_dt_t, m_t, b_bias, dt_min, dt_max,
-                         DT_SOFTPLUS, HAS_DT_LIMIT)  # fmt: skip
-        b_dA = b_dt * b_A
-        b_w = tl.exp2(b_total - b_prefix - tl.cumsum(b_dA, axis=0)) * b_dt
-        b_prefix += tl.sum(b_dA)
+        if RELOAD_CS:
+            b_dt = tl.load(dt_out_ptr + p_ws + t0 + o_t, mask=m_t, other=0.0)
+            b_cs = tl.load(cs_out_ptr + p_ws + t0 + o_t, mask=m_t, other=0.0)
+            b_w = tl.exp2(b_total - b_cs) * b_dt
+        else:
+            b_dt = _chunk_dt(p_dt + (t0 + o_t) * stride_dt_t, m_t, b_bias, dt_min, dt_max,
+                             DT_SOFTPLUS, HAS_DT_LIMIT)  # fmt: skip
+            b_dA = b_dt * b_A
+            b_w = tl.exp2(b_total - b_prefix - tl.cumsum(b_dA, axis=0)) * b_dt
+            b_prefix += tl.sum(b_dA)
         b_x = tl.load(p_x + t0 * stride_x_t + o_x, mask=m_p[:, None] & m_t[None, :], other=0.0)
         b_B = tl.load(p_B + t0 * stride_B_t + o_B, mask=m_t[:, None] & m_n[None, :], other=0.0)
         acc = _dot_rhs_f32(b_x, b_B.to(tl.float32) * b_w[:, None], acc, SPLIT)

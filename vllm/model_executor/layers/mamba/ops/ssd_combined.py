@@ -124,6 +124,7 @@ def ssd_configs(
         return max(16, min(cap, triton.next_power_of_2(n)))
 
     state, passing, scan = (entry[k] for k in ("chunk_state", "state_passing", "chunk_scan"))
+    state.setdefault("RELOAD_CS", False)  # tables from before the key
     state.update(
         SPLIT=not f32,
         BLOCK_T=block(chunk_size, state["BLOCK_T"]),
