@@ -64,6 +64,26 @@ BAD_REQUESTS = [
     ("chat_max_tokens_zero", "v1/chat/completions", {**CHAT_OK, "max_tokens": 0}, "max_tokens"),
     ("detokenize_out_of_vocab", "detokenize", {"tokens": [1, 100000]}, "tokens"),
     ("tokenize_prompt_number", "tokenize", {"prompt": 7}, "prompt"),
+    # vLLM's extra fields this server does not implement: refused by name, never ignored.
+    ("min_p_unsupported", "v1/completions", {**OK, "min_p": 0.1}, "min_p"),
+    ("repetition_penalty_unsupported", "v1/completions", {**OK, "repetition_penalty": 1.2},
+     "repetition_penalty"),
+    ("min_tokens_unsupported", "v1/completions", {**OK, "min_tokens": 3}, "min_tokens"),
+    ("prompt_logprobs_unsupported", "v1/completions", {**OK, "prompt_logprobs": 1},
+     "prompt_logprobs"),
+    ("cache_salt_unsupported", "v1/completions", {**OK, "cache_salt": "tenant-a"}, "cache_salt"),
+    ("priority_unsupported", "v1/completions", {**OK, "priority": 5}, "priority"),
+    ("guided_json_unsupported", "v1/completions", {**OK, "guided_json": {"type": "object"}},
+     "guided_json"),
+    ("response_format_json", "v1/chat/completions",
+     {**CHAT_OK, "response_format": {"type": "json_object"}}, "response_format"),
+    ("tools_unsupported", "v1/chat/completions",
+     {**CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("continue_final_message_unsupported", "v1/chat/completions",
+     {**CHAT_OK, "continue_final_message": True, "add_generation_prompt": False},
+     "continue_final_message"),
+    ("chat_template_kwargs_unsupported", "v1/chat/completions",
+     {**CHAT_OK, "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
 ]  # fmt: skip
 
 
@@ -88,6 +108,19 @@ def test_bad_request_is_400_naming_the_field(server, path, body, param):
 def test_malformed_json_is_400(server, raw):
     r = post(server, "v1/completions", content=raw, headers={"Content-Type": "application/json"})
     assert_error_body(r, 400, "BadRequestError")
+    assert_serves(server)
+
+
+def test_vllm_extras_at_their_off_values_are_served(server):
+    """Clients that fill in defaults are served: an unimplemented field sent at the value that
+    asks for nothing changes nothing."""
+    offs = {"min_p": 0, "repetition_penalty": 1.0, "min_tokens": 0, "priority": 0,
+            "bad_words": [], "use_beam_search": False}  # fmt: skip
+    r = post(server, "v1/completions", json={**OK, **offs})
+    assert r.status_code == 200, r.text
+    chat = {**CHAT_OK, "response_format": {"type": "text"}, "tool_choice": "none", "tools": []}
+    r = post(server, "v1/chat/completions", json=chat)
+    assert r.status_code == 200, r.text
     assert_serves(server)
 
 

@@ -3,8 +3,8 @@ names, so that the official clients and vLLM's users send what they already send
 
 Requests validate strictly (a string where a number belongs is a 400, not a silent cast) and
 ignore fields they do not know, as OpenAI-compatible servers do for newer client fields.
-Fields that would change the output but are not implemented here (penalties, logit_bias,
-suffix, best_of > n) are refused by name rather than ignored.
+Fields that would change the output but are not implemented (penalties, logit_bias, suffix,
+best_of > n, vLLM's extras: ``unsupported.py``) are refused by name, not ignored.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+
+from vllm.entrypoints.openai.unsupported import ChatExtras, SamplingExtras
 
 # vLLM's default --max-logprobs: more top alternatives per token than this is refused.
 MAX_LOGPROBS = 20
@@ -50,7 +52,7 @@ class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class _SamplingFields(RequestModel):
+class _SamplingFields(RequestModel, SamplingExtras):
     """What completions and chat share (vLLM's extra fields included)."""
 
     model: str | None = None
@@ -92,9 +94,7 @@ class _SamplingFields(RequestModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-# --------------------------------------------------------------------------------------
-# Completions
-# --------------------------------------------------------------------------------------
+# Completions --------------------------------------------------------------------------
 
 _PROMPT_SHAPES = "a string, a list of token ids, or a list of strings or of token-id lists"
 
@@ -224,9 +224,7 @@ class CompletionStreamResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
-# --------------------------------------------------------------------------------------
-# Chat completions
-# --------------------------------------------------------------------------------------
+# Chat completions ---------------------------------------------------------------------
 
 
 class ChatContentPart(RequestModel):
@@ -249,7 +247,7 @@ class ChatMessageParam(RequestModel):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ChatExtras):
     messages: list[ChatMessageParam] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -333,9 +331,7 @@ class ChatCompletionStreamResponse(_OmitsUnsetTokenIds):
     prompt_token_ids: list[int] | None = None  # each choice's role chunk
 
 
-# --------------------------------------------------------------------------------------
-# Errors, models, tokenizer endpoints
-# --------------------------------------------------------------------------------------
+# Errors, models, tokenizer endpoints --------------------------------------------------
 
 
 class ErrorInfo(OpenAIBaseModel):
