@@ -136,12 +136,14 @@ def test_a_huge_prompt_holds_up_nothing(server, tmp_path):
         f"This model's maximum context length is {LONG_CONTEXT} tokens. However, your request has "
     ) and error["message"].endswith("Please reduce the length of the prompt."), error
     # The event loop was free throughout: a loop that tokenizes stalls every probe that
-    # comes meanwhile for the whole of it (seconds). A shared CPU delays a rare probe by
-    # itself (up to a quarter second with nothing else going on, seen here), so 1% of
-    # them may miss the 100 ms, none the second.
+    # comes meanwhile for the whole of it (tens of seconds on this CPU, as long as the
+    # sender runs). A shared CPU delays a rare probe by itself (up to a quarter second with
+    # nothing else going on; 1.2 s once, with other test runs on the machine's 2 cores), so
+    # 1% of them may miss the 100 ms, none 3 s (that run's sender took ~45 s: a loop that
+    # tokenized would have stalled a probe for most of it).
     slow = [t for t in latencies if t >= HEALTH_BOUND_S]
     assert len(latencies) >= 20, (end - start, latencies)  # the probes ran all along
-    assert len(slow) <= len(latencies) // 100 and max(latencies) < 1.0, (
+    assert len(slow) <= len(latencies) // 100 and max(latencies) < 3.0, (
         len(latencies),
         sorted(latencies)[-5:],
     )
