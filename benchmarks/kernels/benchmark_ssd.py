@@ -51,7 +51,8 @@ same run. ``--smoke`` runs tiny cases, for the tests: on the GPU where there is 
 on the CPU under TRITON_INTERPRET=1 (fp32; wall-clock medians that measure Python, not
 kernels; only ``us``).
 
-Writes DIR/ssd_bench.{csv,md,json}: GPU, torch/triton versions, git sha, the command.
+Writes DIR/ssd_bench.{csv,md,json}: GPU, torch/triton versions, git sha, the command; the
+JSON also holds the config each of upstream's autotuners chose per key (``upstream_autotune``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from benchmarks.kernels.ssd_bench_providers import (
     first_line,
     load_ops,
     make_provider,
+    upstream_autotune_choices,
 )
 from benchmarks.kernels.ssd_bench_report import environment, markdown, summary
 
@@ -303,7 +305,9 @@ def main(argv=None) -> int:
         writer.writeheader()
         writer.writerows(dataclasses.asdict(r) for r in results)
     rows = [dataclasses.asdict(r) for r in results]
-    Path(f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
+    chosen = upstream_autotune_choices() if not isinstance(ops.get("upstream"), str) else {}
+    record = {"environment": env, "results": rows, "upstream_autotune": chosen}
+    Path(f"{stem}.json").write_text(json.dumps(record, indent=1))
     text = markdown(env, results, ops)
     Path(f"{stem}.md").write_text(text)
     print("\n" + text + f"wrote {stem}.csv, .json, .md; {env['seconds']} s")

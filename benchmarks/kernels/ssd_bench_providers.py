@@ -100,6 +100,26 @@ def compile_autotune_configs_in_parallel(workers: int | None = None) -> None:
     Autotuner.run = run
 
 
+def upstream_autotune_choices() -> dict:
+    """What upstream's autotuners chose in this run: per kernel, each key it was called
+    with (shapes, dtypes) and the config it timed best (block sizes, warps, stages), so a
+    compile comparison can be read against the config that actually ran (docs/ssd.md)."""
+    import sys
+
+    from triton.runtime.autotuner import Autotuner
+
+    out = {}
+    for name, mod in sorted(sys.modules.items()):
+        if not name.startswith("upstream_vllm033.ops") or mod is None:
+            continue
+        for attr, value in sorted(vars(mod).items()):
+            if isinstance(value, Autotuner) and getattr(value, "cache", None):
+                out[f"{name.rsplit('.', 1)[-1]}.{attr}"] = {
+                    str(key): str(config) for key, config in value.cache.items()
+                }
+    return out
+
+
 def _first_config_only(module) -> None:
     """Under the interpreter (CPU smoke) an autotuner would time every config: keep each of
     the upstream kernels' autotuners at its first."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,8 +91,39 @@ def test_smoke_run_our_providers(tmp_path):
         assert float(r["state_rel_l2"]) < 1e-2 and float(r["gflop"]) > 0
     saved = json.loads((tmp_path / "ssd_bench.json").read_text())
     assert saved["environment"]["git_sha"] and "--smoke" in saved["environment"]["command"]
+    assert saved["upstream_autotune"] == {}  # upstream was not run
     text = (tmp_path / "ssd_bench.md").read_text()
     assert "| smoke_mixed | torch | ok |" in text
+
+
+def test_upstream_autotune_choices_read_what_the_autotuners_kept(monkeypatch):
+    """The record of upstream's choices reads each Autotuner's cache (key -> best config) in
+    the modules of the upstream_vllm033.ops package, and nothing elsewhere."""
+    import types
+
+    triton = pytest.importorskip("triton")
+    from triton.runtime.autotuner import Autotuner
+
+    from benchmarks.kernels.ssd_bench_providers import upstream_autotune_choices
+
+    def kernel(x_ptr):
+        pass
+
+    configs = [triton.Config({"BLOCK_SIZE_M": 64}, num_warps=4, num_stages=2)]
+    tuner = Autotuner(kernel, ["x_ptr"], configs, ["n"], None, None)
+    tuner.cache[(128, "torch.bfloat16")] = configs[0]
+    idle = Autotuner(kernel, ["x_ptr"], configs, ["n"], None, None)  # never called: no entry
+    mod = types.ModuleType("upstream_vllm033.ops.ssd_fake")
+    mod._fake_kernel, mod._idle_kernel = tuner, idle
+    other = types.ModuleType("elsewhere")
+    other._fake_kernel = tuner
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(sys.modules, "elsewhere", other)
+    got = upstream_autotune_choices()
+    assert list(got) == ["ssd_fake._fake_kernel"]
+    ((key, config),) = got["ssd_fake._fake_kernel"].items()
+    assert key == str((128, "torch.bfloat16"))
+    assert "BLOCK_SIZE_M: 64" in config and "num_warps: 4" in config
 
 
 def test_smoke_run_mamba_ssm(tmp_path):
