@@ -42,7 +42,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels
 
 import torch
 
-from benchmarks.kernels.sm90_compile import LaunchRecorder, compile_sm90
+from benchmarks.kernels.sm90_compile import LaunchRecorder, compile_sm90, sass_loops, tools_dir
 
 INT_OPS = ("IMAD", "IADD3", "ISETP", "SEL", "LOP3", "SHF", "LEA", "IABS", "PLOP3", "P2R",
            "R2P", "VIADD", "IMNMX", "UIADD3", "UIMAD", "ULEA", "USEL", "UISETP", "ULOP3",
@@ -53,12 +53,6 @@ def shapes() -> dict:
     from benchmarks.kernels.tune_fused_moe import SHAPES
 
     return SHAPES
-
-
-def tools_dir() -> Path:
-    import triton
-
-    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def _inputs(shape, tokens: int, seed: int = 0):
@@ -164,22 +158,8 @@ def ptxas_usage(ptx: str) -> dict:
 
 def loop_sass(cubin: bytes) -> dict:
     """Counts over the largest loop of the SASS holding an MMA (the K loop)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        argv = [str(tools_dir() / "nvdisasm"), "-c", f.name]
-        lines = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    lines = lines.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", ln))}
     best: collections.Counter = collections.Counter()
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)\)?", line)
-        if not m or labels.get(m.group(1), i) >= i:
-            continue  # not a branch back
-        ops = collections.Counter()
-        for ln in lines[labels[m.group(1)] : i + 1]:
-            if op := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)", ln):
-                ops[op.group(1)] += 1
+    for ops, _ in sass_loops(cubin)[1]:
         if (ops["HGMMA"] or ops["HMMA"]) and sum(ops.values()) > sum(best.values()):
             best = ops
     return dict(loop=sum(best.values()), mma=best["HGMMA"] + best["HMMA"],

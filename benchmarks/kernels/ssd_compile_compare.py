@@ -32,17 +32,15 @@ import copy
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels
 
 import torch
 
-from benchmarks.kernels.moe_compile_report import INT_OPS, ptxas_usage, tools_dir
-from benchmarks.kernels.sm90_compile import compile_sm90
+from benchmarks.kernels.moe_compile_report import INT_OPS, ptxas_usage
+from benchmarks.kernels.sm90_compile import compile_sm90, sass_loops, sass_opcode
 from benchmarks.kernels.ssd_compile_report import SHAPES, record_launches
 
 OURS = {"_ssd_chunk_state_kernel": "chunk state", "_ssd_state_passing_kernel": "passing+CB",
@@ -53,24 +51,10 @@ UPSTREAM = {"_chunk_cumsum_fwd_kernel": "cumsum", "_chunk_state_fwd_kernel": "ch
 CVT = ("F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP")
 
 
-def sass_loops(cubin: bytes) -> tuple[int, list[collections.Counter]]:
+def sass_counts(cubin: bytes) -> tuple[int, list[collections.Counter]]:
     """(all SASS instructions, the op counts of every loop: a back branch's region)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([str(tools_dir() / "nvdisasm"), "-c", f.name],
-                              capture_output=True, text=True, check=True).stdout  # fmt: skip
-    lines = text.splitlines()
-    ops = [m.group(1) if (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", ln)) else None
-           for ln in lines]  # fmt: skip
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", ln))}
-    loops = []
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)\)?", line)
-        if m and labels.get(m.group(1), i) < i - 1:  # not the trailing self-branch
-            region = [o.split(".")[0] for o in ops[labels[m.group(1)] : i + 1] if o]
-            loops.append(collections.Counter(region))
-    return sum(o is not None for o in ops), loops
+    lines, loops = sass_loops(cubin)
+    return sum(sass_opcode(ln) is not None for ln in lines), [ops for ops, _ in loops]
 
 
 def main_loop(loops: list[collections.Counter]) -> collections.Counter:
@@ -86,7 +70,7 @@ def inspect(compiled) -> dict:
     mma = len(re.findall(r"\bmma\.sync", ptx))
     bufs = [int(n) for n in re.findall(r"ttg\.local_alloc\s*:.*?memdesc<(\d+)x\d+x\d+x", ttgir)]
     pend = [int(n) for n in re.findall(r"warp_group_dot_wait.*?pendings\s*=\s*(\d+)", ttgir)]
-    total, loops = sass_loops(compiled.asm["cubin"])
+    total, loops = sass_counts(compiled.asm["cubin"])
     best = main_loop(loops)
     return dict(
         **ptxas_usage(ptx),

@@ -18,9 +18,6 @@ import collections
 import json
 import os
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     raise SystemExit("run with TRITON_INTERPRET unset: the kernels must be JIT functions")
@@ -29,6 +26,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from benchmarks.kernels.sm90_compile import run_tool, sass_loops  # noqa: E402
 from vllm.model_executor.layers.mamba.ops import selective_scan_kernels as K  # noqa: E402
 
 # bf16 activations; B and C reach the prefill scan in fp32 (the op converts them), the
@@ -91,21 +89,9 @@ def ptx_counts(ptx: str) -> dict:
     }
 
 
-def _cuda_tool(name: str, cubin: bytes, *flags: str) -> str | None:
-    """stdout of one of the CUDA tools Triton ships run on the cubin, or None without it."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-    if not tool.is_file():
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tool), *flags, f.name], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
-
-
 def resources(cubin: bytes) -> dict:
     """Registers per thread and stack bytes (spills) of the kernel, from cuobjdump."""
-    text = _cuda_tool("cuobjdump", cubin, "--dump-resource-usage")
+    text = run_tool("cuobjdump", cubin, "--dump-resource-usage")
     if text is None:
         return {}
     regs, stack = re.search(r"REG:(\d+)", text), re.search(r"STACK:(\d+)", text)
@@ -146,25 +132,14 @@ def loop_sass(cubin: bytes) -> dict:
     """Instruction counts of the largest loop with an SFU instruction in the SASS (the scan
     loop: UNROLL tokens per trip), by opcode family, from the nvdisasm Triton ships; and
     its global loads, all of them and those issued before the first use of one."""
-    text = _cuda_tool("nvdisasm", cubin, "-c")
-    if text is None:
+    lines, loops = sass_loops(cubin)
+    if not lines:
         return {}
-    lines = text.splitlines()
-    found = ((i, re.match(r"\s*(\.L_x_\d+):", ln)) for i, ln in enumerate(lines))
-    labels = {m.group(1): i for i, m in found if m}
     best: collections.Counter = collections.Counter()
     body: list[str] = []
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)\)?", line)
-        if not m or labels.get(m.group(1), i) >= i:
-            continue  # not a branch back
-        ops = collections.Counter()
-        for ln in lines[labels[m.group(1)] : i + 1]:
-            op = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)", ln)
-            if op:
-                ops[op.group(1)] += 1
+    for ops, region in loops:
         if ops["MUFU"] and sum(ops.values()) > sum(best.values()):
-            best, body = ops, lines[labels[m.group(1)] : i + 1]
+            best, body = ops, region
     ldg, ahead = _loads_ahead(body)
     return {"loop_instrs": sum(best.values()), "loop_mufu": best["MUFU"],
             "loop_fp32": best["FMUL"] + best["FFMA"] + best["FADD"], "loop_ldg": ldg,
