@@ -6,6 +6,8 @@ lives here, in a folder's own utils.py, or in a conftest.py fixture).
 - ``INTERPRETER_BLOCKER``: why Triton's interpreter cannot run in this environment (None
   when it can), for tests whose fresh processes interpret the kernels.
 - ``serve_random_workload``: waves of random requests through an ``LLM``.
+- ``require_cuda_tools``: skip a compile-report test module (sm_90 without a GPU) where
+  Triton's NVIDIA backend or its ptxas/nvdisasm is missing, saying which.
 """
 
 from __future__ import annotations
@@ -44,6 +46,20 @@ def _interpreter_blocker() -> str | None:
 
 
 INTERPRETER_BLOCKER = _interpreter_blocker()
+
+
+def require_cuda_tools(*tools: str) -> None:
+    """Skip the calling test module unless Triton's NVIDIA backend and ``tools`` (in its
+    bin folder: ptxas, nvdisasm, cuobjdump) are here; the reason names what is missing."""
+    import pytest
+
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton.backends.nvidia", reason="needs Triton's NVIDIA backend (ptxas)")
+    folder = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    missing = [t for t in tools if not (folder / t).is_file()]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} in {folder} (Triton's wheel ships them)",
+                    allow_module_level=True)  # fmt: skip
 
 
 def serve_random_workload(llm, seed: int, waves: int, max_len: int, vocab: int) -> int:

@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-from tests.utils import run_module
+from tests.utils import require_cuda_tools, run_module
 
-triton = pytest.importorskip("triton")
-pytest.importorskip("triton.backends.nvidia", reason="needs Triton's NVIDIA backend (ptxas)")
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-if not all((BIN / t).is_file() for t in ("ptxas", "nvdisasm")):
-    pytest.skip(f"needs ptxas and nvdisasm in {BIN} (Triton's wheel ships them)",
-                allow_module_level=True)  # fmt: skip
+require_cuda_tools("ptxas", "nvdisasm")
 
 
 def _rows(tmp_path_factory, *sets: str) -> dict:
