@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
 
 def _off(value: Any, *offs: Any) -> bool:
@@ -79,52 +79,21 @@ def _refuse(table: dict[str, tuple[tuple, str]], name: str, value: Any) -> Any:
     return value
 
 
-class SamplingExtras(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+def _extras(name: str, table: dict[str, tuple[tuple, str]]) -> type[BaseModel]:
+    """A model with ``table``'s fields, each ``Any`` (None by default), each refused by
+    ``_refuse`` when it asks for something. The validator is named after the model: a
+    request model that mixes in two of them keeps both (one name would shadow the other)."""
 
-    min_p: Any = None
-    repetition_penalty: Any = None
-    length_penalty: Any = None
-    use_beam_search: Any = None
-    min_tokens: Any = None
-    include_stop_str_in_output: Any = None
-    truncate_prompt_tokens: Any = None
-    allowed_token_ids: Any = None
-    bad_words: Any = None
-    logits_processors: Any = None
-    prompt_logprobs: Any = None
-    priority: Any = None
-    return_tokens_as_token_ids: Any = None
-    response_format: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
-    prompt_embeds: Any = None
-    cache_salt: Any = None
-    kv_transfer_params: Any = None
-    vllm_xargs: Any = None
+    def check(cls, value: Any, info) -> Any:
+        return _refuse(table, info.field_name, value)
 
-    @field_validator(*SAMPLING_FIELDS, mode="after")
-    @classmethod
-    def _unsupported_sampling(cls, value: Any, info) -> Any:
-        return _refuse(SAMPLING_FIELDS, info.field_name, value)
+    return create_model(
+        name,
+        __config__=ConfigDict(extra="ignore"),
+        __validators__={f"_check_{name}": field_validator(*table, mode="after")(check)},
+        **{field: (Any, None) for field in table},
+    )
 
 
-class ChatExtras(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    tools: Any = None
-    tool_choice: Any = None
-    continue_final_message: Any = None
-    chat_template: Any = None
-    chat_template_kwargs: Any = None
-    documents: Any = None
-    mm_processor_kwargs: Any = None
-    reasoning_effort: Any = None
-
-    @field_validator(*CHAT_FIELDS, mode="after")
-    @classmethod
-    def _unsupported_chat(cls, value: Any, info) -> Any:
-        return _refuse(CHAT_FIELDS, info.field_name, value)
+SamplingExtras = _extras("SamplingExtras", SAMPLING_FIELDS)
+ChatExtras = _extras("ChatExtras", CHAT_FIELDS)
