@@ -40,7 +40,9 @@ def _finite(name: str, value) -> float:
 @dataclass
 class SamplingParams:
     """vLLM's meaning: ``n`` samples of the prompt; ``temperature`` 0 is greedy;
-    ``top_k`` -1 (or 0) and ``top_p`` 1.0 keep every token; ``max_tokens`` new tokens at
+    ``top_k`` -1 (or 0) and ``top_p`` 1.0 keep every token; ``min_p`` p > 0 drops the tokens
+    less likely than p times the most likely one (after temperature; 0 keeps every token);
+    ``max_tokens`` new tokens at
     most (None: up to ``max_model_len``); ``ignore_eos`` keeps generating past the
     end-of-sequence token; ``stop`` strings end generation (the output text is cut before
     the stop string); ``stop_token_ids`` end it on those tokens (kept in the output);
@@ -59,6 +61,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -83,6 +86,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be an integer, -1 (off) or positive, got {self.top_k!r}")
+        self.min_p = _finite("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         seed = self.seed
         if seed is not None and (not _is_int(seed) or not _SEED_MIN <= seed <= _SEED_MAX):
             raise ValueError(
@@ -145,6 +151,7 @@ class SamplingParams:
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            min_p=self.min_p,
             seed=seed,
             stop=self.stop_strings or None,
             stop_token_ids=self.stop_token_ids,

@@ -29,6 +29,7 @@ class SamplingMetadata:
     temperature: list[float] = field(default_factory=list)
     top_k: list[int] = field(default_factory=list)
     top_p: list[float] = field(default_factory=list)
+    min_p: list[float] = field(default_factory=list)
     seeds: list[int | None] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)
     logprobs: list[int | None] = field(default_factory=list)
@@ -36,7 +37,7 @@ class SamplingMetadata:
     prompt_k: int = 0
     forget: list[str] = field(default_factory=list)
 
-    _PER_ROW = ("temperature", "top_k", "top_p", "seeds", "request_ids", "logprobs")
+    _PER_ROW = ("temperature", "top_k", "top_p", "min_p", "seeds", "request_ids", "logprobs")
 
     @property
     def greedy(self) -> list[bool]:

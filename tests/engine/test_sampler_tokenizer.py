@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vllm.engine.tokenizer import ByteTokenizer, IncrementalDetokenizer, get_tokenizer
@@ -16,6 +17,7 @@ def rows_of(*params: SamplingParams) -> SamplingMetadata:
         temperature=[p.temperature for p in params],
         top_k=[p.top_k for p in params],
         top_p=[p.top_p for p in params],
+        min_p=[p.min_p for p in params],
         seeds=[p.seed for p in params],
         request_ids=[str(i) for i in range(len(params))],
         logprobs=[p.logprobs for p in params],
@@ -40,6 +42,33 @@ def test_greedy_top_k_top_p_keep_to_their_support():
     assert seen[1] == {1, 3}
     assert seen[2] == {1, 3}
     assert seen[3] == {1, 3, 2}
+
+
+def test_min_p_keeps_the_tokens_near_the_top():
+    """min_p p keeps the tokens at least p times as likely as the row's most likely one,
+    after temperature: the support shrinks as p grows and widens with the temperature."""
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0, 0.5]]).repeat(4, 1)
+    # softmax at T=1 relative to token 1: token 3 e^-1 ~0.37, token 2 e^-2 ~0.14, ...
+    params = [
+        SamplingParams(temperature=1.0, min_p=0.3),  # tokens 1 and 3
+        SamplingParams(temperature=1.0, min_p=0.1),  # and token 2
+        # T=10: token 3 e^-0.1 ~0.90, token 2 e^-0.2 ~0.82, token 5 e^-0.25 ~0.78
+        SamplingParams(temperature=10.0, min_p=0.8),
+        SamplingParams(temperature=1.0, min_p=1.0),  # only the top
+    ]
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    seen = [set() for _ in params]
+    for _ in range(300):
+        for i, tok in enumerate(sampler.sample(logits, rows_of(*params)).tolist()):
+            seen[i].add(tok)
+    assert seen == [{1, 3}, {1, 2, 3}, {1, 2, 3}, {1}]
+
+
+def test_min_p_is_checked_by_name():
+    for bad in (-0.1, 1.5, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match="min_p"):
+            SamplingParams(min_p=bad)
+    assert SamplingParams(n=2, min_p=0.25).child(1).min_p == 0.25
 
 
 def test_seeded_rows_do_not_depend_on_the_batch():

@@ -95,6 +95,18 @@ def test_seeded_sampling_repeats(server):
     assert complete(server, **body)["choices"] == complete(server, **body)["choices"]
 
 
+def test_min_p_one_samples_the_greedy_tokens(server):
+    """min_p 1 keeps only each step's most likely token: sampling at any temperature then
+    gives the greedy text; min_p 0 leaves the seeded draw alone."""
+    body = dict(prompt=PROMPT, max_tokens=8, ignore_eos=True, seed=7)
+    greedy = complete(server, **body, temperature=0.0)["choices"][0]["text"]
+    sampled = [complete(server, **body, temperature=t, min_p=1.0) for t in (1.0, 5.0)]
+    assert [c["choices"][0]["text"] for c in sampled] == [greedy, greedy]
+    hot = complete(server, **body, temperature=5.0)["choices"][0]["text"]
+    assert complete(server, **body, temperature=5.0, min_p=0.0)["choices"][0]["text"] == hot
+    assert hot != greedy  # at temperature 5 the seeded draw leaves the greedy path
+
+
 def test_stop_string_cuts_the_text(server):
     body = dict(prompt=PROMPT, max_tokens=12, temperature=0.0, ignore_eos=True)
     full = complete(server, **body)["choices"][0]["text"]

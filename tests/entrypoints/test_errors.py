@@ -65,7 +65,7 @@ BAD_REQUESTS = [
     ("detokenize_out_of_vocab", "detokenize", {"tokens": [1, 100000]}, "tokens"),
     ("tokenize_prompt_number", "tokenize", {"prompt": 7}, "prompt"),
     # vLLM's extra fields this server does not implement: refused by name, never ignored.
-    ("min_p_unsupported", "v1/completions", {**OK, "min_p": 0.1}, "min_p"),
+    ("min_p_above_one", "v1/completions", {**OK, "min_p": 1.5}, "min_p"),
     ("repetition_penalty_unsupported", "v1/completions", {**OK, "repetition_penalty": 1.2},
      "repetition_penalty"),
     ("min_tokens_unsupported", "v1/completions", {**OK, "min_tokens": 3}, "min_tokens"),

@@ -62,6 +62,7 @@ def build_step_inputs(
         temperature=[p.temperature for p in params],
         top_k=[p.top_k for p in params],
         top_p=[p.top_p for p in params],
+        min_p=[p.min_p for p in params],
         seeds=[p.seed for p in params],
         request_ids=[seq.request_id for seq in sampled],
         logprobs=[p.logprobs for p in params],

@@ -1,7 +1,8 @@
 """Sampler: next tokens from the last-token logits of a step, all rows at once.
 
 Greedy rows (temperature 0) take the argmax. The others are scaled by 1/temperature,
-filtered by top-k then top-p, and drawn with the exponential race (argmax of p / E with
+filtered by min-p (tokens less likely than min_p times the row's most likely one), then
+top-k, then top-p (vLLM's order), and drawn with the exponential race (argmax of p / E with
 E ~ Exp(1), which picks token i with probability p_i): no host sync, and a request with a
 ``seed`` draws its E from its own generator (kept by request id until the engine says the
 request ended), so its tokens do not depend on the batch. ``compute_logprobs`` gives the
@@ -48,6 +49,8 @@ class Sampler:
         temp = async_tensor_h2d([t or 1.0 for t in md.temperature], dev)
         scaled = logits / temp[:, None]
         vocab = logits.shape[1]
+        if any(p > 0.0 for p in md.min_p):
+            scaled = self._min_p(scaled, md.min_p)
         if any(0 < k < vocab for k in md.top_k) or any(p < 1.0 for p in md.top_p):
             scaled = self._top_k_top_p(scaled, md.top_k, md.top_p)
         probs = scaled.softmax(-1)
@@ -57,6 +60,14 @@ class Sampler:
                 race[i].exponential_(generator=self._generator(rid, seed))
         sampled = (probs / race).argmax(-1)
         return torch.where(async_tensor_h2d(is_greedy, dev), greedy, sampled)
+
+    @staticmethod
+    def _min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+        """-inf where a token's probability is below min_p times its row's highest (a row
+        with min_p 0 keeps every token; the most likely token always stays)."""
+        probs = logits.softmax(-1)
+        floor = async_tensor_h2d(min_p, logits.device)[:, None] * probs.amax(-1, keepdim=True)
+        return logits.masked_fill(probs < floor, float("-inf"))
 
     @staticmethod
     def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

@@ -60,6 +60,7 @@ class _SamplingFields(RequestModel, SamplingExtras):
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None

@@ -129,6 +129,7 @@ class OpenAIServing:
                 temperature=1.0 if request.temperature is None else request.temperature,
                 top_p=1.0 if request.top_p is None else request.top_p,
                 top_k=-1 if request.top_k is None else request.top_k,
+                min_p=0.0 if request.min_p is None else request.min_p,
                 seed=request.seed,
                 stop=request.stop,
                 stop_token_ids=request.stop_token_ids,

@@ -35,7 +35,6 @@ def _off(value: Any, *offs: Any) -> bool:
 
 # name: (values that mean "off", what to say instead). Hints point at what this server has.
 SAMPLING_FIELDS: dict[str, tuple[tuple, str]] = {
-    "min_p": ((0.0,), "leave it at 0"),
     "repetition_penalty": ((1.0,), "leave it at 1"),
     "length_penalty": ((1.0,), "leave it at 1"),
     "use_beam_search": ((False,), "beam search is not implemented"),
