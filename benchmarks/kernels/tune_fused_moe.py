@@ -47,7 +47,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.kernels.benchmark_fused_moe import SHAPES as BENCH_SHAPES
-from benchmarks.kernels.benchmark_fused_moe import TOL, Case, rel
+from benchmarks.kernels.benchmark_fused_moe import TOL, Case, measure, rel
+from benchmarks.kernels.benchmark_utils import summarize
 
 SHAPES = {**BENCH_SHAPES, "granite-4.0-h-tiny": (1536, 64, 512, 6, True)}
 SMOKE_SHAPES = {"smoke-gated": (32, 8, 24, 2, True), "smoke-relu2": (24, 6, 16, 2, False)}
@@ -127,17 +128,6 @@ class Sweep:
         return rel(self.run(tokens, entry), self.refs[tokens])
 
 
-def measure(fn, reps: int, timer) -> float:
-    if timer is None:  # smoke: wall clock of the interpreter
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t0) / reps * 1e6
-    from benchmarks.kernels.benchmark_utils import summarize
-
-    return summarize(timer.samples(fn, reps))[0]
-
-
 def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
     block_ms, ups, downs = (lst[tokens] if isinstance(lst, dict) else lst for lst in lists)
     base = sweep.fm.launch_config(tokens, *_shape_args(sweep.shape), args.dtype)
@@ -147,7 +137,7 @@ def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
         if not (math.isfinite(err) and err < TOL[args.dtype]):
             log(f"    {_short(entry) if entry else 'table'}: FAILED check, rel {err:.2e}")
             return math.inf
-        us = measure(lambda: sweep.run(tokens, entry), args.reps, timer)
+        us = summarize(measure(lambda: sweep.run(tokens, entry), args.reps, timer))[0]
         log(f"    {_short(entry) if entry else 'table'}: {us:.1f} us (rel {err:.1e})")
         return us
 

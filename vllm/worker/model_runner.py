@@ -308,7 +308,6 @@ class ModelRunner:
 
     # -- steps ---------------------------------------------------------------------------
 
-    @torch.no_grad()
     def _note_eager_mixed(self, why: str | None) -> None:
         """Count a FULL-mode mixed step that ran eagerly; log each kind of reason once (the
         server's log then names what no bucket held)."""
@@ -317,6 +316,7 @@ class ModelRunner:
             logger.info("cudagraph_mode FULL: a mixed step ran eagerly: %s", why)
         self.eager_mixed_reasons[kind] = self.eager_mixed_reasons.get(kind, 0) + 1
 
+    @torch.no_grad()
     def execute_inputs(
         self, inp: StepInputs, prev_tokens: torch.Tensor | None = None
     ) -> StepResult:

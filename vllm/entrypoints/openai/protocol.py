@@ -70,9 +70,6 @@ class _SamplingFields(RequestModel, SamplingExtras):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
     # vLLM's: the prompt's and each choice's token ids in the response (serving_*.py).
     return_token_ids: bool | None = False
 
@@ -80,11 +77,6 @@ class _SamplingFields(RequestModel, SamplingExtras):
     def _check_common(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options can only be given when stream is true")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != 0.0:
-                raise ValueError(f"{name} is not supported by this server (leave it at 0)")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by this server")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")

@@ -1,8 +1,9 @@
-"""Request fields vLLM's OpenAI server takes and this one does not implement.
+"""Request fields OpenAI's API and vLLM's server take and this one does not implement.
 
 With ``extra="ignore"`` such a field would be dropped without a word, and the request
-served as if it had not been sent: a ``min_p``, a ``repetition_penalty``, a JSON
-``response_format`` or a ``cache_salt`` silently without effect. Each is declared here
+served as if it had not been sent: a ``presence_penalty``, a ``logit_bias``, a
+``repetition_penalty``, a JSON ``response_format`` or a ``cache_salt`` silently without
+effect. Each is declared here
 instead, as ``Any``, and refused (400, naming it) when it asks for something: a value other
 than the one that means "off". Sent at that value (clients that fill in defaults), it is
 accepted, since the request then means what this server does.
@@ -35,6 +36,9 @@ def _off(value: Any, *offs: Any) -> bool:
 
 # name: (values that mean "off", what to say instead). Hints point at what this server has.
 SAMPLING_FIELDS: dict[str, tuple[tuple, str]] = {
+    "presence_penalty": ((0.0,), "leave it at 0"),
+    "frequency_penalty": ((0.0,), "leave it at 0"),
+    "logit_bias": ((), "no logits processors"),
     "repetition_penalty": ((1.0,), "leave it at 1"),
     "length_penalty": ((1.0,), "leave it at 1"),
     "use_beam_search": ((False,), "beam search is not implemented"),
