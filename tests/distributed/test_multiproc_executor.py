@@ -8,7 +8,9 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import re
 import signal
+import socket
 import time
 import traceback
 
@@ -20,9 +22,11 @@ from tests.distributed.utils import GPU2_SKIP_REASON, set_multicast_off
 from vllm.distributed import (
     get_tp_group,
     is_initialized,
+    parallel_state,
     tensor_model_parallel_all_reduce,
 )
 from vllm.executor import MultiprocExecutor, WorkerFailedError, check_tp_divisibility
+from vllm.executor.tp_process import STORE_HOST
 from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
@@ -58,6 +62,8 @@ class MLPWorker:
         self.down.bias.weight_loader(self.down.bias, b2)
         if fail_how == "build" and self.rank == fail_rank:
             raise RuntimeError("no weights on this rank")
+        if fail_how == "build_hang" and self.rank == fail_rank:
+            time.sleep(600)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, step: int) -> tuple[int, torch.Tensor]:
@@ -94,6 +100,8 @@ def _executor(factory=MLPWorker, backend="gloo", **kw) -> MultiprocExecutor:
 
 def _steps_then_kill_between_steps(backend: str) -> None:
     with _executor(backend=backend) as ex:
+        with socket.socket() as probe, pytest.raises(OSError):  # rank 0's store holds it
+            probe.bind((STORE_HOST, ex._store.port))
         assert ex.run("rank_sum") == 3.0
         for step in range(3):
             x = torch.randn(5, 4)
@@ -168,6 +176,36 @@ def test_a_worker_that_fails_to_build_fails_the_start():
     with pytest.raises(WorkerFailedError, match="rank 1 raised RuntimeError: no weights"):
         _executor(factory)
     assert time.monotonic() - t0 < FAST + 10  # two interpreters start first
+
+
+@pytest.mark.timeout(90)
+def test_a_start_that_hangs_says_where_each_rank_was(capfd):
+    """Rank 1 never finishes building: the start-up fails after timeout_s naming its stage,
+    with rank 1's stack (faulthandler) on stderr."""
+    factory = functools.partial(MLPWorker, fail_rank=1, fail_how="build_hang")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        MultiprocExecutor(2, factory, backend="gloo", timeout_s=3.0, grace_s=1.0)
+    assert 3.0 <= time.monotonic() - t0 < FAST + 10
+    message = str(info.value)
+    assert re.search(
+        r"workers \[1\] did not start .* rank 1 \(pid \d+\): building its worker \(reached", message
+    ), message
+    err = capfd.readouterr().err
+    assert "in __init__" in err and "test_multiproc_executor.py" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("user", [None, "eth9"])
+def test_gloo_goes_over_loopback_only_while_a_local_group_is_made(monkeypatch, user):
+    if user is None:
+        monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    else:
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", user)
+    with parallel_state._gloo_on_loopback(True):
+        assert os.environ.get("GLOO_SOCKET_IFNAME") == (user or "lo")
+    with parallel_state._gloo_on_loopback(False):
+        assert os.environ.get("GLOO_SOCKET_IFNAME") == user
+    assert os.environ.get("GLOO_SOCKET_IFNAME") == user
 
 
 def test_a_config_that_does_not_shard_fails_before_any_process_starts():

@@ -7,7 +7,6 @@ two-rank checks (one spawn of the group serves them all)."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 import traceback
 
@@ -18,6 +17,7 @@ import torch.multiprocessing as mp
 from tests.models.hybrid_utils import engine, tokens
 from vllm import SamplingParams
 from vllm.distributed import get_tp_group, parallel_state
+from vllm.executor.tp_process import join_store, open_store
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 # Tests bound their collectives well below pytest's timeout, so a bug fails, not hangs.
@@ -30,24 +30,19 @@ GPU2_SKIP_REASON = (
 )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def set_multicast_off() -> None:
     """NVLink multicast off for NCCL and PyTorch (the GPU hosts are shared)."""
     os.environ.update(parallel_state.MULTICAST_OFF_ENV)
 
 
-def _rank_main(rank, fn, world_size, backend, init_method, args) -> None:
+def _rank_main(rank, fn, world_size, backend, port, args) -> None:
     if backend == "nccl":
         set_multicast_off()
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons at 1e-5
     torch.set_num_threads(1)  # two ranks share the CI machine's cores
+    store = join_store(port, world_size, COLLECTIVE_TIMEOUT_S)
     parallel_state.init_distributed(
-        world_size, rank, backend, init_method, timeout_s=COLLECTIVE_TIMEOUT_S
+        world_size, rank, backend, timeout_s=COLLECTIVE_TIMEOUT_S, store=store
     )
     try:
         fn(*args)
@@ -61,10 +56,10 @@ def run_ranks(fn, *args, world_size: int = 2, backend: str = "gloo") -> None:
     function (it is pickled by name into the spawned processes)."""
     if backend == "nccl":
         set_multicast_off()
-    init_method = f"tcp://127.0.0.1:{free_port()}"
+    store = open_store(world_size, COLLECTIVE_TIMEOUT_S)  # held here until the ranks end
     ctx = mp.start_processes(
         _rank_main,
-        args=(fn, world_size, backend, init_method, args),
+        args=(fn, world_size, backend, store.port, args),
         nprocs=world_size,
         join=False,
         start_method="spawn",

@@ -18,8 +18,10 @@ a shared host out of service, so the variables are set unless the user has set t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,7 @@ import torch.distributed as dist
 
 DEFAULT_TIMEOUT_S = 300.0
 BACKENDS = ("nccl", "gloo")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 # NCCL's, PyTorch's and NVSHMEM's own switches for NVLink multicast (NVLS): off.
 MULTICAST_OFF_ENV = {
@@ -87,6 +90,7 @@ def init_distributed(
     backend: str | None = None,
     init_method: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    store: dist.Store | None = None,
 ) -> TPGroup:
     """Join the tensor-parallel group of ``world_size`` ranks as ``rank``; returns it.
 
@@ -94,7 +98,9 @@ def init_distributed(
     None picks NCCL when CUDA is available, gloo otherwise. ``init_method`` is
     torch.distributed's ("tcp://host:port", "file:///path"; None: "env://", which reads
     MASTER_ADDR and MASTER_PORT). ``timeout_s`` bounds every collective: a rank that stops
-    answering makes the others' collectives fail after it instead of hanging.
+    answering makes the others' collectives fail after it instead of hanging. ``store``: a
+    rendezvous store already made (MultiprocExecutor's), in place of ``init_method``; when
+    it is on this host's loopback address, so are gloo's sockets.
 
     World size 1 creates no process group. Raises RuntimeError when called twice without
     ``destroy`` in between, ValueError for arguments that cannot work.
@@ -111,6 +117,8 @@ def init_distributed(
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if store is not None and init_method is not None:
+        raise ValueError("give init_method or store, not both")
     if world_size == 1:
         _TP, _INITIALIZED = _SINGLE_RANK, True
         return _TP
@@ -132,24 +140,47 @@ def init_distributed(
 
     timeout = datetime.timedelta(seconds=timeout_s)
     owns = not dist.is_initialized()
+    local = getattr(store, "host", None) in LOOPBACK_HOSTS
     if owns:
-        dist.init_process_group(
-            backend,
-            init_method=init_method or "env://",
-            world_size=world_size,
-            rank=rank,
-            timeout=timeout,
+        where = (
+            dict(store=store) if store is not None else dict(init_method=init_method or "env://")
         )
+        with _gloo_on_loopback(local):
+            dist.init_process_group(
+                backend, world_size=world_size, rank=rank, timeout=timeout, **where
+            )
     elif (dist.get_world_size(), dist.get_rank()) != (world_size, rank):
         raise ValueError(
             f"torch.distributed is already initialised as rank {dist.get_rank()} of "
             f"{dist.get_world_size()}, not rank {rank} of {world_size}"
         )
     world = dist.group.WORLD
-    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else world
+    cpu_group = world
+    if backend == "nccl":
+        with _gloo_on_loopback(local):
+            cpu_group = dist.new_group(backend="gloo", timeout=timeout)
     _TP = TPGroup(rank, world_size, backend, device, world, cpu_group, owns)
     _INITIALIZED = True
     return _TP
+
+
+@contextlib.contextmanager
+def _gloo_on_loopback(active: bool):
+    """Gloo's sockets over the loopback device while the groups are made (the variable
+    ``GLOO_SOCKET_IFNAME``, unless the user set it; restored after), for a group whose
+    ranks all run on this host. Without it gloo binds the address the host name resolves
+    to, so a start-up hangs or fails where that name is missing, slow to resolve or not
+    reachable."""
+    names = {name for _, name in socket.if_nameindex()} if active else set()
+    loopback = next((name for name in ("lo", "lo0") if name in names), None)
+    if loopback is None or os.environ.get("GLOO_SOCKET_IFNAME"):
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
 
 
 def destroy() -> None:

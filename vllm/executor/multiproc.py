@@ -25,7 +25,9 @@ the rank and the cause, instead of hanging:
 - while rank 0's part of a call runs (on the driver thread, below), the calling thread
   checks every ``poll_s`` that the workers are alive, so a death is reported even when
   the driver is blocked where no collective returns (a CUDA sync behind an NCCL kernel);
-- start-up (joining the group, building the workers) is watched the same way.
+- start-up (joining the group, building the workers) is watched the same way; one that
+  times out names each worker's last stage and dumps the live workers' stacks to stderr
+  (tp_process.py: also the rendezvous on a port rank 0's store binds and keeps).
 
 Rank 0's work (joining the group, its worker, every call) runs on one daemon thread, always
 the same one (the CUDA device, CUDA graphs and grad mode stay consistent), so the calling
@@ -40,27 +42,30 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import pickle
-import queue
 import signal
-import socket
-import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vllm.distributed import parallel_state
 from vllm.executor.abstract import Executor
 from vllm.executor.tp_checks import check_tp_divisibility
+from vllm.executor.tp_process import (
+    SHUTDOWN,
+    DriverThread,
+    abort_nccl,
+    describe_ranks,
+    dump_stacks,
+    open_store,
+    thread_stack,
+    worker_main,
+)
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
-
-_SHUTDOWN = b"shutdown"
 
 
 class WorkerFailedError(RuntimeError):
@@ -73,80 +78,6 @@ class WorkerFailedError(RuntimeError):
         if worker_traceback:
             message += f"\n--- worker rank {rank} traceback ---\n{worker_traceback}"
         super().__init__(message)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker_main(rank, world_size, backend, init_method, timeout_s, factory, conn) -> None:
-    """A worker process: join, build, then serve calls from the pipe until shutdown."""
-    try:
-        parallel_state.init_distributed(world_size, rank, backend, init_method, timeout_s)
-        worker = factory()
-        conn.send(("ready",))
-        while True:
-            try:
-                payload = conn.recv_bytes()
-            except EOFError:
-                return  # the driver is gone: nobody to serve or to report to
-            if payload == _SHUTDOWN:
-                return
-            method, args, kwargs = pickle.loads(payload)
-            getattr(worker, method)(*args, **kwargs)
-    except BaseException as err:
-        summary = f"{type(err).__name__}: {err}"
-        try:
-            conn.send(("error", summary, traceback.format_exc()))
-        except OSError:
-            pass
-        raise SystemExit(1) from None
-    finally:
-        parallel_state.destroy()
-
-
-class _DriverThread:
-    """Rank 0's thread: runs submitted callables one at a time, in order."""
-
-    def __init__(self):
-        self._calls: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="vllm-tp-driver", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            fn, future = self._calls.get()
-            if fn is None:
-                return
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as err:  # noqa: BLE001 - handed to the caller
-                    future.set_exception(err)
-
-    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._calls.put((fn, future))
-        return future
-
-    def stop(self) -> None:
-        self._calls.put((None, None))
-
-
-def _abort_nccl() -> None:
-    """Abort this process's NCCL communicators, so that rank 0's thread, blocked behind an
-    NCCL kernel whose peer is gone, returns and can leave the group. torch's
-    ``_abort_process_group`` is experimental; where it is missing or fails, NCCL's watchdog
-    ends the wait after the group's timeout. (Not yet run on a multi-GPU machine.)"""
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is None or not dist.is_initialized():
-        return
-    try:
-        abort()
-    except Exception as err:  # noqa: BLE001 - best effort on a path that is failing anyway
-        logger.warning("aborting the NCCL communicators failed: %s", err)
 
 
 class MultiprocExecutor(Executor):
@@ -199,14 +130,15 @@ class MultiprocExecutor(Executor):
         self._procs: dict[int, mp.Process] = {}
         self._conns: dict[int, Any] = {}
         self._reports: dict[int, tuple] = {}
-        self._driver = _DriverThread()
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._driver = DriverThread()
+        self._store = open_store(world_size, timeout_s)
+        port = self._store.port
         ctx = mp.get_context("spawn")
         for rank in range(1, world_size):
             ours, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(
-                target=_worker_main,
-                args=(rank, world_size, backend, init_method, timeout_s, worker_factory, theirs),
+                target=worker_main,
+                args=(rank, world_size, backend, port, timeout_s, worker_factory, theirs),
                 name=f"vllm-tp-worker-{rank}",
                 daemon=True,
             )
@@ -215,7 +147,8 @@ class MultiprocExecutor(Executor):
             self._procs[rank], self._conns[rank] = proc, ours
 
         def start_driver():
-            parallel_state.init_distributed(world_size, 0, backend, init_method, timeout_s)
+            store = self._store
+            parallel_state.init_distributed(world_size, 0, backend, None, timeout_s, store=store)
             return worker_factory()
 
         try:
@@ -275,10 +208,7 @@ class MultiprocExecutor(Executor):
                 break
             self._check_workers()
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"rank 0 did not finish within {timeout_s} s while every worker process "
-                    "is alive"
-                )
+                raise self._hung(f"rank 0 did not finish within {timeout_s} s", rank0=True)
         err = future.exception()
         if err is None:
             return future.result()
@@ -314,8 +244,19 @@ class MultiprocExecutor(Executor):
                 if rank in self._reports and self._reports[rank][0] == "ready":
                     pending.discard(rank)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"tensor-parallel workers {sorted(pending)} did not start")
+                raise self._hung(f"tensor-parallel workers {sorted(pending)} did not start")
             time.sleep(self.poll_s if pending else 0)
+
+    def _hung(self, what: str, rank0: bool = False) -> TimeoutError:
+        """A start-up past its deadline: every worker's last stage (and with ``rank0``, rank
+        0's stack) in the error, the live workers' stacks on stderr (before they are
+        killed)."""
+        dump_stacks(self._procs)
+        self._read_reports()
+        message = f"{what} while every worker process is alive; "
+        message += describe_ranks(self._procs, self._reports)
+        stack = thread_stack(self._driver.thread) if rank0 else ""
+        return TimeoutError(message + (f"\n--- rank 0's thread ---\n{stack}" if stack else ""))
 
     # -- failures ------------------------------------------------------------------------
 
@@ -354,7 +295,7 @@ class MultiprocExecutor(Executor):
             self._error = err
         self._stop_workers(graceful=False)
         if parallel_state.get_tp_group().backend == "nccl":
-            _abort_nccl()
+            abort_nccl()
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -362,7 +303,7 @@ class MultiprocExecutor(Executor):
         if graceful:
             for conn in self._conns.values():
                 try:
-                    conn.send_bytes(_SHUTDOWN)
+                    conn.send_bytes(SHUTDOWN)
                 except OSError:
                     pass
             for proc in self._procs.values():
@@ -383,6 +324,7 @@ class MultiprocExecutor(Executor):
         # Rank 0 leaves the group on its own thread, unless a failed call still holds it.
         concurrent.futures.wait([self._driver.submit(parallel_state.destroy)], self.grace_s)
         self._driver.stop()
+        self._store = None  # rank 0's rendezvous store and its port, released
         for conn in self._conns.values():
             conn.close()
 
