@@ -35,6 +35,7 @@ def test_prometheus_text_gives_the_engines_totals():
     text = generate_latest(logger.registry).decode()
     parsed = step_stats.parse_prometheus(text)
     expected = {**totals.as_dict(), "loop_wait_s": 4.0, "loop_other_s": 0.004}
+    expected |= {"late_wait_s": 0.0, "late_arrivals": 0}  # no --late-dispatch wait
     assert parsed == pytest.approx(expected)
     assert "vllm:iteration_tokens_total_sum" in text
 
@@ -54,6 +55,7 @@ def test_prometheus_text_gives_the_engines_totals():
     assert s["kernel_compiles"] == 2
     block = step_stats.format_block(s)
     assert "4 (2 with prefill)" in block and "waiting 4.00 s" in block
+    assert "late dispatch" not in block  # printed only when the loop waited so
     assert "with prefill 70.00, decode-only 20.00; GPU inside steps 11.0% of wall" in block
     assert "kernel compiles inside steps: 2" in block
     table = step_stats.comparison_table([("server", 10.0, s), ("offline", 12.0, s)])

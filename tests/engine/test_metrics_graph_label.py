@@ -32,8 +32,10 @@ STEPS = [
 def _recorded() -> tuple[str, StepTotals]:
     logger = PrometheusStatLogger("m")
     totals = StepTotals()
-    for step in STEPS:
-        logger.record(IterationStats(step=step))
+    for i, step in enumerate(STEPS):
+        # One call after a late-dispatch wait (--late-dispatch) in which 2 requests arrived.
+        late = dict(late_wait_s=0.004, late_arrivals=2) if i == 2 else {}
+        logger.record(IterationStats(step=step, **late))
         totals.add(step)
     return generate_latest(logger.registry).decode(), totals
 
@@ -83,14 +85,19 @@ def test_step_stats_reads_the_label_back():
     assert (totals.graph_steps, totals.prefill_graph_steps) == (3, 1)
     parsed = step_stats.parse_prometheus(text)
     # The old figures sum over the label; the graph counts come from execution="graph".
-    assert parsed == pytest.approx({**totals.as_dict(), "loop_wait_s": 0.0, "loop_other_s": 0.0})
+    loop = {"loop_wait_s": 0.0, "loop_other_s": 0.0, "late_wait_s": 0.004, "late_arrivals": 2}
+    assert parsed == pytest.approx({**totals.as_dict(), **loop})
     s = step_stats.summarize(parsed, 1.0)
+    assert (s["late_wait_s"], s["late_arrivals"]) == (pytest.approx(0.004), 2)
+    assert "late dispatch: waited 0.00 s beside running steps, 2 requests" in (
+        step_stats.format_block(s)
+    )
     assert (s["num_steps"], s["num_steps_with_prefill"], s["num_steps_decode_only"]) == (6, 2, 4)
     assert (s["num_steps_with_prefill_graph"], s["num_steps_with_prefill_eager"]) == (1, 1)
     assert (s["num_steps_decode_only_graph"], s["num_steps_decode_only_eager"]) == (2, 2)
     assert s["mean_step_ms_with_prefill"] == pytest.approx(55.0)
     assert s["mean_device_ms_decode_only"] == pytest.approx(32 / 3)
-    assert s == step_stats.summarize(totals.as_dict() | {"loop_wait_s": 0, "loop_other_s": 0}, 1)
+    assert s == step_stats.summarize(totals.as_dict() | loop, 1)
     block = step_stats.format_block(s)
     assert "CUDA graph / eager steps: with prefill 1 / 1, decode-only 2 / 2" in block
     # Two scrapes: the difference counts only the steps between them.

@@ -54,7 +54,7 @@ TOTAL_KEYS = (
 # Present when the source splits steps by CUDA graph replay (StepTotals; the label
 # execution="graph" on /metrics); absent from an older server's totals.
 GRAPH_KEYS = ("graph_steps", "prefill_graph_steps")
-LOOP_KEYS = ("loop_wait_s", "loop_other_s")
+LOOP_KEYS = ("loop_wait_s", "loop_other_s", "late_wait_s")
 PHASES = ("schedule", "dispatch", "read", "output")
 # /metrics series (less the model_name and execution labels: summed over both) -> total key.
 PROMETHEUS_SERIES = {
@@ -75,6 +75,8 @@ PROMETHEUS_SERIES = {
     "vllm:engine_kernel_compiles_total": ("kernel_compiles",),
     'vllm:engine_loop_seconds_total{phase="wait"}': ("loop_wait_s",),
     'vllm:engine_loop_seconds_total{phase="other"}': ("loop_other_s",),
+    'vllm:engine_loop_seconds_total{phase="late"}': ("late_wait_s",),
+    "vllm:late_dispatch_arrivals_total": ("late_arrivals",),
 }
 # The same, for the samples labelled execution="graph" only.
 GRAPH_SERIES = {
@@ -87,7 +89,7 @@ _SAMPLE = re.compile(r"^(vllm:[a-z0-9_]+)(?:\{(.*)\})? (\S+)$")
 def parse_prometheus(text: str) -> dict | None:
     """The step totals in a /metrics text (summed over models); None when it has no engine
     step series (a server without them)."""
-    totals = dict.fromkeys(TOTAL_KEYS + LOOP_KEYS, 0.0)
+    totals = dict.fromkeys(TOTAL_KEYS + LOOP_KEYS + ("late_arrivals",), 0.0)
     found = False
     for line in text.splitlines():
         m = _SAMPLE.match(line)
@@ -166,6 +168,8 @@ def summarize(totals: dict, wall_s: float) -> dict:
         if key in totals:
             out[key] = totals[key]
             out[f"share_of_wall_{key[:-2]}"] = _ratio(totals[key], wall_s)
+    if "late_arrivals" in totals:
+        out["late_arrivals"] = int(totals["late_arrivals"])
     return out
 
 
@@ -214,6 +218,11 @@ def format_block(s: dict, title: str = "Engine steps") -> str:
             f"engine loop outside steps: waiting {s['loop_wait_s']:.2f} s "
             f"({_f(_pct(s['share_of_wall_loop_wait']))}%), other {s['loop_other_s']:.2f} s "
             f"({_f(_pct(s['share_of_wall_loop_other']))}%)"
+        )
+    if s.get("late_wait_s"):
+        lines.append(
+            f"late dispatch: waited {s['late_wait_s']:.2f} s beside running steps, "
+            f"{s.get('late_arrivals', 0)} requests joined the next step in a wait"
         )
     return "\n".join(lines)
 

@@ -47,6 +47,7 @@ class EngineArgs:
     enforce_eager: bool = False
     mamba_ssm_cache_dtype: str = "float32"
     async_scheduling: bool = True
+    late_dispatch: bool = False
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
@@ -239,6 +240,14 @@ class EngineArgs:
             dest="async_scheduling",
             action="store_false",
             help="read each step's tokens before dispatching the next",
+        )
+        g.add_argument(
+            "--late-dispatch",
+            action=argparse.BooleanOptionalAction,
+            default=d["late_dispatch"],
+            help="under async scheduling, wait for new requests until just before the device "
+            "ends its decode step, so that one arriving meanwhile joins the next step (one "
+            "step less of time to first token; default off)",
         )
         return parser
 

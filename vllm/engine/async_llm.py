@@ -217,6 +217,7 @@ class AsyncLLM:
                     continue  # poked: take what was queued, then ask again
                 stats.loop_wait_s = result.loop_wait_s
                 stats.loop_other_s = result.loop_other_s
+                stats.late_wait_s, stats.late_arrivals = result.late_wait_s, result.late_arrivals
                 outputs, to_abort, _ = self.output_processor.process_step(
                     result, stats, core.in_process
                 )

@@ -45,6 +45,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from vllm.config import EngineConfig
+from vllm.engine import late_dispatch
 from vllm.engine.block_hash import hash_blocks
 from vllm.engine.input_builder import build_step_inputs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
@@ -150,6 +151,9 @@ class EngineCore:
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
         self._in_flight: _Dispatched | None = None
+        # The step read last and when its read returned (late_dispatch.py's estimate).
+        self._last_read: _Dispatched | None = None
+        self._read_done_at: float | None = None
         self.last_step = StepStats()
         # Outputs made outside a step's read (aborts, failed batches), sent with the next.
         self._pending_outputs: list[EngineCoreOutput] = []
@@ -233,6 +237,11 @@ class EngineCore:
         return bool(self.requests) or self._in_flight is not None or bool(self._pending_outputs)
 
     # -- steps ---------------------------------------------------------------------------
+
+    def dispatch_deadline(self) -> float | None:
+        """Until when the loop may wait for new requests before ``step`` (late_dispatch.py;
+        None: step now)."""
+        return late_dispatch.deadline(self)
 
     def step(self) -> list[EngineCoreOutput]:
         """Dispatch one step and read the one before it (under async scheduling; without
@@ -328,6 +337,7 @@ class EngineCore:
         """Read a dispatched step's output (waits for that step only, not for a step queued
         after it) and apply it."""
         out = step.output = step.handle.get()
+        self._last_read, self._read_done_at = step, time.perf_counter()
         for row, message in out.errors.items():
             self._fail(step.seqs[row], f"sampling failed: {message}")
         # Those failures go out with this read, ahead of its tokens.

@@ -39,7 +39,10 @@ class EngineCoreOutputs:
     """One step's outputs (``step`` None: the core took messages, ran no step), its counts
     after it, and the time since the previous result, outside the step, of the loop that
     steps the core (the core process's loop; in process, the caller's): blocked waiting
-    for work, and the rest (taking messages or queued requests, handing outputs on)."""
+    for work, and the rest (taking messages or queued requests, handing outputs on).
+    ``late_wait_s``: the time it waited for requests while the device ran a step
+    (``--late-dispatch``), ``late_arrivals``: the requests that arrived in that wait and
+    go into this step."""
 
     outputs: list[EngineCoreOutput] = field(default_factory=list)
     step: StepStats | None = None
@@ -47,6 +50,8 @@ class EngineCoreOutputs:
     num_waiting: int = 0
     loop_wait_s: float = 0.0
     loop_other_s: float = 0.0
+    late_wait_s: float = 0.0
+    late_arrivals: int = 0
 
 
 class EngineCoreClient(ABC):
@@ -102,6 +107,10 @@ class InprocClient(EngineCoreClient):
         self._since: float | None = None
         self._last_step: StepStats | None = None
         self._waited = 0.0
+        # A late-dispatch wait (late_dispatch.py) since the last step, and whether a poke
+        # ended it (the requests then taken are its arrivals).
+        self._late_s = 0.0
+        self._late_poked = False
 
     @property
     def num_running(self) -> int:
@@ -126,13 +135,16 @@ class InprocClient(EngineCoreClient):
         since = t0 if self._since is None else self._since
         last_s = self._last_step.total_s if self._last_step is not None else 0.0
         other_s = max(0.0, t0 - since - last_s - self._waited)
+        arrivals = core.num_waiting if self._late_poked else 0
         outputs = core.step()
         step = core.last_step
         step.total_s = time.perf_counter() - t0
         result = EngineCoreOutputs(
             outputs, step, core.num_running, core.num_waiting, self._waited, other_s
         )
+        result.late_wait_s, result.late_arrivals = self._late_s, arrivals
         self._since, self._last_step, self._waited = t0, step, 0.0
+        self._late_s, self._late_poked = 0.0, False
         return result
 
     def wait_for_output(self) -> EngineCoreOutputs | None:
@@ -146,8 +158,16 @@ class InprocClient(EngineCoreClient):
             # before every call.
             while not self._poked and not core.has_unfinished_requests():
                 self._poke.wait()
-            self._poked = False
-        self._waited += time.perf_counter() - t0
+            t_idle = time.perf_counter()
+            late = None if self._poked else core.dispatch_deadline()
+            if late is not None:  # the device runs a step: new requests may still join
+                self._poke.wait(max(0.0, late - t_idle))
+                self._late_s += time.perf_counter() - t_idle
+                self._late_poked = self._poked
+            poked, self._poked = self._poked, False
+        self._waited += t_idle - t0
+        if poked and late is not None:
+            return None  # the caller takes its queue (the arrivals), then steps at once
         return self.get_output() if core.has_unfinished_requests() else None
 
     def poke(self) -> None:

@@ -103,11 +103,17 @@ def _serve(core, conn) -> None:
     last = clock()
     while True:
         t_wait = clock()
+        late = core.dispatch_deadline() if core.has_unfinished_requests() else None
+        if late is not None:  # the device runs a step: new requests may still join the next
+            conn.poll(max(0.0, late - t_wait))
         messages = [] if core.has_unfinished_requests() else [conn.recv()]
         wait_s = clock() - t_wait
         while conn.poll():
             messages.append(conn.recv())
         result = EngineCoreOutputs(loop_wait_s=wait_s)
+        if late is not None:
+            result.loop_wait_s, result.late_wait_s = 0.0, wait_s
+            result.late_arrivals = sum(message[0] == "add" for message in messages)
         for message in messages:
             kind = message[0]
             if kind == "add":

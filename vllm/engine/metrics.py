@@ -20,8 +20,10 @@ step) and ``vllm:engine_step_tokens_total{token_kind}`` (prefill, decode);
 each call read (CUDA only), by the same labels; ``vllm:engine_kernel_compiles_total``,
 Triton kernel variants compiled inside steps (0 unless the start-up warm-up missed one); and
 ``vllm:engine_loop_seconds_total{phase}``, the engine loop thread's wall time: in steps
-(step), blocked waiting for work (wait), and the rest (other: taking requests, recording
-stats, handing outputs to the event loop).
+(step), blocked waiting for work (wait), waiting for requests beside a running step
+(late: ``--late-dispatch``) and the rest (other: taking requests, recording stats, handing
+outputs to the event loop); ``vllm:late_dispatch_arrivals_total``, the requests that
+arrived in a late wait and joined the next step.
 """
 
 from __future__ import annotations
@@ -168,7 +170,14 @@ class PrometheusStatLogger(StatLoggerBase):
             ["model_name", "phase"],
             registry=reg,
         )
-        self.loop_seconds = {p: loop.labels(name, p) for p in ("step", "wait", "other")}
+        self.loop_seconds = {p: loop.labels(name, p) for p in ("step", "wait", "other", "late")}
+        self.late_arrivals = Counter(
+            "vllm:late_dispatch_arrivals_total",
+            "Requests that arrived while the engine loop waited beside a running step "
+            "(--late-dispatch) and joined the next step.",
+            ["model_name"],
+            registry=reg,
+        ).labels(name)
 
     def set_queue_lengths(self, running: int, waiting: int) -> None:
         """The two gauges; also called by the server right before a scrape, so that a
@@ -188,6 +197,9 @@ class PrometheusStatLogger(StatLoggerBase):
             self.inter_token_latency.observe(itl)
         self.loop_seconds["wait"].inc(stats.loop_wait_s)
         self.loop_seconds["other"].inc(stats.loop_other_s)
+        self.loop_seconds["late"].inc(stats.late_wait_s)
+        if stats.late_arrivals:
+            self.late_arrivals.inc(stats.late_arrivals)
         step = stats.step
         if step is not None:
             self.loop_seconds["step"].inc(step.total_s)

@@ -133,6 +133,10 @@ class IterationStats:
     step: StepStats | None = None
     loop_wait_s: float = 0.0
     loop_other_s: float = 0.0
+    # --late-dispatch: the loop's wait for requests beside a running step, and the
+    # requests that arrived in it (core_client.EngineCoreOutputs).
+    late_wait_s: float = 0.0
+    late_arrivals: int = 0
 
 
 class StatLoggerBase:

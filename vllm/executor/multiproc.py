@@ -130,9 +130,9 @@ class MultiprocExecutor(Executor):
         self._procs: dict[int, mp.Process] = {}
         self._conns: dict[int, Any] = {}
         self._reports: dict[int, tuple] = {}
-        self._driver = DriverThread()
-        self._store = open_store(world_size, timeout_s)
+        self._store = open_store(world_size, timeout_s)  # before anything it would leak
         port = self._store.port
+        self._driver = DriverThread()
         ctx = mp.get_context("spawn")
         for rank in range(1, world_size):
             ours, theirs = ctx.Pipe(duplex=True)
