@@ -6,6 +6,7 @@ the engine accepts can never fail later because of its parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -55,6 +56,16 @@ class SamplingParams:
     ``skip_special_tokens`` leaves special tokens out of the output text (True, vLLM's
     default) or keeps them; ``spaces_between_special_tokens`` is passed to the tokenizer's
     decode (only transformers' slow tokenizers use it, as in vLLM).
+
+    Penalties (vLLM's and OpenAI's meaning, applied to the logits before temperature and
+    the filters, greedy rows included): ``presence_penalty`` in [-2, 2] is subtracted from
+    every token already in the output, ``frequency_penalty`` in [-2, 2] times its count
+    there; ``repetition_penalty`` > 0 divides the positive logits of the tokens in the
+    prompt or the output by it and multiplies their negative ones (1: off).
+    ``logit_bias`` {token id: bias in [-100, 100]} is added to those logits (ids checked
+    against the vocabulary when the request is added). ``min_tokens``: until that many
+    tokens are out, the end-of-sequence token (unless ``ignore_eos``) and the
+    ``stop_token_ids`` cannot be drawn and stop strings do not end the output.
     """
 
     n: int = 1
@@ -73,6 +84,11 @@ class SamplingParams:
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -124,6 +140,50 @@ class SamplingParams:
                 f"{self.stop_token_ids!r}"
             )
         self.stop_token_ids = list(ids)
+        self._check_penalties()
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _finite(name, getattr(self, name))
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+            setattr(self, name, value)
+        self.repetition_penalty = _finite("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})"
+            )
+        bias = self.logit_bias
+        if bias is None or bias == {}:
+            self.logit_bias = None
+            return
+        if not isinstance(bias, dict):
+            raise ValueError(f"logit_bias must be a dict of token id to bias, got {bias!r}")
+        checked = {}
+        for token, value in bias.items():
+            if not _is_int(token) or token < 0:
+                raise ValueError(
+                    f"logit_bias keys must be token ids (integers >= 0), got {token!r}"
+                )
+            value = _finite(f"logit_bias[{token}]", value)
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {value}")
+            checked[token] = value
+        self.logit_bias = checked
+
+    @property
+    def has_penalties(self) -> bool:
+        """The output (and for repetition, the prompt) changes this request's logits: the
+        sampler keeps token counts for it."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
     @staticmethod
     def _stop_strings(stop) -> list[str]:
@@ -146,21 +206,5 @@ class SamplingParams:
         seed = None if self.seed is None else self.seed + index
         if seed is not None and seed > _SEED_MAX:
             seed -= 2**64
-        return SamplingParams(
-            n=1,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=seed,
-            stop=self.stop_strings or None,
-            stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos,
-            max_tokens=self.max_tokens,
-            logprobs=self.logprobs,
-            prompt_logprobs=self.prompt_logprobs,
-            output_kind=self.output_kind,
-            detokenize=self.detokenize,
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-        )
+        # Every field carried over (a new field cannot be forgotten here), checked again.
+        return dataclasses.replace(self, n=1, seed=seed, stop=self.stop_strings or None)

@@ -24,7 +24,14 @@ class SamplingMetadata:
     many top log-probabilities the row asks for (None: none). ``prompt_targets`` are the
     prompt tokens that the step's prompt-logprob rows predict (one each, in row order), with
     the ``prompt_k`` top log-probabilities at each. ``forget``: request ids whose generators
-    are no longer needed (requests that ended since the previous step)."""
+    (and token counts) are no longer needed (requests that ended since the previous step).
+
+    Logits processing, per row (``SamplingParams``' meaning): the three penalties;
+    ``penalty_init`` a list when the row's request samples for the first time with a
+    penalty (its output counts start from nothing; for a repetition penalty the list is the
+    prompt's ids), None otherwise (the worker has its counts, updated by every token it
+    sampled for it); ``banned`` token ids the row cannot draw this step (``min_tokens``
+    not reached: the end-of-sequence and stop token ids); ``logit_bias`` {token: bias}."""
 
     temperature: list[float] = field(default_factory=list)
     top_k: list[int] = field(default_factory=list)
@@ -33,11 +40,19 @@ class SamplingMetadata:
     seeds: list[int | None] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)
     logprobs: list[int | None] = field(default_factory=list)
+    presence_penalty: list[float] = field(default_factory=list)
+    frequency_penalty: list[float] = field(default_factory=list)
+    repetition_penalty: list[float] = field(default_factory=list)
+    penalty_init: list[list[int] | None] = field(default_factory=list)
+    banned: list[list[int]] = field(default_factory=list)
+    logit_bias: list[dict[int, float] | None] = field(default_factory=list)
     prompt_targets: list[int] = field(default_factory=list)
     prompt_k: int = 0
     forget: list[str] = field(default_factory=list)
 
-    _PER_ROW = ("temperature", "top_k", "top_p", "min_p", "seeds", "request_ids", "logprobs")
+    _PER_ROW = ("temperature", "top_k", "top_p", "min_p", "seeds", "request_ids", "logprobs",
+                "presence_penalty", "frequency_penalty", "repetition_penalty", "penalty_init",
+                "banned", "logit_bias")  # fmt: skip
 
     @property
     def greedy(self) -> list[bool]:

@@ -131,6 +131,20 @@ def test_streamed_text_never_shows_a_stop_string(llm):
     assert reason == ("stop", stop)
 
 
+def test_stop_strings_wait_for_min_tokens(llm):
+    """A stop string in the first token's text ends the output at once; with min_tokens 4
+    it is not looked for until more than 4 tokens are out (vLLM's rule)."""
+    prompt = [40, 41, 42]
+    free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    stop = free[0].outputs[0].text[:1]
+    early = SamplingParams(temperature=0.0, max_tokens=12, stop=stop)
+    out = llm.generate([prompt], early, use_tqdm=False)[0].outputs[0]
+    assert (len(out.token_ids), out.text, out.finish_reason) == (1, "", "stop")
+    held = SamplingParams(temperature=0.0, max_tokens=12, stop=stop, min_tokens=4)
+    out = llm.generate([prompt], held, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) > 4 and out.token_ids[:5] == free[0].outputs[0].token_ids[:5]
+
+
 def test_generation_ends_at_max_model_len(llm):
     prompt = [1] * 60
     out = llm.generate([prompt], SamplingParams(max_tokens=None, temperature=0.0), use_tqdm=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.entrypoints.utils import MODEL_NAME
+from tests.entrypoints.utils import MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL_NAME
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -186,3 +186,33 @@ def test_model_may_be_left_out(server):
     )
     assert r.status_code == 200, r.text
     assert r.json()["model"] == MODEL_NAME
+
+
+def test_penalties_min_tokens_and_logit_bias_are_served_as_offline(client, tiny_model_dir):
+    """OpenAI's presence_penalty, frequency_penalty and logit_bias (string token ids) and
+    vLLM's repetition_penalty and min_tokens reach the engine as SamplingParams would give
+    them offline: the same greedy ids; a +100 bias takes every token."""
+    from vllm import LLM, SamplingParams
+
+    prompt = [7, 12, 30, 12, 7, 99, 41]
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=10, temperature=0.0, presence_penalty=1.5,
+        frequency_penalty=0.5, logit_bias={"9": 3.0},
+        extra_body={"repetition_penalty": 1.4, "min_tokens": 4, "ignore_eos": True,
+                    "return_token_ids": True},
+    )  # fmt: skip
+    served = out.choices[0].token_ids
+    llm = LLM(str(tiny_model_dir), max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN)
+    params = SamplingParams(temperature=0.0, max_tokens=10, presence_penalty=1.5, min_tokens=4,
+                            frequency_penalty=0.5, logit_bias={9: 3.0}, repetition_penalty=1.4,
+                            ignore_eos=True)  # fmt: skip
+    plain = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    want, base = (llm.generate([{"prompt_token_ids": prompt}], p, use_tqdm=False)[0]
+                  for p in (params, plain))  # fmt: skip
+    del llm
+    assert served == want.outputs[0].token_ids
+    assert served != base.outputs[0].token_ids, "the fields changed nothing: a vacuous test"
+    bias = dict(prompt=prompt, max_tokens=4, temperature=0.0)
+    out = client.completions.create(model=MODEL_NAME, logit_bias={"9": 100},
+                                    extra_body={"return_token_ids": True}, **bias)  # fmt: skip
+    assert out.choices[0].token_ids == [9, 9, 9, 9]

@@ -52,7 +52,17 @@ BAD_REQUESTS = [
     ("stream_not_bool", "v1/completions", {**OK, "stream": "yes"}, "stream"),
     ("stream_options_without_stream", "v1/completions",
      {**OK, "stream_options": {"include_usage": True}}, None),
-    ("presence_penalty_unsupported", "v1/completions", {**OK, "presence_penalty": 0.5}, None),
+    ("presence_penalty_above_two", "v1/completions", {**OK, "presence_penalty": 2.5},
+     "presence_penalty"),
+    ("frequency_penalty_string", "v1/completions", {**OK, "frequency_penalty": "1"},
+     "frequency_penalty"),
+    ("repetition_penalty_zero", "v1/completions", {**OK, "repetition_penalty": 0},
+     "repetition_penalty"),
+    ("min_tokens_negative", "v1/completions", {**OK, "min_tokens": -1}, "min_tokens"),
+    ("min_tokens_above_max_tokens", "v1/completions", {**OK, "min_tokens": 3}, None),
+    ("logit_bias_key_not_an_id", "v1/completions", {**OK, "logit_bias": {"abc": 1}},
+     "logit_bias"),
+    ("logit_bias_out_of_vocab", "v1/completions", {**OK, "logit_bias": {"100000": 1}}, None),
     ("best_of_unsupported", "v1/completions", {**OK, "best_of": 3}, None),
     ("messages_missing", "v1/chat/completions", {"model": MODEL_NAME}, "messages"),
     ("messages_empty", "v1/chat/completions", {**CHAT_OK, "messages": []}, "messages"),
@@ -66,9 +76,8 @@ BAD_REQUESTS = [
     ("tokenize_prompt_number", "tokenize", {"prompt": 7}, "prompt"),
     # vLLM's extra fields this server does not implement: refused by name, never ignored.
     ("min_p_above_one", "v1/completions", {**OK, "min_p": 1.5}, "min_p"),
-    ("repetition_penalty_unsupported", "v1/completions", {**OK, "repetition_penalty": 1.2},
-     "repetition_penalty"),
-    ("min_tokens_unsupported", "v1/completions", {**OK, "min_tokens": 3}, "min_tokens"),
+    ("length_penalty_unsupported", "v1/completions", {**OK, "length_penalty": 1.2},
+     "length_penalty"),
     ("prompt_logprobs_unsupported", "v1/completions", {**OK, "prompt_logprobs": 1},
      "prompt_logprobs"),
     ("cache_salt_unsupported", "v1/completions", {**OK, "cache_salt": "tenant-a"}, "cache_salt"),
@@ -128,6 +137,12 @@ def test_token_ids_outside_the_vocabulary(server):
     r = post(server, "v1/completions", json={**OK, "prompt": [1, 2, 512]})
     error = assert_error_body(r, 400, "BadRequestError")
     assert "512" in error["message"] and "vocabulary" in error["message"]
+    r = post(server, "v1/completions", json={**OK, "logit_bias": {"512": 5}})
+    error = assert_error_body(r, 400, "BadRequestError")
+    assert "logit_bias token id 512 is outside the vocabulary" in error["message"], error
+    r = post(server, "v1/completions", json={**OK, "min_tokens": 3})  # max_tokens 2
+    error = assert_error_body(r, 400, "BadRequestError")
+    assert "min_tokens (3) must be at most max_tokens (2)" in error["message"], error
     assert_serves(server)
 
 

@@ -211,8 +211,8 @@ class EngineCore:
                 seq.token_ids, seq.num_computed_tokens, seq.slot, *self._kv_key(seq)
             )
         self.scheduler.finish(seq, reason)
-        if seq.params.seed is not None:
-            self._forget.append(seq.request_id)
+        if seq.params.seed is not None or seq.params.has_penalties:
+            self._forget.append(seq.request_id)  # its generator, its token counts
         del self.requests[seq.request_id]
 
     def materialise(self, slots) -> None:

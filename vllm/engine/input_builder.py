@@ -9,6 +9,8 @@ is still pending (``PENDING_TOKEN``: sampled by the step before, not read yet) t
 the device from that step's sampled tokens, at the row the sequence had there
 (``fill_dst``/``fill_src``). A sequence that asks for prompt logprobs has the rows of its
 chunk that predict a prompt token in ``prompt_rows``, their targets in the metadata.
+A sampled row's logits processing (``_processing``): its penalties, their start with its
+first token, and the tokens min_tokens bans while too few are out.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def build_step_inputs(
             sampled.append(seq)
             inp.sample_rows.append(len(ids) - 1)
     params = [seq.params for seq in sampled]
+    processing = [_processing(seq) for seq in sampled]
     inp.sampling = SamplingMetadata(
         temperature=[p.temperature for p in params],
         top_k=[p.top_k for p in params],
@@ -66,8 +69,30 @@ def build_step_inputs(
         seeds=[p.seed for p in params],
         request_ids=[seq.request_id for seq in sampled],
         logprobs=[p.logprobs for p in params],
+        presence_penalty=[p.presence_penalty for p in params],
+        frequency_penalty=[p.frequency_penalty for p in params],
+        repetition_penalty=[p.repetition_penalty for p in params],
+        penalty_init=[init for init, _ in processing],
+        banned=[banned for _, banned in processing],
+        logit_bias=[p.logit_bias for p in params],
         prompt_targets=targets,
         prompt_k=prompt_k,
         forget=forget,
     )
     return inp, sampled, spans
+
+
+def _processing(seq: Sequence) -> tuple[list[int] | None, list[int]]:
+    """(penalty_init, banned) of the row ``seq`` samples now. The tokens out so far count
+    the one still pending (it is in ``token_ids``)."""
+    p = seq.params
+    out = len(seq.token_ids) - seq.num_prompt_tokens
+    init = None
+    if p.has_penalties and out == 0:
+        init = list(seq.prompt_token_ids) if p.repetition_penalty != 1.0 else []
+    banned: list[int] = []
+    if out < p.min_tokens:
+        banned = list(p.stop_token_ids)
+        if not p.ignore_eos and seq.eos_token_id is not None:
+            banned.append(seq.eos_token_id)
+    return init, banned

@@ -84,16 +84,17 @@ class _Sample:
             if not self.detokenize or (eos_end and i == last):
                 continue
             delta = self.detok.step(self.all_ids)
-            if delta and self._stop_string(delta):
+            # min_tokens: stop strings count only after that many tokens (vLLM's rule).
+            if delta and self._stop_string(delta, len(self.token_ids) > self.params.min_tokens):
                 return True
         if out.finish_reason is not None:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         return False
 
-    def _stop_string(self, delta: str) -> bool:
+    def _stop_string(self, delta: str, armed: bool = True) -> bool:
         self.text += delta
         stops = self.params.stop_strings
-        if not stops:
+        if not stops or not armed:
             return False
         # Only the tail can hold a stop string that this delta completed.
         tail_from = max(0, len(self.text) - len(delta) - self.hold)

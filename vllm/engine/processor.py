@@ -43,6 +43,11 @@ class InputProcessor:
             k = getattr(params, name)
             if k is not None and k > MAX_LOGPROBS:
                 raise ValueError(f"{name} must be at most {MAX_LOGPROBS}, got {k}")
+        outside = [t for t in params.logit_bias or () if t >= self.vocab_size]
+        if outside:
+            raise ValueError(
+                f"logit_bias token id {outside[0]} is outside the vocabulary [0, {self.vocab_size})"
+            )
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

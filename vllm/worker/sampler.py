@@ -1,12 +1,14 @@
 """Sampler: next tokens from the last-token logits of a step, all rows at once.
 
-Greedy rows (temperature 0) take the argmax. The others are scaled by 1/temperature,
-filtered by min-p (tokens less likely than min_p times the row's most likely one), then
-top-k, then top-p (vLLM's order), and drawn with the exponential race (argmax of p / E with
-E ~ Exp(1), which picks token i with probability p_i): no host sync, and a request with a
-``seed`` draws its E from its own generator (kept by request id until the engine says the
-request ended), so its tokens do not depend on the batch. ``compute_logprobs`` gives the
-log-probabilities that ``logprobs`` and ``prompt_logprobs`` ask for, on the device too.
+The logits are first processed where a row asks for it (min_tokens' bans, logit_bias and
+the penalties: ``logits_processors.py``). Greedy rows (temperature 0) take the argmax.
+The others are scaled by 1/temperature, filtered by min-p (tokens less likely than min_p
+times the row's most likely one), then top-k, then top-p (vLLM's order), and drawn with
+the exponential race (argmax of p / E with E ~ Exp(1), which picks token i with
+probability p_i): no host sync, and a request with a ``seed`` draws its E from its own
+generator (kept by request id until the engine says the request ended), so its tokens do
+not depend on the batch. ``compute_logprobs`` gives the log-probabilities that
+``logprobs`` and ``prompt_logprobs`` ask for, on the device too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm.step_io import LogprobLists, SamplingMetadata
+from vllm.worker.logits_processors import TokenCounts, process
 from vllm.worker.utils import async_tensor_h2d
 
 
@@ -25,6 +28,7 @@ class Sampler:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._seq_generators: dict[str, torch.Generator] = {}
+        self.token_counts = TokenCounts(self.device)  # the penalties' (logits_processors.py)
 
     def _generator(self, request_id: str, seed: int) -> torch.Generator:
         gen = self._seq_generators.get(request_id)
@@ -34,13 +38,24 @@ class Sampler:
         return gen
 
     def forget(self, request_ids: Iterable[str]) -> None:
+        request_ids = list(request_ids)
         for rid in request_ids:
             self._seq_generators.pop(rid, None)
+        self.token_counts.forget(request_ids)
 
     @torch.no_grad()
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """``logits`` (len(md), vocab) fp32 -> one token id per row, as an int64 tensor on
-        the logits' device, without a host sync."""
+        the logits' device, without a host sync. The logits are processed first (bans,
+        bias, penalties: ``logits_processors.py``); the penalised rows' tokens are counted."""
+        logits, penalised = process(logits, md, self.token_counts)
+        tokens = self._draw(logits, md)
+        if penalised is not None:
+            rows, idx = penalised
+            self.token_counts.record(rows, tokens.index_select(0, idx))
+        return tokens
+
+    def _draw(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         greedy = logits.argmax(-1)
         is_greedy = md.greedy
         if all(is_greedy):

@@ -37,12 +37,8 @@ from vllm.engine.tokenizer import get_tokenizer
 from vllm.entrypoints.cli.startup import run_or_exit
 from vllm.entrypoints.openai.async_tokenizer import AsyncTokenizer
 from vllm.entrypoints.openai.errors import APIError, from_validation_error
-from vllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    tokenize_request_type,
-)
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vllm.entrypoints.openai.protocol_tokenize import DetokenizeRequest, tokenize_request_type
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels

@@ -61,6 +61,12 @@ class _SamplingFields(RequestModel, SamplingExtras):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_tokens: int = Field(default=0, ge=0)
+    # OpenAI's: token ids as strings; biases clamped to [-100, 100], as vLLM does.
+    logit_bias: dict[str, float] | None = None
     seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -72,6 +78,18 @@ class _SamplingFields(RequestModel, SamplingExtras):
     user: str | None = None
     # vLLM's: the prompt's and each choice's token ids in the response (serving_*.py).
     return_token_ids: bool | None = False
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[int, float] | None:
+        if not value:
+            return None
+        out = {}
+        for key, bias in value.items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (digits), got {key!r}")
+            out[int(key)] = min(100.0, max(-100.0, bias))
+        return out
 
     @model_validator(mode="after")
     def _check_common(self):
@@ -351,38 +369,3 @@ class ModelCard(OpenAIBaseModel):
 class ModelList(OpenAIBaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard] = Field(default_factory=list)
-
-
-class TokenizeCompletionRequest(RequestModel):
-    model: str | None = None
-    prompt: str
-    add_special_tokens: bool = True
-
-
-class TokenizeChatRequest(RequestModel):
-    model: str | None = None
-    messages: list[ChatMessageParam] = Field(min_length=1)
-    add_generation_prompt: bool = True
-    add_special_tokens: bool = False
-
-
-class TokenizeResponse(OpenAIBaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-
-
-class DetokenizeRequest(RequestModel):
-    model: str | None = None
-    tokens: list[TokenId]
-
-
-class DetokenizeResponse(OpenAIBaseModel):
-    prompt: str
-
-
-def tokenize_request_type(body: Any) -> type[TokenizeCompletionRequest | TokenizeChatRequest]:
-    """/tokenize takes either shape, told apart by its "messages" key as vLLM does."""
-    if isinstance(body, dict) and "messages" in body:
-        return TokenizeChatRequest
-    return TokenizeCompletionRequest

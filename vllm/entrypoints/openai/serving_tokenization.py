@@ -9,7 +9,7 @@ from http import HTTPStatus
 
 from vllm.entrypoints.openai.async_tokenizer import TokenizerProcessError
 from vllm.entrypoints.openai.errors import APIError
-from vllm.entrypoints.openai.protocol import (
+from vllm.entrypoints.openai.protocol_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,

@@ -1,9 +1,8 @@
 """Request fields OpenAI's API and vLLM's server take and this one does not implement.
 
 With ``extra="ignore"`` such a field would be dropped without a word, and the request
-served as if it had not been sent: a ``presence_penalty``, a ``logit_bias``, a
-``repetition_penalty``, a JSON ``response_format`` or a ``cache_salt`` silently without
-effect. Each is declared here
+served as if it had not been sent: a ``length_penalty``, ``bad_words``, a JSON
+``response_format`` or a ``cache_salt`` silently without effect. Each is declared here
 instead, as ``Any``, and refused (400, naming it) when it asks for something: a value other
 than the one that means "off". Sent at that value (clients that fill in defaults), it is
 accepted, since the request then means what this server does.
@@ -36,18 +35,13 @@ def _off(value: Any, *offs: Any) -> bool:
 
 # name: (values that mean "off", what to say instead). Hints point at what this server has.
 SAMPLING_FIELDS: dict[str, tuple[tuple, str]] = {
-    "presence_penalty": ((0.0,), "leave it at 0"),
-    "frequency_penalty": ((0.0,), "leave it at 0"),
-    "logit_bias": ((), "no logits processors"),
-    "repetition_penalty": ((1.0,), "leave it at 1"),
     "length_penalty": ((1.0,), "leave it at 1"),
     "use_beam_search": ((False,), "beam search is not implemented"),
-    "min_tokens": ((0,), "leave it at 0"),
     "include_stop_str_in_output": ((False,), "stop strings are left out of the output"),
     "truncate_prompt_tokens": ((), "send the prompt truncated"),
-    "allowed_token_ids": ((), "no logits processors"),
-    "bad_words": ((), "no logits processors"),
-    "logits_processors": ((), "no logits processors"),
+    "allowed_token_ids": ((), "use logit_bias"),
+    "bad_words": ((), "use logit_bias"),
+    "logits_processors": ((), "no custom logits processors"),
     "prompt_logprobs": ((), "completions give prompt logprobs with echo and logprobs"),
     "priority": ((0,), "requests are served first come, first served"),
     "return_tokens_as_token_ids": ((False,), "use return_token_ids"),
