@@ -92,59 +92,50 @@ def _core(client: InprocClient, device_s: float | None = None, ahead_s: float = 
     return core
 
 
-def test_deadline_needs_the_option_and_a_step_ahead_of_the_host():
-    client = InprocClient(
-        EngineArgs(CONFIG, **{**OPTS, "late_dispatch": True}).create_engine_config()
-    )
-    try:
-        core = _core(client, device_s=30.0)
-        last = core.last_step
-        host = last.schedule_s + last.dispatch_s
-        want = core._read_done_at + 30.0 - late_dispatch.HOST_FACTOR * host - late_dispatch.MARGIN_S
-        assert core.dispatch_deadline() == pytest.approx(want)
-        assert late_dispatch.deadline(core, now=want + 1e-3) is None  # already past
-        core.config.late_dispatch = False
-        assert core.dispatch_deadline() is None
-    finally:
-        client.shutdown()
+@pytest.fixture
+def client():
+    """The real in-thread loop's client of a CPU engine with --late-dispatch."""
+    config = EngineArgs(CONFIG, **{**OPTS, "late_dispatch": True}).create_engine_config()
+    client = InprocClient(config)
+    yield client
+    client.shutdown()
 
 
-def test_an_arrival_ends_the_wait_and_joins_the_next_step():
-    client = InprocClient(
-        EngineArgs(CONFIG, **{**OPTS, "late_dispatch": True}).create_engine_config()
-    )
-    try:
-        core = _core(client, device_s=30.0)  # a wait far longer than the test
-        t0 = time.perf_counter()
-        timer = threading.Timer(0.3, lambda: (core.add_request(
-            EngineCoreRequest("late", [9, 9], GREEDY)), client.poke()))  # fmt: skip
-        timer.start()
-        assert client.wait_for_output() is None  # the poke ended the wait
-        waited = time.perf_counter() - t0
-        assert 0.25 < waited < 10.0
-        result = client.wait_for_output()  # steps at once: the arrival is queued
-        assert result is not None and result.late_arrivals == 1
-        assert 0.25 < result.late_wait_s < 10.0
-        assert result.step.num_prefill_tokens == 2, "the arrival went into this very step"
-        timer.join()
-    finally:
-        client.shutdown()
+def test_deadline_needs_the_option_and_a_step_ahead_of_the_host(client):
+    core = _core(client, device_s=30.0)
+    last = core.last_step
+    host = last.schedule_s + last.dispatch_s
+    want = core._read_done_at + 30.0 - late_dispatch.HOST_FACTOR * host - late_dispatch.MARGIN_S
+    assert core.dispatch_deadline() == pytest.approx(want)
+    assert late_dispatch.deadline(core, now=want + 1e-3) is None  # already past
+    core.config.late_dispatch = False
+    assert core.dispatch_deadline() is None
 
 
-def test_without_an_arrival_the_step_goes_at_the_deadline():
-    client = InprocClient(
-        EngineArgs(CONFIG, **{**OPTS, "late_dispatch": True}).create_engine_config()
-    )
-    try:
-        core = _core(client, ahead_s=0.6)
-        deadline = core.dispatch_deadline()
-        assert deadline == pytest.approx(core._read_done_at + 0.6)
-        result = client.wait_for_output()
-        assert result is not None and result.late_arrivals == 0
-        assert time.perf_counter() >= deadline
-        assert result.late_wait_s > 0.2
-    finally:
-        client.shutdown()
+def test_an_arrival_ends_the_wait_and_joins_the_next_step(client):
+    core = _core(client, device_s=30.0)  # a wait far longer than the test
+    t0 = time.perf_counter()
+    timer = threading.Timer(0.3, lambda: (core.add_request(
+        EngineCoreRequest("late", [9, 9], GREEDY)), client.poke()))  # fmt: skip
+    timer.start()
+    assert client.wait_for_output() is None  # the poke ended the wait
+    waited = time.perf_counter() - t0
+    assert 0.25 < waited < 10.0
+    result = client.wait_for_output()  # steps at once: the arrival is queued
+    assert result is not None and result.late_arrivals == 1
+    assert 0.25 < result.late_wait_s < 10.0
+    assert result.step.num_prefill_tokens == 2, "the arrival went into this very step"
+    timer.join()
+
+
+def test_without_an_arrival_the_step_goes_at_the_deadline(client):
+    core = _core(client, ahead_s=0.6)
+    deadline = core.dispatch_deadline()
+    assert deadline == pytest.approx(core._read_done_at + 0.6)
+    result = client.wait_for_output()
+    assert result is not None and result.late_arrivals == 0
+    assert time.perf_counter() >= deadline
+    assert result.late_wait_s > 0.2
 
 
 def test_late_dispatch_needs_async_scheduling():
