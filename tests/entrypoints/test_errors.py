@@ -62,6 +62,8 @@ BAD_REQUESTS = [
     ("min_tokens_above_max_tokens", "v1/completions", {**OK, "min_tokens": 3}, None),
     ("logit_bias_key_not_an_id", "v1/completions", {**OK, "logit_bias": {"abc": 1}},
      "logit_bias"),
+    ("logit_bias_key_not_ascii", "v1/completions", {**OK, "logit_bias": {"\u00b2": 1}},
+     "logit_bias"),
     ("logit_bias_out_of_vocab", "v1/completions", {**OK, "logit_bias": {"100000": 1}}, None),
     ("best_of_unsupported", "v1/completions", {**OK, "best_of": 3}, None),
     ("messages_missing", "v1/chat/completions", {"model": MODEL_NAME}, "messages"),

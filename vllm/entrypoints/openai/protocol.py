@@ -86,7 +86,7 @@ class _SamplingFields(RequestModel, SamplingExtras):
             return None
         out = {}
         for key, bias in value.items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):
                 raise ValueError(f"logit_bias keys must be token ids (digits), got {key!r}")
             out[int(key)] = min(100.0, max(-100.0, bias))
         return out
