@@ -50,8 +50,9 @@ class EngineConfig:
     (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32
     whatever it is, and read and write the pool in it. ``async_scheduling`` dispatches
     each step before the host reads the previous step's tokens (``llm_engine.py``);
-    ``late_dispatch`` (off by default; needs it) has the serving loop wait for new requests
-    until just before the device ends its step (``engine/late_dispatch.py``).
+    ``late_dispatch`` (None, the default: on with async scheduling; True needs it) has the
+    serving loop wait for new requests until just before the device ends its step
+    (``engine/late_dispatch.py``).
     ``max_model_len`` bounds prompt + output tokens (a longer prompt is refused, and
     generation stops there with finish reason "length"); None takes the config's
     ``max_position_embeddings``, else 2048 (vLLM's fallback). ``served_model_name`` is the
@@ -130,7 +131,7 @@ class EngineConfig:
     enforce_eager: bool = False
     mamba_ssm_cache_dtype: str = "float32"
     async_scheduling: bool = True
-    late_dispatch: bool = False
+    late_dispatch: bool | None = None
     max_model_len: int | None = None
     served_model_name: str | None = None
     block_size: int = 16
@@ -201,6 +202,8 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes each step"
             )
+        if self.late_dispatch is None:
+            self.late_dispatch = self.async_scheduling
         if self.late_dispatch and not self.async_scheduling:
             raise ValueError(
                 "late_dispatch (--late-dispatch) needs async scheduling: without it every "

@@ -47,7 +47,7 @@ class EngineArgs:
     enforce_eager: bool = False
     mamba_ssm_cache_dtype: str = "float32"
     async_scheduling: bool = True
-    late_dispatch: bool = False
+    late_dispatch: bool | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
@@ -247,7 +247,7 @@ class EngineArgs:
             default=d["late_dispatch"],
             help="under async scheduling, wait for new requests until just before the device "
             "ends its decode step, so that one arriving meanwhile joins the next step (one "
-            "step less of time to first token; default off)",
+            "step less of time to first token; default: on with async scheduling)",
         )
         return parser
 

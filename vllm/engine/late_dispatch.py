@@ -1,5 +1,6 @@
 """Late dispatch: under async scheduling, wait for new requests until just before the
-device finishes the step it runs, then schedule the next one (``--late-dispatch``).
+device finishes the step it runs, then schedule the next one (``--late-dispatch``, on by
+default with async scheduling; ``--no-late-dispatch``).
 
 Async scheduling dispatches step k+1 while the device runs step k, so the device never
 waits for the host. The engine loop schedules k+1 as soon as it has read step k-1, that is
