@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.models.hf_builders import make_bamba_hf
-from tests.models.hybrid_utils import engine, save_checkpoint, tokens
+from tests.models.hybrid_utils import engine, hf_greedy, save_checkpoint, tokens
 from vllm import SamplingParams
 
 PROMPTS = [tokens(n, "pen", n) for n in (3, 21, 9)]
@@ -29,20 +29,6 @@ def bamba(tmp_path_factory):
     return hf, save_checkpoint(hf, tmp_path_factory.mktemp("bamba"))
 
 
-@torch.no_grad()
-def _hf_generate(hf, prompt: list[int], n: int, **kw) -> list[int]:
-    """HF generate's greedy tokens; EOS only where ``kw`` names one."""
-    eos = hf.generation_config.eos_token_id
-    hf.generation_config.eos_token_id = kw.pop("eos_token_id", None)
-    try:
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                          dtype=torch.long), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                          **kw)  # fmt: skip
-    finally:
-        hf.generation_config.eos_token_id = eos
-    return out[0, len(prompt) :].tolist()
-
-
 def test_repetition_penalty_equals_hf(bamba):
     hf, path = bamba
     llm = engine(path)
@@ -51,7 +37,7 @@ def test_repetition_penalty_equals_hf(bamba):
                                 repetition_penalty=penalty)  # fmt: skip
         outs = llm.generate(PROMPTS, params, use_tqdm=False)
         for prompt, out in zip(PROMPTS, outs, strict=True):
-            want = _hf_generate(hf, prompt, 10, repetition_penalty=penalty)
+            want = hf_greedy(hf, prompt, 10, repetition_penalty=penalty)
             assert out.outputs[0].token_ids == want, (penalty, len(prompt))
     plain = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=10,
                          ignore_eos=True), use_tqdm=False)  # fmt: skip
@@ -71,7 +57,7 @@ def test_min_tokens_holds_a_stop_token_back_as_hf_does(bamba):
                                 stop_token_ids=[stop], min_tokens=4)  # fmt: skip
         got = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
         assert stop not in got[:4]
-        assert got == _hf_generate(hf, prompt, 12, min_new_tokens=4, eos_token_id=stop)
+        assert got == hf_greedy(hf, prompt, 12, eos_token_id=stop, min_new_tokens=4)
 
 
 def _check_presence_and_frequency(llm) -> None:

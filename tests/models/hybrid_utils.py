@@ -66,13 +66,14 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-@torch.no_grad()
-def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+def hf_greedy(hf, prompt: list[int], n: int, eos_token_id=None, **generate_kwargs) -> list[int]:
     """HF ``generate``'s n greedy tokens with EOS an ordinary token, as ``ignore_eos``
     makes it for us: no EOS stops it and none is forbidden (``min_new_tokens`` would keep n
-    by forbidding EOS, and differ from us wherever EOS is the argmax)."""
+    by forbidding EOS, and differ from us wherever EOS is the argmax). ``eos_token_id``:
+    an EOS that ends it (then fewer than n may come back); ``generate_kwargs``: HF's logits
+    processors (``repetition_penalty``, ``min_new_tokens``)."""
     eos = hf.generation_config.eos_token_id
-    hf.generation_config.eos_token_id = None
+    hf.generation_config.eos_token_id = eos_token_id
     try:
         out = hf.generate(
             torch.tensor([prompt]),
@@ -80,11 +81,12 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
             max_new_tokens=n,
             do_sample=False,
             pad_token_id=0,
+            **generate_kwargs,
         )
     finally:
         hf.generation_config.eos_token_id = eos
     got = out[0, len(prompt) :].tolist()
-    assert len(got) == n, got
+    assert len(got) == n or eos_token_id is not None, got
     return got
 
 
