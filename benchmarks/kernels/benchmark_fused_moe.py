@@ -117,8 +117,8 @@ class Case:
         two GEMMs per (token, k) pair."""
         es = self.x.element_size()
         used = torch.unique(self.ids).numel()
-        rows = self.w13.shape[1]
-        nbytes = used * (rows + self.hidden) * self.inter * es + 2 * self.x.numel() * es
+        rows = self.w13.shape[1]  # w13[e] (rows, H), w2[e] (H, I)
+        nbytes = used * self.hidden * (rows + self.inter) * es + 2 * self.x.numel() * es
         flops = 2 * self.ids.numel() * (rows + self.inter) * self.hidden
         return float(nbytes), float(flops)
 

@@ -14,7 +14,14 @@ top 6, SwiGLU; ``GRANITE_4_0_H_TINY``), the MoE model of the end-to-end benchmar
 Per (shape, bucket), starting from the entry the op reads now (``launch_config``): first
 BLOCK_M (shared by the alignment and both GEMMs) with the gate/up tile, each of
 ``GATE_UP[bucket]`` at each of ``BLOCK_M[bucket]`` (down as the entry has it); then the
-down tile, each of ``DOWN[bucket]`` at the winner. The lists come from the compile report
+down tile, each of ``DOWN[bucket]`` at the winner; then, each from that winner, every
+other ``GROUP_SIZE_M`` of ``GROUPS`` for gate/up and for down (the grid order: 1, a row
+block's column blocks side by side, upstream's order; 1024, every row block per column
+block, the order before the swizzle) and the other side of ``MASK_ROWS`` (padding rows
+load nothing) in both GEMMs; last, where the step has at most E pairs, the other side of
+the unsorted path at the best so far (``align.max_unsorted_pairs``: 0 if the step skips
+the alignment now, else its pairs). These two stages compile their candidates together
+just before timing them. The lists come from the compile report
 (``moe_compile_report``, docs/fused_moe.md): BLOCK_M >= 64 where tokens allow (wgmma; 16
 and 32 compile to mma.sync), 8 warps with the large tiles, no spilling variant. Every
 candidate of a shape is compiled first, in parallel (``launch.precompile``); each is then
@@ -26,11 +33,13 @@ with a ``meta`` block (command, commit, device, date, Triton, the default's and 
 winner's time per case).
 
 Budget (the two benchmark shapes on an H200, the default arguments): per case at most
-2 x 5 + 4 = 14 candidates (6 buckets x 2 shapes: at most 168 timings of 10 cold calls,
-each ~0.5 ms of flush and sleep plus the call, under 10 s in all, and 12 fp32 references,
-seconds). Compiles dominate: about 50 distinct kernel variants per shape at ~3 s each,
-over 16 cores in parallel threads, ~30 s per shape. With start-up and weights (Granite's
-1.8 GB drawn once) about 2 minutes; the three shapes stay under 4.
+2 x 5 + 4 + 2 x 2 + 1 + 1 = 20 candidates (6 buckets x 2 shapes: at most 240 timings of
+10 cold calls, each ~0.5 ms of flush and sleep plus the call, under 15 s in all, and 12
+fp32 references, seconds). Compiles dominate: about 50 distinct kernel variants per shape
+at ~3 s each, over 16 cores in parallel threads, ~30 s per shape, then up to 6 per case
+for the last two stages (two parallel compiles of ~3 s per case, ~40 s per shape). With
+start-up and weights (Granite's 1.8 GB drawn once) about 3.5 minutes; the three shapes
+stay under 6.
 """
 
 from __future__ import annotations
@@ -75,8 +84,11 @@ DOWN = {1: _SMALL_DOWN, 16: _SMALL_DOWN, 64: _SMALL_DOWN, 256: _LARGE_DOWN,
         1024: _LARGE_DOWN, 4096: _LARGE_DOWN}  # fmt: skip
 SMOKE_LISTS = ({1: (16,), 16: (16, 32)}, [_tile(16, 32, 1, 1), _tile(32, 16, 1, 1)],
                [_tile(16, 16, 1, 1), _tile(32, 32, 1, 1)])  # fmt: skip
+# GROUP_SIZE_M: upstream's order (1), groups of 8 row blocks, the old column-major order.
+GROUPS = (1, 8, 1024)
+SMOKE_GROUPS = (1, 3)
 
-PARTS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+PARTS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "GROUP_SIZE_M", "MASK_ROWS")
 
 
 def resolved(entry: dict, part: str) -> dict:
@@ -128,8 +140,37 @@ class Sweep:
         return rel(self.run(tokens, entry), self.refs[tokens])
 
 
+def with_part(entry: dict, part: str, **given) -> dict:
+    """A copy of ``entry`` with ``given`` set in its ``part`` dict (``align``, ``down``...)."""
+    out = json.loads(json.dumps(entry))
+    out[part] = {**out.get(part, {}), **given}
+    return out
+
+
+def order_candidates(entry: dict, part: str, groups) -> list[dict]:
+    have = resolved(entry, part).get("GROUP_SIZE_M", 1)
+    return [with_part(entry, part, GROUP_SIZE_M=g) for g in groups if g != have]
+
+
+def mask_candidates(entry: dict) -> list[dict]:
+    """Both GEMMs with the other side of MASK_ROWS (on by default for BLOCK_M <= 64)."""
+    now = resolved(entry, "gate_up").get("MASK_ROWS", entry["BLOCK_M"] <= 64)
+    return [with_part(with_part(entry, "gate_up", MASK_ROWS=not now), "down", MASK_ROWS=not now)]
+
+
+def unsorted_candidates(entry: dict, tokens: int, shape) -> list[dict]:
+    """The other side of the unsorted path where the step could take it (pairs <= E)."""
+    _, experts, _, top_k, _ = shape
+    pairs = tokens * top_k
+    if pairs > experts:
+        return []
+    now = entry.get("align", {}).get("max_unsorted_pairs", experts // 4)
+    return [with_part(entry, "align", max_unsorted_pairs=0 if pairs <= now else pairs)]
+
+
 def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
-    block_ms, ups, downs = (lst[tokens] if isinstance(lst, dict) else lst for lst in lists)
+    block_ms, ups, downs = (lst[tokens] if isinstance(lst, dict) else lst for lst in lists[:3])
+    groups = lists[3]
     base = sweep.fm.launch_config(tokens, *_shape_args(sweep.shape), args.dtype)
 
     def timed(entry):
@@ -152,6 +193,16 @@ def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
     for down in downs if winner is not None else ():  # none passed: nothing to build on
         entry = candidate(base, winner["BLOCK_M"], winner["gate_up"], down)
         best = min(best, (timed(entry), entry), key=lambda r: r[0])
+    # Each stage's candidates come from the best entry so far and compile together.
+    stages = (lambda e: [*order_candidates(e, "gate_up", groups),
+                         *order_candidates(e, "down", groups), *mask_candidates(e)],
+              lambda e: unsorted_candidates(e, tokens, sweep.shape))  # fmt: skip
+    for stage in stages if winner is not None else ():
+        entries = stage(best[1])
+        if entries:
+            sweep.precompile([(tokens, e) for e in entries])
+        for entry in entries:
+            best = min(best, (timed(entry), entry), key=lambda r: r[0])
     us, entry = best
     if not us < default_us:  # nothing beat what the op reads now: keep it
         us, entry = default_us, base
@@ -165,8 +216,15 @@ def _shape_args(shape) -> tuple[int, int, int]:
 
 def _short(entry: dict) -> str:
     u, d = resolved(entry, "gate_up"), resolved(entry, "down")
-    cut = lambda t: f"N{t['BLOCK_N']} K{t['BLOCK_K']} w{t['num_warps']} s{t['num_stages']}"  # noqa: E731
-    return f"M{entry['BLOCK_M']} up[{cut(u)}] down[{cut(d)}]"
+
+    def cut(t):
+        g, mask = t.get("GROUP_SIZE_M", 1), t.get("MASK_ROWS", entry["BLOCK_M"] <= 64)
+        tile = f"N{t['BLOCK_N']} K{t['BLOCK_K']} w{t['num_warps']} s{t['num_stages']}"
+        return f"{tile} g{g}{' mask' if mask else ''}"
+
+    unsorted = entry.get("align", {}).get("max_unsorted_pairs")
+    tail = "" if unsorted is None else f" unsorted<={unsorted}"
+    return f"M{entry['BLOCK_M']} up[{cut(u)}] down[{cut(d)}]{tail}"
 
 
 def all_entries(sweep: Sweep, buckets, lists, dtype) -> list[tuple[int, dict]]:
@@ -174,7 +232,7 @@ def all_entries(sweep: Sweep, buckets, lists, dtype) -> list[tuple[int, dict]]:
     parallel precompile: a down variant depends on BLOCK_M and the down tile only."""
     out = []
     for t in buckets:
-        block_ms, ups, downs = (lst[t] if isinstance(lst, dict) else lst for lst in lists)
+        block_ms, ups, downs = (lst[t] if isinstance(lst, dict) else lst for lst in lists[:3])
         base = sweep.fm.launch_config(t, *_shape_args(sweep.shape), dtype)
         for bm in block_ms:
             out += [(t, candidate(base, bm, u, resolved(base, "down"))) for u in ups]
@@ -232,7 +290,7 @@ def main(argv=None) -> dict:
         if args.out is None:
             raise ValueError("--smoke needs --out DIR (the table goes to a temporary folder)")
         args.shape_table, args.device, args.dtype = SMOKE_SHAPES, "cpu", torch.float32
-        lists, timer, device = SMOKE_LISTS, None, "cpu (smoke)"
+        lists, timer, device = (*SMOKE_LISTS, SMOKE_GROUPS), None, "cpu (smoke)"
         default_tokens = "1,16"
     else:
         if not torch.cuda.is_available():
@@ -240,7 +298,8 @@ def main(argv=None) -> dict:
         from benchmarks.kernels.benchmark_utils import ColdTimer
 
         args.shape_table, args.device, args.dtype = SHAPES, "cuda", torch.bfloat16
-        lists, timer, device = (BLOCK_M, GATE_UP, DOWN), ColdTimer(), torch.cuda.get_device_name()
+        lists, device = (BLOCK_M, GATE_UP, DOWN, GROUPS), torch.cuda.get_device_name()
+        timer = ColdTimer()
         default_tokens = ",".join(map(str, BUCKETS))
     names = args.shapes or ",".join(args.shape_table if args.smoke else DEFAULT_SHAPES.split(","))
     names = names.split(",")

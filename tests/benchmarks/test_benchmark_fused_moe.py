@@ -17,7 +17,8 @@ def test_work_counts_used_experts_once():
     case = bench.Case((8, 4, 6, 2, True), 3, torch.float32, "cpu")
     case.ids = torch.tensor([[0, 1], [1, 0], [0, 1]], dtype=torch.int32)  # experts 0, 1
     nbytes, flops = case.work()
-    assert nbytes == 2 * (12 + 8) * 6 * 4 + 2 * 3 * 8 * 4
+    # Two experts' w13 (12, 8) and w2 (8, 6), x read and out written.
+    assert nbytes == 2 * (12 * 8 + 8 * 6) * 4 + 2 * 3 * 8 * 4
     assert flops == 2 * 6 * (12 + 6) * 8
 
 

@@ -62,9 +62,31 @@ def test_candidate_lists_follow_the_compile_findings():
             assert min(tune.BLOCK_M[bucket]) >= 64
     for tile in tune._LARGE_UP + tune._LARGE_DOWN:
         assert tile["BLOCK_K"] >= 64 and tile["num_stages"] >= 3
-    # The sweep's time budget: at most 14 timed candidates per case.
+    # The sweep's time budget: at most 14 timed tile candidates per case, then the grid
+    # order of each GEMM (GROUPS less the one the entry has) and the unsorted toggle.
     for b in tune.BUCKETS:
         assert len(tune.BLOCK_M[b]) * len(tune.GATE_UP[b]) + len(tune.DOWN[b]) <= 14
+    assert 1 in tune.GROUPS and 2 * (len(tune.GROUPS) - 1) + 1 + 1 <= 6
+
+
+def test_order_and_unsorted_candidates():
+    base = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3,
+            "down": {"BLOCK_N": 128, "GROUP_SIZE_M": 8}}  # fmt: skip
+    ups = tune.order_candidates(base, "gate_up", (1, 8, 1024))
+    assert [tune.resolved(c, "gate_up")["GROUP_SIZE_M"] for c in ups] == [8, 1024]
+    downs = tune.order_candidates(base, "down", (1, 8, 1024))
+    assert [c["down"] for c in downs] == [{"BLOCK_N": 128, "GROUP_SIZE_M": g} for g in (1, 1024)]
+    assert "gate_up" not in base and base["down"]["GROUP_SIZE_M"] == 8  # copies
+    [masked] = tune.mask_candidates(base)  # BLOCK_M 16: rows masked by default
+    assert masked["gate_up"]["MASK_ROWS"] is False and masked["down"]["MASK_ROWS"] is False
+    assert tune.mask_candidates(masked)[0]["down"]["MASK_ROWS"] is True
+    nano = tune.SHAPES["nemotron-3-nano"]  # 128 experts, top 6: unsorted up to 32 pairs
+    [off] = tune.unsorted_candidates(base, 1, nano)
+    assert off["align"] == {"max_unsorted_pairs": 0}
+    [on] = tune.unsorted_candidates(off, 1, nano)
+    assert on["align"] == {"max_unsorted_pairs": 6}
+    assert tune.unsorted_candidates(base, 16, nano)[0]["align"] == {"max_unsorted_pairs": 96}
+    assert tune.unsorted_candidates(base, 64, nano) == []  # 384 pairs > 128 experts
 
 
 def test_candidate_keeps_part_dicts_and_resolves_the_base():

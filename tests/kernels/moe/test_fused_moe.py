@@ -98,8 +98,11 @@ def test_precompile_registers_every_bucket_variant(device, kernels_only):
     assert report.variants["moe_down_kernel"] == 2
     assert report.variants["moe_sum_kernel"] == 1
     assert report.variants["moe_align_kernel"] == 2
-    # Every later step size selects a variant compiled above (decode to a torch-aligned
-    # prefill): no launch misses.
+    # The chunked alignment of larger steps: its count kernel has no BLOCK_M.
+    assert report.variants["moe_align_count_kernel"] == 1
+    assert report.variants["moe_align_place_kernel"] == 2
+    # Every later step size selects a variant compiled above (decode to a prefill aligned
+    # in chunks): no launch misses.
     before = launch_misses()
     for tokens in (1, 17, 64, 300, 600):
         (x, w13, w2, weights, ids), _ = _inputs(tokens, 2, 4, FP32, "silu", device)

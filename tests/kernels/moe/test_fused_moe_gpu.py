@@ -1,6 +1,7 @@
 """The fused-MoE op on the GPU: bf16/fp16/fp32 against the fp32 reference at layer-like
-shapes, no host sync on the whole path (router, alignment, kernels), and a CUDA-graph
-capture replayed with new inputs. Not run in this commit's session (no GPU)."""
+shapes (the unsorted path at one token over 64 experts), no host sync on the whole path
+(router, alignment, kernels), and a CUDA-graph capture replayed with new inputs; the
+alignment's kernels against its torch ops."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from tests.kernels.moe.moe_utils import TOLERANCES, distinct_ids, expert_weights, gen_for
+from vllm.model_executor.layers.fused_moe import moe_align
 from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_moe
 from vllm.model_executor.layers.fused_moe.fused_moe_ref import fused_experts_ref
 from vllm.model_executor.layers.fused_moe.moe_align import moe_align_block_size
@@ -46,9 +48,11 @@ def _run(x, logits, w13, w2):
     )  # fmt: skip
 
 
-def test_gpu_no_host_sync_and_cuda_graph_replay():
+# 1 token: unsorted (4 pairs <= 16 // 4); 8: the one-program alignment; 400: the chunked one.
+@pytest.mark.parametrize("tokens", [1, 8, 400])
+def test_gpu_no_host_sync_and_cuda_graph_replay(tokens):
     w13, w2 = (t.cuda() for t in expert_weights(16, H, I, torch.bfloat16, gen_for("w")))
-    x, logits = _layer_inputs(8)
+    x, logits = _layer_inputs(tokens)
     _run(x, logits, w13, w2)  # compile the kernels first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -64,18 +68,23 @@ def test_gpu_no_host_sync_and_cuda_graph_replay():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = _run(x, logits, w13, w2)
-    new_x, new_logits = _layer_inputs(9)
-    x.copy_(new_x[:8])
-    logits.copy_(new_logits[:8])
+    new_x, new_logits = _layer_inputs(tokens + 1)
+    x.copy_(new_x[:tokens])
+    logits.copy_(new_logits[:tokens])
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out, _run(x, logits, w13, w2), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("tokens, top_k, experts", [(128, 8, 128), (1, 8, 72), (300, 2, 16)])
-def test_gpu_alignment_kernel_equals_torch(tokens, top_k, experts):
+@pytest.mark.parametrize(
+    "tokens, top_k, experts", [(128, 8, 128), (1, 8, 72), (300, 2, 16), (4096, 6, 128)]
+)
+def test_gpu_alignment_kernels_equal_torch(tokens, top_k, experts, monkeypatch):
+    """The one-program kernel and the chunked kernels against the torch ops."""
     ids = distinct_ids(tokens, top_k, experts, gen_for("gpu-align", tokens)).cuda()
-    kernel = moe_align_block_size(ids, 16, experts, max_kernel_pairs=10**6)
-    torch_ = moe_align_block_size(ids, 16, experts, max_kernel_pairs=0)
-    for a, b in zip(kernel, torch_, strict=True):
-        assert torch.equal(a, b)
+    one = moe_align_block_size(ids, 64, experts, max_kernel_pairs=10**6)
+    chunks = moe_align_block_size(ids, 64, experts, max_kernel_pairs=0)
+    monkeypatch.setattr(moe_align, "_kernel_runs", lambda *args: False)
+    torch_ = moe_align_block_size(ids, 64, experts)
+    for a, b, c in zip(one, chunks, torch_, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, c)

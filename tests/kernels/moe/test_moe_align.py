@@ -1,5 +1,7 @@
 """``moe_align_block_size``: every (token, k) pair exactly once, grouped by expert, each
-expert's run padded to the block size with out-of-range ids, sizes fixed by the shapes."""
+expert's run padded to the block size with out-of-range ids, sizes fixed by the shapes;
+the one-program kernel, the two-launch chunked kernels and the torch ops give the same
+buffers."""
 
 from __future__ import annotations
 
@@ -20,21 +22,34 @@ CASES = [  # tokens, top_k, experts, block size
 ]
 
 
-@pytest.fixture(params=["kernel", "torch"])
+def small_chunks(monkeypatch) -> None:
+    """The chunked path with 16-pair tiles, one per chunk, and at most 32 rows per program
+    of the place kernel: many chunks, and more programs than chunks, at test sizes."""
+    monkeypatch.setattr(moe_align, "TILE_ELEMENTS", 16)
+    monkeypatch.setattr(moe_align, "MIN_CHUNK_TILES", 1)
+    monkeypatch.setattr(moe_align, "PLACE_ROWS", 32)
+
+
+@pytest.fixture(params=["kernel", "chunks", "torch"])
 def impl(request, monkeypatch, device):
-    """Which implementation runs: the other one raises if called."""
+    """Which implementation runs: the others raise if called."""
+    if request.param == "torch":
+        monkeypatch.setattr(moe_align, "_kernel_runs", lambda *args: False)
+        for name in ("_ALIGN", "_COUNT", "_PLACE"):  # any kernel launch would fail
+            monkeypatch.setattr(moe_align, name, None)
+        return dict(max_kernel_pairs=0)
+    if device.type == "cpu" and not moe_align._ALIGN.runs_cpu_tensors():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels were imported")
+
+    def no_torch(*args):
+        raise AssertionError("the torch alignment ran instead of the kernel")
+
+    monkeypatch.setattr(moe_align, "_align_torch", no_torch)
     if request.param == "kernel":
-        if device.type == "cpu" and not moe_align._ALIGN.runs_cpu_tensors():
-            pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels were imported")
-
-        def no_torch(*args):
-            raise AssertionError("the torch alignment ran instead of the kernel")
-
-        monkeypatch.setattr(moe_align, "_align_torch", no_torch)
+        monkeypatch.setattr(moe_align, "_COUNT", None)
         return dict(max_kernel_pairs=10**6)
-    monkeypatch.setattr(moe_align, "_kernel_runs", lambda *args: False)
-    monkeypatch.setattr(moe_align, "_ALIGN", None)  # any kernel launch would fail
-    return dict(max_kernel_pairs=0)
+    small_chunks(monkeypatch)
+    return dict(max_kernel_pairs=0)  # never the one-program kernel
 
 
 def check_alignment(topk_ids: torch.Tensor, num_experts: int, block: int, impl: dict) -> None:
@@ -77,15 +92,31 @@ def test_alignment_invariants(tokens, top_k, experts, block, impl, device):
     check_alignment(ids.long().to(device), experts, block, impl)
 
 
-def test_kernel_and_torch_agree_exactly(device):
+def _torch_alignment(monkeypatch, *args):
+    with monkeypatch.context() as m:
+        m.setattr(moe_align, "_kernel_runs", lambda *a: False)
+        return moe_align_block_size(*args)
+
+
+@pytest.mark.parametrize(
+    "shape, experts, block, chunks",
+    [((40, 3), 12, 8, "small"), ((40, 3), 12, 8, "default"), ((300, 6), 128, 64, "default"),
+     ((700, 4), 16, 16, "default"), ((90, 2), 5, 32, "small")],
+)  # fmt: skip
+def test_kernels_and_torch_agree_exactly(shape, experts, block, chunks, device, monkeypatch):
+    """Repeated experts in a token too (the contract does not need distinct ones); the
+    chunked path at its own sizes (300 x 6 over 128 experts: 8 chunks of 256 pairs) and
+    at many small chunks."""
     if device.type == "cpu" and not moe_align._ALIGN.runs_cpu_tensors():
         pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels were imported")
-    # Repeated experts in a token too (the contract does not need distinct ones).
-    ids = torch.randint(0, 12, (40, 3), generator=gen_for("agree")).to(device)
-    a = moe_align_block_size(ids, 8, 12, max_kernel_pairs=10**6)
-    b = moe_align_block_size(ids, 8, 12, max_kernel_pairs=0)
-    for x, y in zip(a, b, strict=True):
-        assert torch.equal(x, y)
+    ids = torch.randint(0, experts, shape, generator=gen_for("agree", shape)).to(device)
+    want = _torch_alignment(monkeypatch, ids, block, experts, 0)
+    if chunks == "small":
+        small_chunks(monkeypatch)
+    for max_kernel_pairs in (10**6, 0):  # one program, then chunks
+        got = moe_align_block_size(ids, block, experts, max_kernel_pairs)
+        for x, y in zip(got, want, strict=True):
+            assert torch.equal(x, y), max_kernel_pairs
 
 
 def test_one_expert_takes_every_pair(impl):

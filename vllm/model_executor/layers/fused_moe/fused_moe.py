@@ -8,11 +8,13 @@
 
 Steps, all on the device with no host sync (the launches depend on shapes only, so a
 decode step is CUDA-graph safe): ``moe_align_block_size`` (pairs sorted by expert, padded
-per expert to BLOCK_M: one kernel launch for small steps, torch ops for large ones), one
-launch of ``moe_gate_up_kernel`` (gate and up GEMMs with the activation fused), one of
-``moe_down_kernel`` (down GEMM with the routing weight fused, a row per pair), one of
-``moe_sum_kernel`` (the top-k sum; none for top_k == 1). Why no atomics:
-``fused_moe_kernels``' docstring.
+per expert to BLOCK_M: one kernel launch for small steps, torch ops for large ones; none
+for steps of at most ``align.max_unsorted_pairs`` pairs, E // 4 by default, where each
+pair is a block of its own), one launch of ``moe_gate_up_kernel`` (gate and up GEMMs with
+the activation fused), one of ``moe_down_kernel`` (down GEMM with the routing weight
+fused, a row per pair), one of ``moe_sum_kernel`` (the top-k sum; none for top_k == 1).
+Why no atomics, and the GEMMs' grid order (``GROUP_SIZE_M``): ``fused_moe_kernels``'
+docstring.
 
 Tensors: ``x`` (tokens, H) fp32/fp16/bf16, the weights in x's dtype, ``topk_weights``
 (tokens, top_k) float, ``topk_ids`` (tokens, top_k) int32/int64 in [0, E). Launch
@@ -43,6 +45,7 @@ from vllm.model_executor.layers.fused_moe.moe_align import (
 from vllm.model_executor.layers.fused_moe.router import select_experts
 from vllm.tensor_checks import FLOAT_DTYPES, check_tensor
 from vllm.triton_utils import configs, triton
+from vllm.triton_utils.host import recording
 from vllm.triton_utils.launch import CachedLauncher
 
 __all__ = ["fused_experts", "fused_moe", "launch_config"]
@@ -69,9 +72,11 @@ def launch_config(
     num_tokens: int, num_experts: int, hidden: int, inter: int, dtype: torch.dtype
 ) -> dict:
     """The table's entry for this shape and token bucket: BLOCK_M (rows per block, shared by
-    the alignment and both GEMMs), BLOCK_N, BLOCK_K, num_warps, num_stages for the gate/up
-    GEMM, optional ``down`` and ``sum`` dicts overriding them for the other launches, an
-    optional ``align`` dict (``max_kernel_pairs``, ``num_warps``: ``moe_align``). The
+    the alignment and both GEMMs), BLOCK_N, BLOCK_K, num_warps, num_stages, optional
+    GROUP_SIZE_M (the grid order, 1 by default) and MASK_ROWS (padding rows load nothing;
+    by default for BLOCK_M <= 64) for the gate/up GEMM, optional ``down`` and
+    ``sum`` dicts overriding them for the other launches, an optional ``align`` dict
+    (``max_kernel_pairs``, ``num_warps``: ``moe_align``; ``max_unsorted_pairs``). The
     most specific key found wins (E, H, I, dtype and bucket; dtype and bucket; bucket)."""
     return _config(token_bucket(num_tokens), num_experts, hidden, inter, dtype)
 
@@ -101,12 +106,36 @@ def _launch_options(cfg: dict) -> dict:
 def _gemm_constexprs(cfg: dict, part: str, n: int, k: int) -> dict:
     own = {**cfg, **cfg.get(part, {})}
     block_k = _tile(k, own["BLOCK_K"])
+    block_m = max(16, int(cfg["BLOCK_M"]))
     return dict(
-        BLOCK_M=max(16, int(cfg["BLOCK_M"])),
+        GROUP_SIZE_M=max(1, int(own.get("GROUP_SIZE_M", 1))),
+        MASK_ROWS=bool(own.get("MASK_ROWS", block_m <= 64)),
+        BLOCK_M=block_m,
         BLOCK_N=_tile(n, own["BLOCK_N"]),
         BLOCK_K=block_k,
         EVEN_K=k % block_k == 0,  # the K loop's loads need no mask
         **_launch_options(own),
+    )
+
+
+def _max_unsorted_pairs(cfg: dict, num_experts: int) -> int:
+    """Steps of at most this many pairs skip the alignment (``UNSORTED``): the table's
+    ``align.max_unsorted_pairs``, else E // 4 (upstream's rule: so few pairs that few
+    share an expert, whose weights a block per pair would read once per pair)."""
+    return int(cfg.get("align", {}).get("max_unsorted_pairs", num_experts // 4))
+
+
+def _unsorted(cfg: dict, topk_ids: torch.Tensor, num_experts: int) -> bool:
+    """One block per pair, ``topk_ids`` read as the blocks' experts: a tiny step whose ids
+    are int32, contiguous and 16-byte aligned (the alignment's own buffers are, so both
+    paths launch the same compiled kernels), and not inside ``precompile()``, which records
+    the sorted path to register the alignment kernel too."""
+    return (
+        topk_ids.numel() <= _max_unsorted_pairs(cfg, num_experts)
+        and topk_ids.dtype == torch.int32
+        and topk_ids.is_contiguous()
+        and topk_ids.data_ptr() % 16 == 0
+        and not recording()
     )
 
 
@@ -173,36 +202,42 @@ def fused_experts(
     cfg = launch_config(tokens, num_experts, hidden, inter, x.dtype)
     up = _gemm_constexprs(cfg, "gate_up", inter, hidden)
     down = _gemm_constexprs(cfg, "down", hidden, inter)
-    block_m = up["BLOCK_M"]
-    max_pairs, align_warps = _align_options(cfg)
-    sorted_ids, expert_ids, _ = moe_align_block_size(
-        topk_ids,
-        block_m,
-        num_experts,
-        max_pairs,
-        align_warps,
-        _align_variants(num_experts, hidden, inter, x.dtype),
-    )
     num_pairs = topk_ids.numel()
-    weights = topk_weights.reshape(-1)  # fp32 or x's dtype; read by pair id
+    unsorted = _unsorted(cfg, topk_ids, num_experts)
+    if unsorted:  # block p is pair p: no alignment launch
+        sorted_ids = expert_ids = topk_ids.view(-1)
+    else:
+        max_pairs, align_warps = _align_options(cfg)
+        sorted_ids, expert_ids, _ = moe_align_block_size(
+            topk_ids,
+            up["BLOCK_M"],
+            num_experts,
+            max_pairs,
+            align_warps,
+            _align_variants(num_experts, hidden, inter, x.dtype),
+        )
+    # Read by pair id, so with unit stride (reshape can return a strided view, e.g. of a
+    # one-token slice). fp32 or x's dtype.
+    weights = topk_weights.contiguous().view(-1)
     h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     y = out if top_k == 1 else torch.empty(tokens, top_k, hidden, dtype=x.dtype, device=x.device)
     y2 = y.view(num_pairs, hidden)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     num_blocks = expert_ids.shape[0]
+    shape = (num_experts, hidden, inter, top_k, x.dtype)
 
-    args = (x, w13, h, sorted_ids, expert_ids, num_pairs, hidden, inter, top_k,
+    args = (x, w13, h, sorted_ids, expert_ids, num_pairs, num_blocks, hidden, inter, top_k,
             *x.stride(), *w13.stride(), *h.stride())  # fmt: skip
     cx = dict(IS_ACT_AND_MUL=bool(is_act_and_mul), ACTIVATION=ACTIVATIONS[activation],
-              DOT_PRECISION=precision, **up)  # fmt: skip
-    grid = (num_blocks, triton.cdiv(inter, up["BLOCK_N"]))
-    _GATE_UP(grid, args, cx, _variants(cx, "gate_up", num_experts, hidden, inter, x.dtype))
+              DOT_PRECISION=precision, UNSORTED=unsorted, **up)  # fmt: skip
+    grid = (num_blocks * triton.cdiv(inter, up["BLOCK_N"]),)
+    _GATE_UP(grid, args, cx, _variants(cx, "gate_up", *shape))
 
-    args = (h, w2, y2, weights, sorted_ids, expert_ids, num_pairs, hidden, inter,
+    args = (h, w2, y2, weights, sorted_ids, expert_ids, num_pairs, num_blocks, hidden, inter,
             *h.stride(), *w2.stride(), *y2.stride())  # fmt: skip
-    cx = dict(DOT_PRECISION=precision, **down)
-    grid = (num_blocks, triton.cdiv(hidden, down["BLOCK_N"]))
-    _DOWN(grid, args, cx, _variants(cx, "down", num_experts, hidden, inter, x.dtype))
+    cx = dict(DOT_PRECISION=precision, UNSORTED=unsorted, **down)
+    grid = (num_blocks * triton.cdiv(hidden, down["BLOCK_N"]),)
+    _DOWN(grid, args, cx, _variants(cx, "down", *shape))
 
     if top_k > 1:
         cx = _sum_constexprs(cfg, top_k, hidden)
@@ -226,16 +261,22 @@ def _align_variants(num_experts, hidden, inter, dtype) -> tuple[tuple[int, int],
     return tuple(sorted(out))
 
 
-def _variants(given: dict, part: str, num_experts, hidden, inter, dtype):
-    """Every constexpr set the table can pick for this launch site (``precompile``)."""
+def _variants(given: dict, part: str, num_experts, hidden, inter, top_k, dtype):
+    """Every constexpr set the table can pick for this launch site (``precompile``): each
+    bucket's tiles, sorted, and unsorted too where a step of the bucket can be that small
+    (its fewest tokens, the previous bucket's plus one, have few enough pairs)."""
 
     def variants() -> list[dict]:
         seen = {}
+        fewest = 1
         for bucket in TOKEN_BUCKETS:
             cfg = launch_config(bucket, num_experts, hidden, inter, dtype)
             n, k = (inter, hidden) if part == "gate_up" else (hidden, inter)
-            c = {**given, **_gemm_constexprs(cfg, part, n, k)}
-            seen[tuple(sorted(c.items()))] = c
+            small = fewest * top_k <= _max_unsorted_pairs(cfg, num_experts)
+            for unsorted in (False, True) if small else (False,):
+                c = {**given, **_gemm_constexprs(cfg, part, n, k), "UNSORTED": unsorted}
+                seen[tuple(sorted(c.items()))] = c
+            fewest = bucket + 1
         return list(seen.values())
 
     return variants

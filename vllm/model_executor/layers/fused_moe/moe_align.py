@@ -15,15 +15,22 @@ expert wasting block_size - 1 rows, and at most min(num_experts, num_pairs) expe
 used, so ``num_blocks = cdiv(num_pairs + min(E, num_pairs) * (block_size - 1),
 block_size)``. Within an expert the pairs keep their order.
 
-Two implementations, both with no host sync (so a decode step that calls them can be
-captured in a CUDA graph), chosen by shape:
+Three implementations, all with no host sync (so a decode step that calls them can be
+captured in a CUDA graph) and the same buffers, chosen by shape where the kernels run
+(CUDA, or the interpreter on CPU):
 
 - up to ``max_kernel_pairs`` pairs (decode-sized steps), one launch of
   ``moe_align_kernel``: a single program counts, lays out the runs and places the pairs;
-  it runs where the other kernels run (CUDA, or the interpreter on CPU);
-- otherwise torch ops on the ids' device: ``scatter_add_`` counts (not ``bincount``,
-  whose CUDA path reads the maximum back), a stable sort, ``searchsorted``: about fifteen
-  small launches, negligible beside a prefill's GEMMs, and parallel over the pairs.
+- larger steps, two launches parallel over chunks of pairs (``moe_align_count_kernel``:
+  each chunk's counts per expert and each pair's rank in its chunk;
+  ``moe_align_place_kernel``: every program sums the chunks' counts, places its chunk's
+  pairs and writes its share of the padding and of ``expert_ids``), in place of the ~30
+  launches of the torch ops (a stable sort's several among them), ~60 us of small kernels
+  on an H200 at a 4096-token step against ~10;
+- where the kernels cannot run (CPU without the interpreter, more than
+  ``MAX_KERNEL_EXPERTS`` experts), torch ops on the ids' device: ``scatter_add_`` counts
+  (not ``bincount``, whose CUDA path reads the maximum back), a stable sort,
+  ``searchsorted``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,11 @@ from collections.abc import Sequence
 
 import torch
 
-from vllm.model_executor.layers.fused_moe.fused_moe_kernels import moe_align_kernel
+from vllm.model_executor.layers.fused_moe.fused_moe_kernels import (
+    moe_align_count_kernel,
+    moe_align_kernel,
+    moe_align_place_kernel,
+)
 from vllm.triton_utils import triton
 from vllm.triton_utils.host import recording
 from vllm.triton_utils.launch import CachedLauncher
@@ -43,8 +54,16 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_KERNEL_PAIRS = 1024
 TILE_ELEMENTS = 4096
 MAX_KERNEL_EXPERTS = 1024
+# The two-launch path: at most this many chunks (programs of the count kernel), each of at
+# least MIN_CHUNK_TILES one-hot tiles of pairs; at most PLACE_ROWS rows of padding per
+# program of the place kernel (more programs than chunks when the rows need them).
+MAX_CHUNKS = 128
+MIN_CHUNK_TILES = 8
+PLACE_ROWS = 512
 
 _ALIGN = CachedLauncher(moe_align_kernel)
+_COUNT = CachedLauncher(moe_align_count_kernel)
+_PLACE = CachedLauncher(moe_align_place_kernel)
 
 
 def max_num_blocks(num_pairs: int, num_experts: int, block_size: int) -> int:
@@ -63,10 +82,11 @@ def moe_align_block_size(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted_token_ids, expert_ids, num_tokens_post_padded) as in the module docstring.
     ``topk_ids`` must hold expert ids in [0, num_experts) (not checked: that would read the
-    device). Steps of up to ``max_kernel_pairs`` pairs take the one-program kernel where it
-    can run (0: never), launched with ``num_warps``. Inside ``precompile()`` the kernel's
-    variants for every (block_size, num_warps) of ``variant_configs`` (the caller's table)
-    are registered whichever path this step takes, so a later decode step compiles none."""
+    device). Where the kernels run, steps of up to ``max_kernel_pairs`` pairs take the
+    one-program kernel (0: never) and larger ones the two-launch path, each launched with
+    ``num_warps``. Inside ``precompile()`` both paths' variants for every (block_size,
+    num_warps) of ``variant_configs`` (the caller's table) are registered whichever path
+    this step takes, so a later step compiles none."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2:
         shape = getattr(topk_ids, "shape", None)
         raise ValueError(f"topk_ids must be (num_tokens, top_k), got {shape}")
@@ -83,23 +103,58 @@ def moe_align_block_size(
     expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=device)
     total = torch.empty(1, dtype=torch.int32, device=device)
     runs = num_pairs > 0 and _kernel_runs(topk_ids, num_experts)
-    use_kernel = runs and num_pairs <= max_kernel_pairs
-    if use_kernel or (runs and recording()):
-        experts = triton.next_power_of_2(num_experts)
-        chunk = max(16, min(256, TILE_ELEMENTS // experts))
-        args = (topk_ids.reshape(-1), sorted_ids, expert_ids, total, num_pairs, num_experts,
-                num_blocks)  # fmt: skip
-        fixed = dict(EXPERTS=experts, CHUNK=chunk)
-        cx = dict(BLOCK_M=block_size, num_warps=num_warps, **fixed)
-
-        def variants() -> list[dict]:
-            pairs = {(block_size, num_warps), *variant_configs}
-            return [dict(BLOCK_M=b, num_warps=w, **fixed) for b, w in sorted(pairs)]
-
-        _ALIGN((1,), args, cx, variants)  # inside precompile() this only records
-    if not use_kernel:
+    if not runs:
         _align_torch(topk_ids, block_size, num_experts, sorted_ids, expert_ids, total)
+        return sorted_ids, expert_ids, total
+    one_program = num_pairs <= max_kernel_pairs
+    experts = triton.next_power_of_2(num_experts)
+    chunk = max(16, min(256, TILE_ELEMENTS // experts))
+    fixed = dict(EXPERTS=experts, CHUNK=chunk)
+    ids = topk_ids.contiguous().view(-1)  # the kernels read it with unit stride
+    pairs = sorted({(block_size, num_warps), *variant_configs})
+
+    def variants(with_block: bool):
+        def make() -> list[dict]:
+            if with_block:
+                return [dict(BLOCK_M=b, num_warps=w, **fixed) for b, w in pairs]
+            return [dict(num_warps=w, **fixed) for w in sorted({w for _, w in pairs})]
+
+        return make
+
+    # Inside precompile() the launches only record, both paths' (whichever this step takes).
+    if one_program or recording():
+        args = (ids, sorted_ids, expert_ids, total, num_pairs, num_experts, num_blocks)
+        cx = dict(BLOCK_M=block_size, num_warps=num_warps, **fixed)
+        _ALIGN((1,), args, cx, variants(True))
+    if not one_program or recording():
+        _align_chunks(ids, num_experts, num_blocks, block_size, num_warps, fixed,
+                      (sorted_ids, expert_ids, total), variants)  # fmt: skip
     return sorted_ids, expert_ids, total
+
+
+def _chunk_span(num_pairs: int, chunk: int) -> int:
+    """Pairs per program of the two-launch path: whole one-hot tiles, at least
+    MIN_CHUNK_TILES of them, few enough that there are at most MAX_CHUNKS programs."""
+    tiles = max(MIN_CHUNK_TILES, -(-num_pairs // (MAX_CHUNKS * chunk)))
+    return tiles * chunk
+
+
+def _align_chunks(ids, num_experts, num_blocks, block_size, num_warps, fixed, out,
+                  variants) -> None:  # fmt: skip
+    sorted_ids, expert_ids, total = out
+    num_pairs = ids.numel()
+    span = _chunk_span(num_pairs, fixed["CHUNK"])
+    num_chunks = -(-num_pairs // span)
+    counts = torch.empty(num_chunks, fixed["EXPERTS"], dtype=torch.int32, device=ids.device)
+    rank = torch.empty(num_pairs, dtype=torch.int32, device=ids.device)
+    cx = dict(num_warps=num_warps, **fixed)
+    _COUNT((num_chunks,), (ids, counts, rank, num_pairs, span), cx, variants(False))
+    programs = max(num_chunks, -(-num_blocks * block_size // PLACE_ROWS))
+    blocks_per = -(-num_blocks // programs)
+    args = (ids, counts, rank, sorted_ids, expert_ids, total, num_pairs, num_experts,
+            num_chunks, num_blocks, span, blocks_per)  # fmt: skip
+    cx = dict(BLOCK_M=block_size, num_warps=num_warps, **fixed)
+    _PLACE((programs,), args, cx, variants(True))
 
 
 def _kernel_runs(topk_ids: torch.Tensor, num_experts: int) -> bool:
