@@ -8,12 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.utils import ASYNC_SCHED_CONFIG, BAMBA, prefix_llm, run_greedy
-from tests.models.granitemoehybrid_utils import make_granite_hf
-from tests.models.hf_builders import make_nemotron_h_hf, make_zamba2_hf
-from tests.models.hybrid_utils import save_checkpoint
-from tests.models.lfm2_utils import make_lfm2_hf
-from tests.models.mamba1_utils import make_hf as make_mamba1_hf
+from tests.engine.utils import ASYNC_SCHED_CONFIG, prefix_llm, run_greedy
+from tests.worker.mixed_graph_models import MODELS
 from vllm import LLM, SamplingParams
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
 from vllm.model_executor.layers.mamba.mamba2_padded import (
@@ -22,6 +18,9 @@ from vllm.model_executor.layers.mamba.mamba2_padded import (
     padded_chunk_count,
     prepare_padded,
 )
+from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     mamba_chunk_scan_combined_varlen,
     plan_ssd_chunks,
@@ -159,20 +158,6 @@ def _greedy(llm: LLM, prompts, n: int):
     ]
 
 
-def _hf_dir(make, tmp_path) -> str:
-    return str(save_checkpoint(make(), tmp_path / "hf"))
-
-
-MODELS = {
-    "mamba2": lambda tmp: ASYNC_SCHED_CONFIG,
-    "bamba": lambda tmp: BAMBA,
-    # NemotronH (Mamba2, attention and MLP blocks) and Zamba2 (a shared attention block
-    # beside its Mamba2 layers), from tiny transformers checkpoints.
-    "nemotron_h": lambda tmp: _hf_dir(make_nemotron_h_hf, tmp),
-    "zamba2": lambda tmp: _hf_dir(make_zamba2_hf, tmp),
-}
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_engine_through_the_padded_path_equals_eager(name, device, tmp_path):
     """Prompt lengths 1 .. chunk + 1 and longer beside running decodes, chunked prefills
@@ -196,28 +181,27 @@ def test_engine_through_the_padded_path_equals_eager(name, device, tmp_path):
     assert [b.num_tokens for b in padded._graphs] == [16]
 
 
-@pytest.mark.parametrize(
-    "make, reason",
-    [
-        (lambda tmp: BAMBA, None),
-        (lambda tmp: _hf_dir(make_lfm2_hf, tmp), "ShortConv layers"),
-        (lambda tmp: _hf_dir(make_granite_hf, tmp), "FusedMoE layers"),
-        (lambda tmp: _hf_dir(lambda: make_mamba1_hf("mamba"), tmp), "Triton SSD"),
-    ],
-    ids=["bamba", "lfm2", "granite_moe", "mamba1"],
-)
-def test_which_models_graph_their_mixed_steps(make, reason, tmp_path):
-    """FULL's check, run where the graphs would be (CUDA: the Triton SSD): layers that
-    read no padded metadata keep their mixed steps eager, and the reason names them."""
-    llm = LLM(make(tmp_path), load_format="dummy", dtype="float32", device="cpu",
+@pytest.mark.parametrize("name", ["bamba", "granite_moe", "lfm2", "jamba"])
+def test_which_models_graph_their_mixed_steps(name, tmp_path, monkeypatch):
+    """FULL's check, run where the graphs would be (CUDA: the Triton SSD): every layer kind
+    reads the padded metadata (Mamba2, Mamba1, ShortConv, attention) or needs none (the
+    experts, the MLPs); what stays eager is named: use_replayssm, the CUDA conv ops, and a
+    Mamba2 scan that is not the Triton SSD."""
+    llm = LLM(MODELS[name](tmp_path), load_format="dummy", dtype="float32", device="cpu",
               max_num_seqs=2, max_num_batched_tokens=16, max_model_len=48)  # fmt: skip
-    runner = llm.engine.runner
-    chunk = runner.builder.chunk_size
+    model = llm.engine.runner.model
+    chunk = llm.engine.runner.builder.chunk_size
     builder = Mamba2MetadataBuilder(chunk, "cpu", triton_ssd=chunk is not None)
-    got = full_graphs_unsupported(runner.model, builder, use_replayssm=False)
-    assert (got is None) if reason is None else (reason in got), got
-    if reason is None:
-        assert "use_replayssm" in full_graphs_unsupported(runner.model, builder, True)
+    assert full_graphs_unsupported(model, builder, use_replayssm=False) is None
+    assert "use_replayssm" in full_graphs_unsupported(model, builder, True)
+    mixers = [m for m in model.modules() if isinstance(m, MambaMixer | MambaMixer2)]
+    if any(isinstance(m, MambaMixer2) for m in mixers):
+        no_ssd = Mamba2MetadataBuilder(chunk, "cpu", triton_ssd=False)
+        assert "Triton SSD" in full_graphs_unsupported(model, no_ssd, False)
+    for m in mixers:
+        monkeypatch.setattr(m, "backend", ConvBackend.CUDA)
+    if mixers:
+        assert "VLLM_USE_TRITON_CONV1D=0" in full_graphs_unsupported(model, builder, False)
 
 
 def test_prefix_cache_restores_into_padded_steps(device):

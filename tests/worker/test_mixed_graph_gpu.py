@@ -1,6 +1,7 @@
 """cudagraph_mode FULL on the GPU: mixed steps replay CUDA graphs captured at start-up and
-give the eager engine's greedy tokens (Mamba2 and the Bamba hybrid's attention), every step
-inside a bucket replays a graph, and what cannot be graphed runs eagerly and is counted."""
+give the eager engine's greedy tokens (Mamba2 and the Bamba hybrid's attention; the MoE,
+short-conv and Mamba1 models), every step inside a bucket replays a graph, and what cannot
+be graphed runs eagerly and is counted."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import pytest
 import torch
 
 from tests.engine.utils import BAMBA
+from tests.worker.mixed_graph_models import MODELS
 from vllm import LLM, SamplingParams
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
-from vllm.model_executor.models.mamba_config import MambaModelConfig
 from vllm.worker.mixed_graph import mixed_buckets, mixed_token_sizes
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without CUDA: graphs need a GPU
+
+# The layer kinds graphed since the Mamba2 ones: mixed_graph_models.MODELS (tiny
+# transformers checkpoints or configs), whose padded steps test_mixed_graph.py runs eagerly.
+GRAPHED_LAYER_KINDS = ["granite_moe", "nemotron_h_moe", "lfm2", "falcon_mamba", "jamba"]
 
 MAMBA2 = Mamba2ModelConfig(
     vocab_size=256, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
@@ -88,15 +93,34 @@ def test_prompt_logprob_steps_run_eagerly_and_are_counted():
     assert counts["eager"] >= 1 and counts["graph_decode"] >= 1
 
 
-def test_a_model_without_padded_layers_keeps_decode_graphs():
-    """Mamba1 layers take no padded metadata: FULL falls back to FULL_DECODE_ONLY, said at
-    start-up, and the engine still serves."""
-    mamba1 = MambaModelConfig(vocab_size=128, hidden_size=32, state_size=8,
-                              num_hidden_layers=2, expand=2, conv_kernel=4)  # fmt: skip
-    llm = _llm(mamba1, "FULL")
+def test_use_replayssm_keeps_decode_graphs():
+    """The replayed decode's materialise takes no padded rows: FULL falls back to
+    FULL_DECODE_ONLY, said at start-up, and the engine still serves."""
+    llm = _llm(MAMBA2, "FULL", use_replayssm=True, replayssm_buffer_len=4)
     assert llm.engine.runner.cudagraph_mode == "FULL_DECODE_ONLY"
-    assert "Triton SSD" in llm.engine.runner.full_graphs_off
+    assert "use_replayssm" in llm.engine.runner.full_graphs_off
     assert len(_greedy(llm, [[1, 2, 3]])[0][0]) == 6
+
+
+@pytest.mark.parametrize("name", GRAPHED_LAYER_KINDS)
+def test_every_layer_kind_replays_its_mixed_steps(name, tmp_path):
+    """Routed experts (Granite-4.0-H's, NemotronH's), LFM2's short conv, Mamba1's scan
+    (FalconMamba; Jamba beside attention and experts): under FULL every mixed step of the
+    workload replays a graph, with the eager engine's greedy tokens and logprobs within
+    fp32 noise."""
+    model = MODELS[name](tmp_path)
+    prompts = _prompts(16)
+    want = _greedy(_llm(model, "NONE", num_gpu_blocks_override=64), prompts)
+    llm = _llm(model, "FULL", num_gpu_blocks_override=64)
+    runner = llm.engine.runner
+    assert runner.cudagraph_mode == "FULL", runner.full_graphs_off
+    got = _greedy(llm, prompts)
+    counts = runner.step_counts
+    assert counts["eager"] == 0, (counts, runner.eager_mixed_reasons)
+    assert counts["graph_mixed"] == runner.mixed_graphs.num_replays > 3
+    assert got[0] == want[0]
+    for g, w in zip(got[1], want[1], strict=True):
+        assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
 
 
 def test_steps_above_the_capture_size_run_eagerly():

@@ -238,22 +238,23 @@ class MixedGraphs:
 
 
 def full_graphs_unsupported(model, builder, use_replayssm: bool) -> str | None:
-    """Why the model's mixed steps cannot be graphed (None: they can): only Mamba2 layers
-    (with the Triton conv and SSD) and attention read padded metadata so far."""
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+    """Why the model's mixed steps cannot be graphed (None: they can). Every layer kind
+    reads the padded metadata (``mamba2_padded``) or needs none: Mamba2 (the Triton conv
+    and SSD), Mamba1 (the Triton conv, one selective scan over every row), ShortConv (the
+    Triton conv), attention (the builder's padding); FusedMoE and the MLPs work row by
+    row, their sizes and launches following the bucket's token count, and padded tokens
+    are rows of their own (their routing reaches no real row)."""
     from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend
-    from vllm.model_executor.layers.mamba.short_conv import ShortConv
 
     if use_replayssm:
         return "use_replayssm (the replayed decode's materialise takes no padded rows yet)"
-    if builder.chunk_size is None or not builder.triton_ssd:
-        return "its layers do not scan through the Triton SSD"
     for module in model.modules():
-        if isinstance(module, MambaMixer | ShortConv | FusedMoE):
-            return f"its {type(module).__name__} layers take no padded metadata yet"
-        if isinstance(module, MambaMixer2) and module.backend is not ConvBackend.TRITON:
+        mamba2 = isinstance(module, MambaMixer2)
+        if mamba2 and (builder.chunk_size is None or not builder.triton_ssd):
+            return "its Mamba2 layers do not scan through the Triton SSD"
+        if (mamba2 or isinstance(module, MambaMixer)) and module.backend is not ConvBackend.TRITON:
             return "VLLM_USE_TRITON_CONV1D=0 (the CUDA conv ops split the step by its counts)"
     return None
 

@@ -82,6 +82,12 @@ class Mamba2Metadata:
         return self.num_tokens > 0 and self.num_decode_tokens == self.num_tokens
 
     @property
+    def padded_to_bucket(self) -> bool:
+        """A mixed step padded to a CUDA-graph bucket (``mamba2_padded``): the counts are
+        the bucket's, and its prefill rows lie inside the S-row decode stream."""
+        return False
+
+    @property
     def decode_state_indices(self) -> torch.Tensor:
         return self.state_indices[: self.num_decode_tokens]
 

@@ -19,6 +19,11 @@ The host work (``prepare_padded``) runs on the step's lists only; every tensor i
 the bucket's size, so an upload lands on the same bytes the graph captured. The decode
 stream the layers see is the S rows, the prefill count P + 1 and the prefill token count 0
 (so the layer's y starts from zeros: padded tokens get y = 0, as in an eager step).
+
+Layers without the SSD read the same rows: LFM2's short conv keeps every row the conv
+computed (``padded_to_bucket``), and Mamba1's selective scan takes all S + 1 rows as its
+sequences (decodes as one-token sequences continuing their lines); a model without chunk
+size (Mamba1, Jamba) gets no SSD layout.
 """
 
 from __future__ import annotations
@@ -72,6 +77,10 @@ class Mamba2PaddedMetadata(Mamba2Metadata):
         return False
 
     @property
+    def padded_to_bucket(self) -> bool:
+        return True
+
+    @property
     def decode_state_indices(self) -> torch.Tensor:
         return self.decode_slots
 
@@ -122,12 +131,13 @@ def _padded_layout(prefill_rows: np.ndarray, bucket: MixedBucket, chunk_size: in
 
 
 def prepare_padded(
-    bucket: MixedBucket, chunk_size: int, lens, slots, contexts, num_decodes: int
+    bucket: MixedBucket, chunk_size: int | None, lens, slots, contexts, num_decodes: int
 ) -> Mamba2Plan | None:
     """The host half of a padded step's metadata (``finish_padded`` makes it): ``lens``,
     ``slots`` (>= 1), ``contexts`` per real row, the first ``num_decodes`` of them decodes
     and the rest prefills (``decodes_lead``). None when the step does not fit the
-    bucket: more rows, tokens or prefills, or chunks, than it has."""
+    bucket: more rows, tokens or prefills, or chunks, than it has. ``chunk_size`` None
+    (Mamba1 models) plans no SSD layout."""
     t, s, p = bucket.num_tokens, bucket.num_seqs, bucket.max_prefills
     r = len(lens)
     d = num_decodes
@@ -138,9 +148,11 @@ def prepare_padded(
     np.cumsum(np.asarray(lens, dtype=np.int32), out=q[1 : r + 1])
     q[r + 1 :] = real_tokens
     q[-1] = t
-    layout = _padded_layout(q[d : r + 1], bucket, chunk_size)
-    if layout is None:
-        return None
+    layout = None  # no chunked scan (Mamba1: its scan takes every row, mamba_mixer)
+    if chunk_size is not None:
+        layout = _padded_layout(q[d : r + 1], bucket, chunk_size)
+        if layout is None:
+            return None
     rows = np.full(s + 1, NULL_BLOCK_ID, dtype=np.int32)
     rows[:r] = slots
     init = np.zeros(s + 1, dtype=np.bool_)
@@ -164,7 +176,8 @@ def prepare_padded(
         "prefill_slots": torch.from_numpy(pre),
         "prefill_init": torch.from_numpy(pre_init),
     }
-    host.update({f"layout.{n}": getattr(layout, n) for n in layout.TENSOR_FIELDS})
+    if layout is not None:
+        host.update({f"layout.{n}": getattr(layout, n) for n in layout.TENSOR_FIELDS})
     host.update({f"conv.{n}": v for n, v in conv_host.items()})
     counts = dict(
         num_tokens=t, batch_size=s + 1, num_decode_tokens=s, num_prefills=p + 1,

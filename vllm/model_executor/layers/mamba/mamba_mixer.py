@@ -16,7 +16,9 @@ reads from the forward context (a builder without chunk size: Mamba1 has no chun
 The layer owns its state: ``get_state_spec`` declares a conv state (d_inner, W-1) and an
 SSM state (d_inner, d_state) per line, the engine binds the layer's views of the pool to
 ``kv_cache`` = (conv_state, ssm_state), and the layer updates its lines in place; padded
-rows (the null line, ``NULL_BLOCK_ID``) read and write no line and get y = 0.
+rows (the null line, ``NULL_BLOCK_ID``) read and write no line and get y = 0. A mixed step
+padded to a CUDA-graph bucket (``mamba2_padded``) scans all its rows in one selective scan
+instead, the decodes as one-token sequences (``_scan_padded``).
 
 The conv runs as in ``MambaMixer2``, by the backend ``VLLM_USE_TRITON_CONV1D`` selects:
 Triton, the whole step in one ``causal_conv1d_fn`` launch (a decode-only step through
@@ -66,6 +68,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
     causal_conv1d_update,
 )
 from vllm.model_executor.layers.mamba.ops.selective_scan import (
+    chunk_plan,
     selective_scan_fn,
     selective_state_update_mamba1,
 )
@@ -188,12 +191,16 @@ class MambaMixer(nn.Module):
         elif self.bcdt_rms_eps is not None:
             dt, B, C = (weightless_rms_norm(t, self.bcdt_rms_eps) for t in (dt, B, C))
         dt = F.linear(dt, self.dt_proj.weight)  # the bias goes to the scan (delta_bias)
+        args = dict(D=self.D, delta_bias=self.dt_proj.bias, delta_softplus=True)
+        A = -torch.exp(self.A_log.float())
+        if md.padded_to_bucket:
+            with _profiled("mamba1::ssm_scan"):
+                y = self._scan_padded(x, dt, A, B, C, z, ssm_state, md, args)
+            return self.out_proj(y)
         num_dec, num_pre = md.num_decode_tokens, md.num_prefill_tokens
         # Rows past the decode stream and the prefills are padding: y = 0 there.
         alloc = torch.zeros if num_dec + num_pre < md.num_tokens else torch.empty
         y = alloc(x.shape, dtype=hidden_states.dtype, device=x.device)
-        args = dict(D=self.D, delta_bias=self.dt_proj.bias, delta_softplus=True)
-        A = -torch.exp(self.A_log.float())
         with _profiled("mamba1::ssm_scan"):
             if num_dec:
                 dec = slice(0, num_dec)
@@ -211,6 +218,20 @@ class MambaMixer(nn.Module):
                     pad_slot_id=NULL_BLOCK_ID, out=y[pre], **args,
                 )  # fmt: skip
         return self.out_proj(y)
+
+    def _scan_padded(self, x, dt, A, B, C, z, ssm_state, md, args) -> torch.Tensor:
+        """A step padded to a CUDA-graph bucket (``mamba2_padded``): its counts are the
+        bucket's, and its prefill rows lie among the first S rows, after the decodes. One
+        scan takes every row: the S + 1 rows are its sequences (the decodes one-token ones
+        continuing their lines, padded rows on the null line: y = 0, no line touched),
+        chunked over time as the bucket's P + 1 prefills alone would be."""
+        chunk_len, _ = chunk_plan(md.num_tokens, md.num_prefills, self.intermediate_size,
+                                  self.state_size, x.dtype)  # fmt: skip
+        return selective_scan_fn(
+            x, dt, A, B, C, md.query_start_loc, ssm_state, cache_indices=md.state_indices,
+            has_initial_state=md.has_initial_state, z=z, pad_slot_id=NULL_BLOCK_ID,
+            chunk_len=chunk_len, **args,
+        )  # fmt: skip
 
     def _bound_state(self):
         if self.kv_cache is None:

@@ -15,7 +15,8 @@ State: a conv state only, (dim, L-1) per line, declared as a ``MambaStateSpec`` 
 part has no elements (``NO_SSM_STATE``), so the engine's state pool allocates, zeroes and
 binds it like a Mamba2 layer's; ``kv_cache`` = (conv_state, empty ssm view). Line 0 is
 the null line: padded rows read and write no line, and rows after the decode stream and
-the prefills get y = 0.
+the prefills get y = 0. A mixed step padded to a CUDA-graph bucket (``mamba2_padded``) runs
+the same conv launch over the bucket's rows and keeps every row's y.
 
 The conv always runs on the Triton ops (``VLLM_USE_TRITON_CONV1D`` picks MambaMixer2's
 backend only), so the pool is in the Triton layout (feature-contiguous lines).
@@ -142,8 +143,11 @@ class ShortConv(nn.Module):
             ).t()
         y = c * conv
         real = md.num_decode_tokens + md.num_prefill_tokens
-        if real < y.shape[0]:
-            y[real:] = 0  # padding after the real rows
+        if real < y.shape[0] and not md.padded_to_bucket:
+            # Padding after the real rows. A step padded to a graph bucket counts its
+            # prefill rows in none of these (mamba2_padded): the conv computed every row
+            # there, its padded tokens from a zero state on the null line.
+            y[real:] = 0
         return self.out_proj(y)
 
     def _bound_state(self) -> torch.Tensor:
