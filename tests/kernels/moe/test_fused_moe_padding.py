@@ -21,13 +21,6 @@ from vllm.model_executor.layers.fused_moe.router import select_experts
 HIDDEN, INTER = 32, 24
 
 
-@pytest.fixture
-def kernels(device):
-    if device.type == "cpu" and not fm.use_moe_kernel(torch.empty(1)):
-        pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernels were imported")
-    return device
-
-
 def _watch_paths(monkeypatch) -> list[str]:
     """The alignment paths the op takes, call by call: "align" for each alignment (none:
     unsorted), "chunks" when it went through the two-launch path."""
