@@ -153,8 +153,10 @@ def order_candidates(entry: dict, part: str, groups) -> list[dict]:
 
 
 def mask_candidates(entry: dict) -> list[dict]:
-    """Both GEMMs with the other side of MASK_ROWS (on by default for BLOCK_M <= 64)."""
-    now = resolved(entry, "gate_up").get("MASK_ROWS", entry["BLOCK_M"] <= 64)
+    """Both GEMMs with the other side of MASK_ROWS (``fused_moe.mask_rows``)."""
+    from vllm.model_executor.layers.fused_moe import fused_moe as fm
+
+    now = fm.mask_rows(entry, "gate_up")
     return [with_part(with_part(entry, "gate_up", MASK_ROWS=not now), "down", MASK_ROWS=not now)]
 
 
@@ -164,7 +166,9 @@ def unsorted_candidates(entry: dict, tokens: int, shape) -> list[dict]:
     pairs = tokens * top_k
     if pairs > experts:
         return []
-    now = entry.get("align", {}).get("max_unsorted_pairs", experts // 4)
+    from vllm.model_executor.layers.fused_moe import fused_moe as fm
+
+    now = fm.max_unsorted_pairs(entry, experts)
     return [with_part(entry, "align", max_unsorted_pairs=0 if pairs <= now else pairs)]
 
 
@@ -215,16 +219,17 @@ def _shape_args(shape) -> tuple[int, int, int]:
 
 
 def _short(entry: dict) -> str:
-    u, d = resolved(entry, "gate_up"), resolved(entry, "down")
+    from vllm.model_executor.layers.fused_moe import fused_moe as fm
 
-    def cut(t):
-        g, mask = t.get("GROUP_SIZE_M", 1), t.get("MASK_ROWS", entry["BLOCK_M"] <= 64)
+    def cut(part):
+        t = resolved(entry, part)
+        g, mask = t.get("GROUP_SIZE_M", 1), fm.mask_rows(entry, part)
         tile = f"N{t['BLOCK_N']} K{t['BLOCK_K']} w{t['num_warps']} s{t['num_stages']}"
         return f"{tile} g{g}{' mask' if mask else ''}"
 
     unsorted = entry.get("align", {}).get("max_unsorted_pairs")
     tail = "" if unsorted is None else f" unsorted<={unsorted}"
-    return f"M{entry['BLOCK_M']} up[{cut(u)}] down[{cut(d)}]{tail}"
+    return f"M{entry['BLOCK_M']} up[{cut('gate_up')}] down[{cut('down')}]{tail}"
 
 
 def all_entries(sweep: Sweep, buckets, lists, dtype) -> list[tuple[int, dict]]:

@@ -109,7 +109,7 @@ def _gemm_constexprs(cfg: dict, part: str, n: int, k: int) -> dict:
     block_m = max(16, int(cfg["BLOCK_M"]))
     return dict(
         GROUP_SIZE_M=max(1, int(own.get("GROUP_SIZE_M", 1))),
-        MASK_ROWS=bool(own.get("MASK_ROWS", block_m <= 64)),
+        MASK_ROWS=mask_rows(cfg, part),
         BLOCK_M=block_m,
         BLOCK_N=_tile(n, own["BLOCK_N"]),
         BLOCK_K=block_k,
@@ -118,7 +118,14 @@ def _gemm_constexprs(cfg: dict, part: str, n: int, k: int) -> dict:
     )
 
 
-def _max_unsorted_pairs(cfg: dict, num_experts: int) -> int:
+def mask_rows(cfg: dict, part: str) -> bool:
+    """Whether the ``part`` GEMM's padding rows load nothing: the entry's MASK_ROWS (its
+    part dict over its top level), else on for BLOCK_M <= 64."""
+    own = {**cfg, **cfg.get(part, {})}
+    return bool(own.get("MASK_ROWS", max(16, int(cfg["BLOCK_M"])) <= 64))
+
+
+def max_unsorted_pairs(cfg: dict, num_experts: int) -> int:
     """Steps of at most this many pairs skip the alignment (``UNSORTED``): the table's
     ``align.max_unsorted_pairs``, else E // 4 (upstream's rule: so few pairs that few
     share an expert, whose weights a block per pair would read once per pair)."""
@@ -131,7 +138,7 @@ def _unsorted(cfg: dict, topk_ids: torch.Tensor, num_experts: int) -> bool:
     paths launch the same compiled kernels), and not inside ``precompile()``, which records
     the sorted path to register the alignment kernel too."""
     return (
-        topk_ids.numel() <= _max_unsorted_pairs(cfg, num_experts)
+        topk_ids.numel() <= max_unsorted_pairs(cfg, num_experts)
         and topk_ids.dtype == torch.int32
         and topk_ids.is_contiguous()
         and topk_ids.data_ptr() % 16 == 0
@@ -272,7 +279,7 @@ def _variants(given: dict, part: str, num_experts, hidden, inter, top_k, dtype):
         for bucket in TOKEN_BUCKETS:
             cfg = launch_config(bucket, num_experts, hidden, inter, dtype)
             n, k = (inter, hidden) if part == "gate_up" else (hidden, inter)
-            small = fewest * top_k <= _max_unsorted_pairs(cfg, num_experts)
+            small = fewest * top_k <= max_unsorted_pairs(cfg, num_experts)
             for unsorted in (False, True) if small else (False,):
                 c = {**given, **_gemm_constexprs(cfg, part, n, k), "UNSORTED": unsorted}
                 seen[tuple(sorted(c.items()))] = c
