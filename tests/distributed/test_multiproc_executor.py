@@ -26,7 +26,7 @@ from vllm.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from vllm.executor import MultiprocExecutor, WorkerFailedError, check_tp_divisibility
-from vllm.executor.tp_process import STORE_HOST
+from vllm.executor.tp_process import STORE_HOST, open_store
 from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.models.bamba_config import BambaModelConfig
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
@@ -193,6 +193,51 @@ def test_a_start_that_hangs_says_where_each_rank_was(capfd):
     ), message
     err = capfd.readouterr().err
     assert "in __init__" in err and "test_multiproc_executor.py" in err, err[-2000:]
+
+
+def _arrive_late(delay_s: float):
+    time.sleep(delay_s)  # runs in the worker while its arguments are unpickled, at start
+    return MLPWorker
+
+
+class LateFactory:
+    """MLPWorker, but a worker process that unpickles it starts ``delay_s`` late (a slow
+    interpreter start or import on a loaded machine)."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s = delay_s
+
+    def __call__(self) -> MLPWorker:  # rank 0's, in this process
+        return MLPWorker()
+
+    def __reduce__(self):
+        return _arrive_late, (self.delay_s,)
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_slower_to_start_than_the_timeout_still_joins():
+    """The collectives' timeout (3 s) does not bound the workers' start: rank 0 joins the
+    group once rank 1 has reached it, 4 s late."""
+    t0 = time.monotonic()
+    with MultiprocExecutor(2, LateFactory(4.0), backend="gloo", timeout_s=3.0) as ex:
+        assert time.monotonic() - t0 >= 4.0
+        x = torch.randn(5, 4)
+        torch.testing.assert_close(ex.run("forward", x, 0)[1], _reference(x))
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_join_does_not_break_the_next_start():
+    """A rank 0 whose join failed (its peer never came) left torch's count of unnamed
+    groups advanced: the next start's rank 0 waited on other store keys than its fresh
+    worker, both until the timeout (CI, stop 43). The next start works and steps."""
+    store = open_store(2, 1.0)
+    with pytest.raises(RuntimeError):  # DistStoreError: nobody else joins
+        parallel_state.init_distributed(2, 0, "gloo", None, 1.0, store=store)
+    assert not is_initialized()
+    del store
+    with _executor() as ex:
+        x = torch.randn(5, 4)
+        torch.testing.assert_close(ex.run("forward", x, 1)[1], _reference(x))
 
 
 @pytest.mark.parametrize("user", [None, "eth9"])

@@ -145,10 +145,15 @@ def init_distributed(
         where = (
             dict(store=store) if store is not None else dict(init_method=init_method or "env://")
         )
-        with _gloo_on_loopback(local):
-            dist.init_process_group(
-                backend, world_size=world_size, rank=rank, timeout=timeout, **where
-            )
+        _unnamed_groups_from_zero()
+        try:
+            with _gloo_on_loopback(local):
+                dist.init_process_group(
+                    backend, world_size=world_size, rank=rank, timeout=timeout, **where
+                )
+        except BaseException:
+            _unnamed_groups_from_zero()
+            raise
     elif (dist.get_world_size(), dist.get_rank()) != (world_size, rank):
         raise ValueError(
             f"torch.distributed is already initialised as rank {dist.get_rank()} of "
@@ -157,11 +162,28 @@ def init_distributed(
     world = dist.group.WORLD
     cpu_group = world
     if backend == "nccl":
-        with _gloo_on_loopback(local):
-            cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        try:
+            with _gloo_on_loopback(local):
+                cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        except BaseException:
+            if owns:  # leave no half-made world behind (destroying it resets the names)
+                dist.destroy_process_group()
+            raise
     _TP = TPGroup(rank, world_size, backend, device, world, cpu_group, owns)
     _INITIALIZED = True
     return _TP
+
+
+def _unnamed_groups_from_zero() -> None:
+    """torch names each group made without a name from a per-process counter, and that
+    name prefixes the store keys of the group's rendezvous. It resets the counter only when
+    a default group is destroyed, so an ``init_process_group`` that failed (a rank that
+    never came) leaves it advanced: this process's next rank 0 would then wait on other keys
+    than its freshly started workers, each side until the timeout. With no default group no
+    group is alive, so the count starts from 0 again, as in a fresh process."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
+        world.group_count = 0
 
 
 @contextlib.contextmanager

@@ -25,7 +25,8 @@ the rank and the cause, instead of hanging:
 - while rank 0's part of a call runs (on the driver thread, below), the calling thread
   checks every ``poll_s`` that the workers are alive, so a death is reported even when
   the driver is blocked where no collective returns (a CUDA sync behind an NCCL kernel);
-- start-up (joining the group, building the workers) is watched the same way; one that
+- start-up (joining the group, building the workers) is watched the same way (rank 0
+  joins once every worker has reached the group, ``ARRIVAL_S``); one that
   times out names each worker's last stage and dumps the live workers' stacks to stderr
   (tp_process.py: also the rendezvous on a port rank 0's store binds and keeps).
 
@@ -55,17 +56,24 @@ from vllm.executor.abstract import Executor
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.executor.tp_process import (
     SHUTDOWN,
+    STAGES,
     DriverThread,
     abort_nccl,
     describe_ranks,
     dump_stacks,
     open_store,
+    reached,
     thread_stack,
     worker_main,
 )
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
+
+# Seconds the workers get at least to start Python, import and reach rank 0's store. Rank 0
+# joins the group only after that, so a short collective timeout (fast failure detection)
+# does not also have to cover a slow start on a loaded machine.
+ARRIVAL_S = 60.0
 
 
 class WorkerFailedError(RuntimeError):
@@ -152,8 +160,10 @@ class MultiprocExecutor(Executor):
             return worker_factory()
 
         try:
+            arrival = time.monotonic() + max(timeout_s, ARRIVAL_S)
+            self._wait_workers(STAGES[1], "did not reach the group", arrival)
             self.driver_worker = self._wait(self._driver.submit(start_driver), timeout_s)
-            self._wait_ready(time.monotonic() + timeout_s)
+            self._wait_workers("ready", "did not start", time.monotonic() + timeout_s)
         except BaseException as err:
             self._fail(err)
             self.shutdown()
@@ -236,15 +246,15 @@ class MultiprocExecutor(Executor):
                 return err
             time.sleep(self.poll_s)
 
-    def _wait_ready(self, deadline: float) -> None:
+    def _wait_workers(self, stage: str, failing: str, deadline: float) -> None:
+        """Until every worker has reached ``stage`` (tp_process.STAGES); past ``deadline``
+        a TimeoutError naming the ones that have not, "... workers [1] {failing}"."""
         pending = set(self._conns)
         while pending:
             self._check_workers()
-            for rank in list(pending):
-                if rank in self._reports and self._reports[rank][0] == "ready":
-                    pending.discard(rank)
-            if time.monotonic() > deadline:
-                raise self._hung(f"tensor-parallel workers {sorted(pending)} did not start")
+            pending = {rank for rank in pending if not reached(self._reports.get(rank), stage)}
+            if pending and time.monotonic() > deadline:
+                raise self._hung(f"tensor-parallel workers {sorted(pending)} {failing}")
             time.sleep(self.poll_s if pending else 0)
 
     def _hung(self, what: str, rank0: bool = False) -> TimeoutError:

@@ -10,10 +10,13 @@ wait there, while rank 0 waits for it.) Gloo's own sockets go over the loopback 
 resolving to a reachable address.
 
 A worker reports where it is through its pipe: ``("stage", what, seconds since start)``
-while it joins the group and builds its worker, ``("ready",)``, or ``("error", summary,
-traceback)``. A start-up that times out names every rank's last stage, and the workers
-still alive dump their threads' stacks to stderr (faulthandler on SIGUSR1) before they are
-killed: a hang on a machine nobody can log into still says where it hung.
+while it joins the group and builds its worker (``STAGES``, in order), ``("ready",)``, or
+``("error", summary, traceback)``. Rank 0 joins the group only once every worker has
+reached it, so the group's timeout does not also have to cover the workers' interpreters
+starting and importing (seconds on a loaded machine). A start-up that times out names
+every rank's last stage, and the workers still alive dump their threads' stacks to stderr
+(faulthandler on SIGUSR1) before they are killed: a hang on a machine nobody can log into
+still says where it hung.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 SHUTDOWN = b"shutdown"
+# A worker's stages, in order; the last is its ("ready",) report.
+STAGES = ("connecting to rank 0's store", "joining the group", "building its worker", "ready")
 STORE_HOST = "127.0.0.1"
 # Seconds a worker gets to write its stacks after SIGUSR1, before it is killed.
 STACK_DUMP_S = 1.0
@@ -77,11 +82,11 @@ def worker_main(rank, world_size, backend, port, timeout_s, factory, conn) -> No
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        stage("connecting to rank 0's store")
+        stage(STAGES[0])
         store = join_store(port, world_size, timeout_s)
-        stage("joining the group")
+        stage(STAGES[1])
         parallel_state.init_distributed(world_size, rank, backend, None, timeout_s, store=store)
-        stage("building its worker")
+        stage(STAGES[2])
         worker = factory()
         conn.send(("ready",))
         while True:
@@ -102,6 +107,14 @@ def worker_main(rank, world_size, backend, port, timeout_s, factory, conn) -> No
         raise SystemExit(1) from None
     finally:
         parallel_state.destroy()
+
+
+def reached(report: tuple | None, stage: str) -> bool:
+    """Whether a worker whose last report is ``report`` has reached ``stage`` of ``STAGES``."""
+    if report is None or report[0] not in ("stage", "ready"):
+        return False
+    where = report[1] if report[0] == "stage" else "ready"
+    return STAGES.index(where) >= STAGES.index(stage)
 
 
 def describe_ranks(procs: dict, reports: dict) -> str:
