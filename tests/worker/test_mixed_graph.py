@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.engine.utils import ASYNC_SCHED_CONFIG, prefix_llm, run_greedy
+from tests.worker.host_sync_guard import HostSyncError, no_host_sync
 from tests.worker.mixed_graph_models import MODELS
 from vllm import LLM, SamplingParams
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
@@ -43,6 +44,7 @@ def test_bucket_sizes_follow_the_limits():
     assert all(b - a <= max(64, a // 8) for a, b in zip(sizes, sizes[1:], strict=False))
     buckets = mixed_buckets(2048, 64)
     assert [b.num_tokens for b in buckets] == mixed_token_sizes(2048)
+    assert [b.max_prefills for b in mixed_buckets(2048, 64, ssd=False)] == [32] + [64] * 24
     assert buckets[0] == MixedBucket(32, 32, 4)
     assert buckets[-1] == MixedBucket(2048, 64, 16)
     assert all(b.max_prefills <= b.num_seqs <= min(b.num_tokens, 64) for b in buckets)
@@ -138,15 +140,39 @@ def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison):
 
 def _padded_path(llm: LLM, device) -> MixedGraphs:
     """Every step of ``llm`` through the padded mixed path, run eagerly (enforce_eager: no
-    decode graph takes the decode-only steps first either)."""
+    decode graph takes the decode-only steps first either). What a graph would capture
+    (``step``: the forward and the sampled rows' gather) runs under ``no_host_sync``; the
+    syncs it finds (the engine turns a failed step into failed requests) land in
+    ``host_syncs``."""
     runner = llm.engine.runner
     c = llm.engine.config
     builder = Mamba2MetadataBuilder(runner.builder.chunk_size, device, triton_ssd=True)
-    runner.mixed_graphs = MixedGraphs(
+    graphs = runner.mixed_graphs = MixedGraphs(
         runner.model, builder, c.max_num_batched_tokens, c.max_num_seqs, None,
         runner.attn_builder, capture=False,
     )  # fmt: skip
-    return runner.mixed_graphs
+    graphs.host_syncs = []
+    make = graphs._graph
+
+    def guarded(step):
+        def run():
+            try:
+                with no_host_sync():
+                    return step()
+            except HostSyncError as e:
+                graphs.host_syncs.append(str(e))
+                raise
+
+        return run
+
+    def graph(bucket):
+        g = make(bucket)
+        if not getattr(g, "guarded", False):
+            g.step, g.guarded = guarded(g.step), True
+        return g
+
+    graphs._graph = graph
+    return graphs
 
 
 def _greedy(llm: LLM, prompts, n: int):
@@ -171,7 +197,10 @@ def test_engine_through_the_padded_path_equals_eager(name, device, tmp_path):
     want = _greedy(LLM(model, **opts), prompts, 5)
     llm = LLM(model, **opts)
     padded = _padded_path(llm, device)
-    got = _greedy(llm, prompts, 5)
+    try:
+        got = _greedy(llm, prompts, 5)
+    finally:  # a sync fails the step's requests: say which first
+        assert padded.host_syncs == [], padded.host_syncs[0]
     counts = llm.engine.runner.step_counts
     assert counts["eager"] == 0 and counts["graph_mixed"] == padded.num_replays > 5
     assert [g[0] for g in got] == [w[0] for w in want]
@@ -179,6 +208,26 @@ def test_engine_through_the_padded_path_equals_eager(name, device, tmp_path):
         assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
     # the buckets used were the step's smallest: 16 tokens is the only one here
     assert [b.num_tokens for b in padded._graphs] == [16]
+
+
+@pytest.mark.parametrize("name", ["falcon_mamba", "lfm2", "bamba"])
+def test_without_mamba2_any_row_may_be_a_prefill(name, device, tmp_path):
+    """Six fresh prompts in one 32-token step: the SSD's padded chunk layout caps a bucket's
+    prefills (4 at 32 tokens), so Bamba runs that step eagerly; Mamba1 and the short conv
+    have no such layout, so their buckets take a prefill in every row and graph it."""
+    opts = dict(load_format="dummy", dtype="float32", device=device.type, max_num_seqs=8,
+                max_num_batched_tokens=32, max_model_len=48, enforce_eager=True)  # fmt: skip
+    prompts = [[(7 * i + j) % 90 + 1 for j in range(n)] for i, n in enumerate([3, 2, 4, 1, 5, 3])]
+    model = MODELS[name](tmp_path)
+    want = _greedy(LLM(model, **opts), prompts, 3)
+    llm = LLM(model, **opts)
+    padded = _padded_path(llm, device)
+    got = _greedy(llm, prompts, 3)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    counts = llm.engine.runner.step_counts
+    ssd = name == "bamba"
+    assert [b.max_prefills for b in padded.buckets] == [4 if ssd else 8]
+    assert counts["eager"] == (1 if ssd else 0) and counts["graph_mixed"] == padded.num_replays
 
 
 @pytest.mark.parametrize("name", ["bamba", "granite_moe", "lfm2", "jamba"])

@@ -123,6 +123,33 @@ def test_every_layer_kind_replays_its_mixed_steps(name, tmp_path):
         assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["falcon_mamba", "jamba"])
+def test_long_prefills_replay_mamba1s_chunked_scan(name, tmp_path):
+    """Buckets up to 256 tokens and prompts of 90-200 tokens: Mamba1's padded scan runs in
+    several chunks (its state pass and rescan captured, not only the one-chunk path), with
+    the eager engine's tokens."""
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+    from vllm.model_executor.layers.mamba.ops.selective_scan_host import chunk_plan
+
+    model = MODELS[name](tmp_path)
+    kw = dict(max_num_batched_tokens=256, max_model_len=512, num_gpu_blocks_override=64)
+    lens = [150, 3, 200, 90]
+    prompts = [[(13 * i + 5 * j) % 120 + 1 for j in range(n)] for i, n in enumerate(lens)]
+    want = _greedy(_llm(model, "NONE", **kw), prompts)
+    llm = _llm(model, "FULL", **kw)
+    runner = llm.engine.runner
+    mixer = next(m for m in runner.model.modules() if isinstance(m, MambaMixer))
+    plan = chunk_plan(256, 1, mixer.intermediate_size, mixer.state_size, torch.float32)
+    assert plan[1] > 1, plan  # the 256-token bucket's scan is chunked
+    got = _greedy(llm, prompts)
+    counts = runner.step_counts
+    assert counts["eager"] == 0, (counts, runner.eager_mixed_reasons)
+    assert 256 in [b.num_tokens for b in runner.mixed_graphs._graphs]
+    assert got[0] == want[0]
+    for g, w in zip(got[1], want[1], strict=True):
+        assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
+
+
 def test_steps_above_the_capture_size_run_eagerly():
     """max_cudagraph_capture_size 16: buckets stop at 16 tokens; a longer prompt's step runs
     eagerly, counted, with the eager engine's tokens."""

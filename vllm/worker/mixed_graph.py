@@ -50,14 +50,15 @@ def mixed_token_sizes(max_tokens: int) -> list[int]:
     return sorted({t for t in sizes if t < max_tokens} | {max_tokens})
 
 
-def mixed_buckets(max_tokens: int, max_seqs: int) -> list[MixedBucket]:
+def mixed_buckets(max_tokens: int, max_seqs: int, ssd: bool = True) -> list[MixedBucket]:
     """The buckets of a mixed step within the limits, smallest first: S = min(T,
     max_seqs) rows, P = min(S, max(4, T // 128)) prefills (a step carries few prompt
-    chunks; each may add a chunk to the scan's padded layout)."""
+    chunks; each may add a chunk to the SSD's padded layout). Without Mamba2 layers
+    (``ssd`` False: no chunk layout to size) any row may be a prefill: P = S."""
     out = []
     for t in mixed_token_sizes(max_tokens):
         s = min(t, max_seqs)
-        out.append(MixedBucket(t, s, min(s, max(4, t // 128))))
+        out.append(MixedBucket(t, s, min(s, max(4, t // 128)) if ssd else s))
     return out
 
 
@@ -145,8 +146,12 @@ class MixedGraphs:
     def __init__(self, model, builder, max_tokens: int, max_seqs: int, mempool,
                  attn_builder=None, capture: bool = True):  # fmt: skip
         self.model, self.attn_builder, self._capture = model, attn_builder, capture
-        self.chunk_size = builder.chunk_size
-        self.buckets = mixed_buckets(max_tokens, max_seqs)
+        from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+        # Only Mamba2 layers read the SSD's chunk layout (Mamba1 and the short conv: none).
+        ssd = any(isinstance(m, MambaMixer2) for m in model.modules())
+        self.chunk_size = builder.chunk_size if ssd else None
+        self.buckets = mixed_buckets(max_tokens, max_seqs, ssd)
         self._graphs: dict[MixedBucket, _MixedGraph] = {}
         self._mempool = mempool
         self.device = builder.device

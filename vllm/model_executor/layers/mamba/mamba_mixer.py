@@ -224,9 +224,11 @@ class MambaMixer(nn.Module):
         bucket's, and its prefill rows lie among the first S rows, after the decodes. One
         scan takes every row: the S + 1 rows are its sequences (the decodes one-token ones
         continuing their lines, padded rows on the null line: y = 0, no line touched),
-        chunked over time as the bucket's P + 1 prefills alone would be."""
-        chunk_len, _ = chunk_plan(md.num_tokens, md.num_prefills, self.intermediate_size,
-                                  self.state_size, x.dtype)  # fmt: skip
+        chunked over time for the worst step the graph replays: one prefill of nearly all
+        T tokens. (The bucket's P + 1 prefill rows, mostly empty, would reach the table's
+        target programs at large T and leave such a prefill one serial chunk.)"""
+        chunk_len, _ = chunk_plan(md.num_tokens, 1, self.intermediate_size, self.state_size,
+                                  x.dtype)  # fmt: skip
         return selective_scan_fn(
             x, dt, A, B, C, md.query_start_loc, ssm_state, cache_indices=md.state_indices,
             has_initial_state=md.has_initial_state, z=z, pad_slot_id=NULL_BLOCK_ID,
