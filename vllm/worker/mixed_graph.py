@@ -264,6 +264,20 @@ def full_graphs_unsupported(model, builder, use_replayssm: bool) -> str | None:
     return None
 
 
+def mixed_scratch_bytes(model, max_tokens: int, max_seqs: int) -> int:
+    """Device bytes the mixed graphs' captures take beyond one eager full-budget step's
+    activations (the profile step's few rows need far less): the Mamba1 layers' padded
+    scan scratch, a slot per bucket row (``MambaMixer.padded_scratch_bytes``), the most over
+    the buckets; one layer's at a time (freed blocks are reused within the graphs' pool)."""
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+
+    mixers = [m for m in model.modules() if isinstance(m, MambaMixer)]
+    if not mixers:
+        return 0
+    buckets = mixed_buckets(max_tokens, max_seqs, ssd=False)
+    return max(m.padded_scratch_bytes(b.num_tokens, b.num_seqs) for m in mixers for b in buckets)
+
+
 def graph_pool_gib(before: int, after: int) -> float:
     """Reserved device memory the captures added, in GiB (rounded up to 1 MiB)."""
     return math.ceil(max(after - before, 0) / 2**20) / 1024

@@ -34,7 +34,12 @@ from vllm.model_executor.staged_upload import StagedUpload
 from vllm.step_io import StepInputs
 from vllm.worker.cache_engine import CacheEngine
 from vllm.worker.cuda_graph import DecodeGraphs
-from vllm.worker.mixed_graph import MixedGraphs, full_graphs_unsupported, graph_pool_gib
+from vllm.worker.mixed_graph import (
+    MixedGraphs,
+    full_graphs_unsupported,
+    graph_pool_gib,
+    mixed_scratch_bytes,
+)
 from vllm.worker.warmup import compile_kernels, dummy_steps
 
 logger = init_logger(__name__)
@@ -113,9 +118,11 @@ class ModelRunner:
         self.cache.allocate_kv(self._startup_blocks(profile_rows))
         kernels = compile_kernels(self.dummy_step, self._zero_state, n_seq, n_tok, self.device)
         peak = self._activation_peak(profile_rows) if profile_rows else 0
-        # The mixed graphs' memory pool holds about one full step's activations beside the
-        # eager steps' own: the KV cache leaves room for both.
-        reserved_peak = 2 * peak if mode == "FULL" else peak
+        cap = config.compilation_config.capture_size  # the most tokens of a graphed step
+        # The mixed graphs' memory pool holds about one full step's activations (and Mamba1's
+        # padded scan scratch) beside the eager steps' own: the KV cache leaves room for both.
+        graph_budget = peak + mixed_scratch_bytes(self.model, min(n_tok, cap), n_seq)
+        reserved_peak = peak + graph_budget if mode == "FULL" else peak
         if self.cache.has_attention:
             self.cache.allocate_kv(
                 self.cache.num_kv_blocks(
@@ -129,7 +136,6 @@ class ModelRunner:
         self._sync()
         t3 = time.perf_counter()
         self.graphs = self.mixed_graphs = None
-        cap = config.compilation_config.capture_size  # the most tokens of a graphed step
         pool_before = self._reserved() if mode != "NONE" else 0
         if mode != "NONE":
             self.graphs = DecodeGraphs(self.model, min(n_seq, cap), self.attn_builder)
@@ -144,12 +150,12 @@ class ModelRunner:
             self._sync()
         t5 = time.perf_counter()
         pool_after = self._reserved() if mode != "NONE" else 0
-        if mode == "FULL" and pool_after - pool_mid > peak:
+        if mode == "FULL" and pool_after - pool_mid > graph_budget:
             logger.warning(
                 "the mixed-step CUDA graphs took %.2f GiB, over their budget, one full step's "
-                "activations (%.2f GiB), which the KV cache left free for them: lower "
-                "gpu_memory_utilization if steps run out of memory",
-                (pool_after - pool_mid) / 2**30, peak / 2**30,
+                "activations and scan scratch (%.2f GiB), which the KV cache left free for "
+                "them: lower gpu_memory_utilization if steps run out of memory",
+                (pool_after - pool_mid) / 2**30, graph_budget / 2**30,
             )  # fmt: skip
         self.cudagraph_mode = mode
         # Steps by how they ran: decode-only graphs, mixed graphs, eager.
@@ -167,7 +173,7 @@ class ModelRunner:
             "num_mixed_graphs": 0 if self.mixed_graphs is None else len(self.mixed_graphs.buckets),
             "graph_pool_gib": graph_pool_gib(pool_before, pool_after),
             "mixed_graph_pool_gib": graph_pool_gib(pool_mid, pool_after),
-            "graph_budget_gib": (peak if mode == "FULL" else 0) / 2**30,
+            "graph_budget_gib": (graph_budget if mode == "FULL" else 0) / 2**30,
             "num_kernels": kernels.num_variants,
             "num_kernels_compiled": kernels.num_new,
             "kernel_variants": kernels.variants,

@@ -235,6 +235,18 @@ class MambaMixer(nn.Module):
             chunk_len=chunk_len, **args,
         )  # fmt: skip
 
+    def padded_scratch_bytes(self, num_tokens: int, num_seqs: int) -> int:
+        """Device bytes ``_scan_padded``'s chunk scratch takes in a bucket of ``num_tokens``
+        tokens and ``num_seqs`` rows: a state and a dt sum per slot, S + 1 + T // chunk
+        slots when the scan is chunked (``selective_scan_fn``), none otherwise."""
+        dtype = self.out_proj.weight.dtype
+        chunk_len, chunks = chunk_plan(num_tokens, 1, self.intermediate_size, self.state_size,
+                                       dtype)  # fmt: skip
+        if chunks == 1:
+            return 0
+        slots = num_seqs + 1 + num_tokens // chunk_len
+        return slots * (self.state_size + 1) * self.intermediate_size * 4
+
     def _bound_state(self):
         if self.kv_cache is None:
             raise RuntimeError(
