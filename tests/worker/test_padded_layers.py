@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.kernels.moe.moe_utils import limit_kernel_pairs
 from tests.models.mamba1_utils import dummy_config
 from tests.models.mamba2_utils import run_mixer
 from tests.worker.host_sync_guard import HostSyncError, no_host_sync
@@ -165,14 +166,7 @@ def test_fused_moe_makes_no_host_sync(tokens, top_k, experts, most, grouped, mon
     if not fm.use_moe_kernel(torch.empty(1)):
         pytest.skip("the fused-MoE kernels need CUDA or TRITON_INTERPRET=1")
     if most is not None:
-        config = fm.launch_config
-
-        def entry(*args):
-            cfg = dict(config(*args))  # a copy: the real entry is cached
-            cfg["align"] = {**cfg.get("align", {}), "max_kernel_pairs": most}
-            return cfg
-
-        monkeypatch.setattr(fm, "launch_config", entry)
+        limit_kernel_pairs(monkeypatch, most)
     gen = torch.Generator().manual_seed(tokens + experts)
     x = torch.randn(tokens, 32, generator=gen)
     logits = torch.randn(tokens, experts, generator=gen)

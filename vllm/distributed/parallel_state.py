@@ -167,7 +167,9 @@ def init_distributed(
                 cpu_group = dist.new_group(backend="gloo", timeout=timeout)
         except BaseException:
             if owns:  # leave no half-made world behind (destroying it resets the names)
-                dist.destroy_process_group()
+                with contextlib.suppress(Exception):  # the error to report is the first
+                    dist.destroy_process_group()
+                _unnamed_groups_from_zero()
             raise
     _TP = TPGroup(rank, world_size, backend, device, world, cpu_group, owns)
     _INITIALIZED = True

@@ -73,3 +73,18 @@ def as_rows(ids: torch.Tensor, weights: torch.Tensor):
     """A token's (ids, weights) sorted by id: the router's order is unspecified."""
     order = ids.long().argsort(dim=-1)
     return ids.long().gather(1, order), weights.float().gather(1, order)
+
+
+def limit_kernel_pairs(patcher, most: int) -> None:
+    """Every launch table entry with ``align.max_kernel_pairs`` = ``most`` (``patcher``: a
+    pytest MonkeyPatch or its context), so small tests take the two-launch alignment."""
+    from vllm.model_executor.layers.fused_moe import fused_moe as fm
+
+    table = fm.launch_config
+
+    def entry(*args):
+        cfg = dict(table(*args))  # a copy: the real entry is cached
+        cfg["align"] = {**cfg.get("align", {}), "max_kernel_pairs": most}
+        return cfg
+
+    patcher.setattr(fm, "launch_config", entry)

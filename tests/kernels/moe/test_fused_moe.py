@@ -4,6 +4,8 @@ dot is wrong), gated SiLU and ungated relu^2 experts; and the op's argument erro
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -180,3 +182,26 @@ def test_unmasked_k_loop_equals_the_masked_one(device, kernels_only, monkeypatch
     monkeypatch.setattr(fused_moe_module, "_gemm_constexprs",
                         lambda *a: dict(real(*a), EVEN_K=False))  # fmt: skip
     assert torch.equal(fused_experts(x, w13, w2, weights, ids), even)
+
+
+@pytest.mark.parametrize(
+    "entry, field",
+    [
+        ({"BLOCK_M": 16, "BLOCK_N": 48, "BLOCK_K": 32}, "BLOCK_N"),
+        ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "down": {"BLOCK_K": 24}}, "down.BLOCK_K"),
+        ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 6}, "num_warps"),
+        ({"BLOCK_M": "16", "BLOCK_N": 32, "BLOCK_K": 32}, "BLOCK_M"),
+    ],
+)
+def test_a_launch_table_entry_triton_cannot_take_is_named(entry, field, tmp_path, monkeypatch):
+    """A hand-edited table with a tile or warp count that is not a power of two: a
+    ValueError naming the shape and the field, not Triton's compile error."""
+    (tmp_path / "default.json").write_text(json.dumps({"entries": {"*": entry}}))
+    monkeypatch.setattr(fused_moe_module, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # default.json only
+    fused_moe_module._config.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=rf"tokens=16: {field} must be a power of two"):
+            fused_moe_module.launch_config(3, 8, 32, 24, torch.float32)
+    finally:
+        fused_moe_module._config.cache_clear()

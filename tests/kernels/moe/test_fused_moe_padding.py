@@ -12,7 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.moe.moe_utils import TOLERANCES, expert_weights, gen_for, tie_free_logits
+from tests.kernels.moe.moe_utils import (
+    TOLERANCES,
+    expert_weights,
+    gen_for,
+    limit_kernel_pairs,
+    tie_free_logits,
+)
 from vllm.model_executor.layers.fused_moe import fused_moe as fm
 from vllm.model_executor.layers.fused_moe import moe_align
 from vllm.model_executor.layers.fused_moe.fused_moe_ref import fused_experts_ref
@@ -58,14 +64,7 @@ def test_padded_rows_leave_the_real_rows_alone(n, t, top_k, experts, most, path,
     opts = dict(activation=activation, is_act_and_mul=gated, renormalize=True)
     with monkeypatch.context() as m:
         if most is not None:
-            fm_config = fm.launch_config
-
-            def entry(*args):
-                cfg = dict(fm_config(*args))  # a copy: the real entry is cached
-                cfg["align"] = {**cfg.get("align", {}), "max_kernel_pairs": most}
-                return cfg
-
-            m.setattr(fm, "launch_config", entry)
+            limit_kernel_pairs(m, most)
         seen = _watch_paths(m)
         padded = fm.fused_moe(x, w13, w2, logits, top_k, **opts)
         assert seen == path

@@ -88,7 +88,28 @@ def _config(bucket: int, num_experts: int, hidden: int, inter: int, dtype: torch
         configs.table_key(dtype=dtype, tokens=bucket),
         configs.table_key(tokens=bucket),
     ]
-    return configs.lookup_first(CONFIG_DIR, keys)
+    return _check_entry(configs.lookup_first(CONFIG_DIR, keys), keys[0])
+
+
+def _check_entry(cfg: dict, key: str) -> dict:
+    """``cfg`` if its tiles and warp counts are what Triton takes (powers of two), else a
+    ValueError naming the entry's shape and the field (a hand-edited table)."""
+    parts = [("", cfg)] + [
+        (f"{p}.", cfg[p]) for p in ("down", "sum") if isinstance(cfg.get(p), dict)
+    ]
+    for prefix, own in parts:
+        for field in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"):
+            v = own.get(field)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1)
+            ):
+                raise ValueError(
+                    f"fused-MoE launch table ({CONFIG_DIR}) entry for {key}: {prefix}{field} "
+                    f"must be a power of two, got {v!r}"
+                )
+    if "BLOCK_M" not in cfg:
+        raise ValueError(f"fused-MoE launch table ({CONFIG_DIR}) entry for {key}: no BLOCK_M")
+    return cfg
 
 
 def _tile(size: int, block: int) -> int:
