@@ -6,6 +6,7 @@ and states, touching no other line. The whole engines' padded steps: test_mixed_
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -146,6 +147,7 @@ def test_mamba1_padded_scan_chunks_for_one_long_prefill(monkeypatch):
 
     monkeypatch.setattr(mamba_mixer, "selective_scan_fn", spy)
     mixer = SimpleNamespace(intermediate_size=8192, state_size=16)
+    mixer._padded_chunks = functools.partial(MambaMixer._padded_chunks, mixer)
     md = SimpleNamespace(num_tokens=1024, num_prefills=9, query_start_loc=None,
                          state_indices=None, has_initial_state=None)  # fmt: skip
     x = torch.empty(0, dtype=torch.bfloat16)

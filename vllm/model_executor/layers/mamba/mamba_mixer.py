@@ -72,6 +72,7 @@ from vllm.model_executor.layers.mamba.ops.selective_scan import (
     selective_scan_fn,
     selective_state_update_mamba1,
 )
+from vllm.model_executor.layers.mamba.ops.selective_scan_host import scratch_slots
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,7 @@ class MambaMixer(nn.Module):
         chunked over time for the worst step the graph replays: one prefill of nearly all
         T tokens. (The bucket's P + 1 prefill rows, mostly empty, would reach the table's
         target programs at large T and leave such a prefill one serial chunk.)"""
-        chunk_len, _ = chunk_plan(md.num_tokens, 1, self.intermediate_size, self.state_size,
-                                  x.dtype)  # fmt: skip
+        chunk_len, _ = self._padded_chunks(md.num_tokens, x.dtype)
         return selective_scan_fn(
             x, dt, A, B, C, md.query_start_loc, ssm_state, cache_indices=md.state_indices,
             has_initial_state=md.has_initial_state, z=z, pad_slot_id=NULL_BLOCK_ID,
@@ -239,13 +239,15 @@ class MambaMixer(nn.Module):
         """Device bytes ``_scan_padded``'s chunk scratch takes in a bucket of ``num_tokens``
         tokens and ``num_seqs`` rows: a state and a dt sum per slot, S + 1 + T // chunk
         slots when the scan is chunked (``selective_scan_fn``), none otherwise."""
-        dtype = self.out_proj.weight.dtype
-        chunk_len, chunks = chunk_plan(num_tokens, 1, self.intermediate_size, self.state_size,
-                                       dtype)  # fmt: skip
+        chunk_len, chunks = self._padded_chunks(num_tokens, self.out_proj.weight.dtype)
         if chunks == 1:
             return 0
-        slots = num_seqs + 1 + num_tokens // chunk_len
+        slots = scratch_slots(num_seqs + 1, num_tokens, chunk_len)
         return slots * (self.state_size + 1) * self.intermediate_size * 4
+
+    def _padded_chunks(self, num_tokens: int, dtype: torch.dtype) -> tuple[int, int]:
+        """(chunk length, chunks) of a padded bucket's scan: one sequence of all T tokens."""
+        return chunk_plan(num_tokens, 1, self.intermediate_size, self.state_size, dtype)
 
     def _bound_state(self):
         if self.kv_cache is None:

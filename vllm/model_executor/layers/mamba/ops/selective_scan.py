@@ -36,6 +36,7 @@ from vllm.model_executor.layers.mamba.ops.selective_scan_host import (
     chunk_plan,
     launch_options,
     scan_config,
+    scratch_slots,
 )
 from vllm.model_executor.layers.mamba.ops.selective_scan_kernels import (
     LAUNCH_CHUNK,
@@ -108,8 +109,7 @@ def _scan_launch(
     cfg = scan_config(dim, dstate, u.dtype)
     chunk_len, n_chunks = chunk_plan(num_tokens, batch, dim, dstate, u.dtype, chunk_len or None)
     opts = chunk_options(cfg, dim, dstate)
-    # Chunk c of sequence b has slot b + qsl[b] // chunk_len + c: fewer than n_slots.
-    n_slots = batch + num_tokens // chunk_len
+    n_slots = scratch_slots(batch, num_tokens, chunk_len)
     if n_chunks > 1:
         hbuf = torch.empty((n_slots, dstate, dim), dtype=torch.float32, device=u.device)
         dtsum = torch.empty((n_slots, dim), dtype=torch.float32, device=u.device)

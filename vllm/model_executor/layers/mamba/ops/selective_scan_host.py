@@ -83,6 +83,12 @@ def chunk_plan(num_tokens: int, batch: int, dim: int, dstate: int, dtype: torch.
     return chunk_len, cdiv(num_tokens, chunk_len)
 
 
+def scratch_slots(batch: int, num_tokens: int, chunk_len: int) -> int:
+    """Slots of a chunked scan's scratch (a state and a dt sum each): chunk c of sequence b
+    has slot b + qsl[b] // chunk_len + c, below this count."""
+    return batch + num_tokens // chunk_len
+
+
 # --------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------
