@@ -2,14 +2,15 @@
 the device's launch table (``vllm/model_executor/layers/mamba/ops/configs/ssd/``).
 
     python -m benchmarks.kernels.tune_ssd [--cases 1x2048 1x8192 16x512_init]
-        [--json F] [--write [PATH]] [--upstream-split]
+        [--json F] [--write [PATH]] [--upstream-split] [--kernels chunk_state ...]
 
 For each case (``ssd_bench_cases``: bf16 activations, fp32 pool) each variant changes one
 kernel's constexprs (or the workspace's CB dtype) from the configuration ``ssd_configs``
 gives. Every variant is compiled first, in parallel (``vllm.triton_utils.launch
 .precompile``), then run twice on the same inputs: the two results must agree bit for bit
-(the kernels have no atomics, so a difference is a race, such as a pipelined wgmma whose
-register operand is overwritten) and match the fp32 recurrence (rel-L2 of y and of the final
+(the kernels' only atomics, those of ``FUSED_PASS``, order its look-back and change no
+value, so a difference is a race, such as a pipelined wgmma whose register operand is
+overwritten) and match the fp32 recurrence (rel-L2 of y and of the final
 states); only then is it timed cold (a ~2 ms GPU sleep before each call, L2 flushed, median
 of ``--reps``). The two runs differ on purpose: the first is a fresh plan's call (the
 general launch path) over a workspace filled with NaN bytes, the second the plan's direct
@@ -70,6 +71,13 @@ VARIANTS += [
         # The tables' RELOAD_CS (compile-checked, not measured): off, and with 3 stages.
         dict(RELOAD_CS=False),
         dict(RELOAD_CS=True, num_stages=3),
+        # FUSED_PASS (compile-checked, not measured): launch 1 chains the states (a
+        # decoupled look-back), launch 2 only computes CB. Its epilogue holds the start
+        # state beside the accumulator: 198 registers at Codestral (2 programs an SM), 168
+        # with a 96-byte stack (3 an SM).
+        dict(FUSED_PASS=True),
+        dict(FUSED_PASS=True, maxnreg=168),
+        dict(FUSED_PASS=True, num_stages=2),
     )
 ]
 VARIANTS += [
@@ -275,9 +283,18 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--write", nargs="?", const="", default=None, help="write the table")
     p.add_argument("--upstream-split", action="store_true")
+    p.add_argument("--kernels", nargs="+", default=None,
+                   help="sweep only these kernels' variants (chunk_state, state_passing, "
+                        "chunk_scan, cb); the default configuration is always timed")  # fmt: skip
     args = p.parse_args(argv)
+    variants = VARIANTS
+    if args.kernels:
+        unknown = set(args.kernels) - {k for k, _ in VARIANTS[1:]}
+        if unknown:
+            p.error(f"--kernels: no variants of {sorted(unknown)}")
+        variants = [v for v in VARIANTS if v[0] == "default" or v[0] in args.kernels]
     timer = ColdTimer()
-    results = {n: measure(n, timer, args.reps, VARIANTS, args.upstream_split) for n in args.cases}
+    results = {n: measure(n, timer, args.reps, variants, args.upstream_split) for n in args.cases}
     summary = dict(results=results)
     best = best_per_kernel(results)
     print(f"\nbest per kernel: {best}")

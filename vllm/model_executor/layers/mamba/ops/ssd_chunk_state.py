@@ -65,7 +65,92 @@ def _chunk_dt(
     return tl.where(mask, b_dt, 0.0)
 
 
-@triton.jit(do_not_specialize=["chunk_starts_ptr"])
+@triton.jit
+def _chain_step(
+    acc,
+    b_decay,
+    p_states,
+    m_st,
+    i_c,
+    i_h,
+    i_seq,
+    line,
+    o_p,
+    o_n,
+    tile,
+    seq_chunk_starts_ptr,
+    has_init_ptr,
+    chunk_lines_ptr,
+    ssm_ptr,
+    sync_ptr,
+    pad_slot_id,
+    stride_ssm_line,
+    stride_ssm_h,
+    stride_ssm_p,
+    stride_ssm_n,
+    stride_init,
+    stride_chunk_lines,
+    NHEADS: tl.constexpr,
+    HEADDIM: tl.constexpr,
+    DSTATE: tl.constexpr,
+    TILES: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_CHUNK_LINES: tl.constexpr,
+):
+    """``FUSED_PASS``: launch 2's state chain, one step per chunk, done by the chunk's own
+    program (a decoupled look-back). Chunk c's start state S (slot c of ``states``) is the
+    sequence's initial state for its first chunk, else published by chunk c-1's program of
+    the same tile; the program waits for that flag, takes it back to 0 (the sync buffer is
+    all zeros between calls), and publishes ``decay * S + acc`` as chunk c+1's start (or
+    writes it to the pool line after the last chunk). The arithmetic is launch 2's, in
+    the same order: the results are bit-identical."""
+    o_pool = i_h * stride_ssm_h + o_p[:, None] * stride_ssm_p + o_n[None, :] * stride_ssm_n
+    c0 = tl.load(seq_chunk_starts_ptr + i_seq).to(tl.int64)
+    c1 = tl.load(seq_chunk_starts_ptr + i_seq + 1).to(tl.int64)
+    flags = sync_ptr + 1 + tile  # flag of (chunk c, head h, tile): at c * NHEADS + h tiles
+    if i_c == c0:
+        if HAS_INIT:
+            use_init = tl.load(has_init_ptr + i_seq * stride_init) != 0
+        else:
+            use_init = False
+        b_s = tl.load(ssm_ptr + line * stride_ssm_line + o_pool, mask=m_st & use_init, other=0.0)
+        b_s = b_s.to(tl.float32)
+        # The chunk scan reads a first chunk's start only when there is an initial state.
+        tl.store(p_states, b_s, mask=m_st & use_init)
+    else:
+        p_flag = flags + ((i_c - 1) * NHEADS + i_h) * TILES
+        # One thread of the program spins (a scalar atomic), then a CTA barrier: the
+        # acquire orders the loads below after the publisher's release.
+        seen = tl.atomic_cas(p_flag, 1, 0, sem="acquire")
+        while seen != 1:
+            seen = tl.atomic_cas(p_flag, 1, 0, sem="acquire")
+        b_s = tl.load(p_states, mask=m_st, other=0.0, cache_modifier=".cg")
+    b_s = b_s * b_decay + acc
+    if HAS_CHUNK_LINES:
+        # The state at the chunk's end into its given line (prefix caching).
+        chunk_line = tl.load(chunk_lines_ptr + i_c * stride_chunk_lines).to(tl.int64)
+        tl.store(ssm_ptr + chunk_line * stride_ssm_line + o_pool,
+                 b_s.to(ssm_ptr.dtype.element_ty),
+                 mask=m_st & (chunk_line != pad_slot_id) & (chunk_line >= 0))  # fmt: skip
+    if i_c + 1 < c1:
+        tl.store(p_states + NHEADS * HEADDIM * DSTATE, b_s, mask=m_st)
+        tl.debug_barrier()  # every thread's stores before the one release below
+        tl.atomic_xchg(flags + (i_c * NHEADS + i_h) * TILES, 1, sem="release")
+    else:
+        tl.store(ssm_ptr + line * stride_ssm_line + o_pool, b_s.to(ssm_ptr.dtype.element_ty),
+                 mask=m_st)  # fmt: skip
+
+
+@triton.jit(
+    do_not_specialize=[
+        "chunk_starts_ptr",
+        "chunk_seqs_ptr",
+        "seq_chunk_starts_ptr",
+        "state_indices_ptr",
+        "has_init_ptr",
+        "chunk_lines_ptr",
+    ]
+)
 def _ssd_chunk_state_kernel(
     x_ptr,
     dt_ptr,
@@ -77,6 +162,14 @@ def _ssd_chunk_state_kernel(
     dt_out_ptr,
     cs_out_ptr,
     decay_ptr,
+    chunk_seqs_ptr,
+    seq_chunk_starts_ptr,
+    state_indices_ptr,
+    has_init_ptr,
+    chunk_lines_ptr,
+    ssm_ptr,
+    sync_ptr,
+    pad_slot_id,
     dt_min,
     dt_max,
     stride_x_t,
@@ -89,6 +182,13 @@ def _ssd_chunk_state_kernel(
     stride_B_t,
     stride_B_g,
     stride_B_n,
+    stride_ssm_line,
+    stride_ssm_h,
+    stride_ssm_p,
+    stride_ssm_n,
+    stride_idx,
+    stride_init,
+    stride_chunk_lines,
     NHEADS: tl.constexpr,
     HEADDIM: tl.constexpr,
     DSTATE: tl.constexpr,
@@ -99,6 +199,9 @@ def _ssd_chunk_state_kernel(
     HAS_DT_LIMIT: tl.constexpr,
     SPLIT: tl.constexpr,
     RELOAD_CS: tl.constexpr,
+    FUSED_PASS: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_CHUNK_LINES: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -106,7 +209,15 @@ def _ssd_chunk_state_kernel(
     N_NB: tl.constexpr = (DSTATE + BLOCK_N - 1) // BLOCK_N
     N_PB: tl.constexpr = (HEADDIM + BLOCK_P - 1) // BLOCK_P
     BLOCK_L: tl.constexpr = triton.next_power_of_2(CHUNK)
-    i_pid = tl.program_id(0)
+    if FUSED_PASS:
+        # A ticket instead of the program id: a program waits only on programs with
+        # smaller tickets, which have started and so are resident (no deadlock whatever
+        # order the hardware starts programs in). The last ticket resets the counter.
+        i_pid = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+        if i_pid == tl.num_programs(0) - 1:
+            tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
+    else:
+        i_pid = tl.program_id(0)
     i_nb = i_pid % N_NB
     i_pb = (i_pid // N_NB) % N_PB
     i_h = (i_pid // (N_NB * N_PB)) % NHEADS
@@ -114,9 +225,17 @@ def _ssd_chunk_state_kernel(
     i_g = i_h // HEADS_PER_GROUP
     start = tl.load(chunk_starts_ptr + i_c)
     clen = tl.load(chunk_starts_ptr + i_c + 1) - start
-    if clen == 0:
+    if FUSED_PASS:
+        i_seq = tl.load(chunk_seqs_ptr + i_c).to(tl.int64)
+        line = tl.load(state_indices_ptr + i_seq * stride_idx).to(tl.int64)
+        live = (line != pad_slot_id) & (line >= 0)
+        skip = (clen == 0) & (~live)
+    else:
+        skip = clen == 0
+    if skip:
         # A CUDA graph's padded chunk layout: its spare chunks hold no rows and belong to a
         # padded sequence, whose state passing and outputs read none of this chunk's work.
+        # (Fused: a live sequence's chunk always runs, so its successor never waits in vain.)
         return
     row0 = start.to(tl.int64)
 
@@ -183,7 +302,17 @@ def _ssd_chunk_state_kernel(
 
     p_states = states_ptr + (i_c * NHEADS + i_h) * (HEADDIM * DSTATE)
     p_states = p_states + o_p[:, None] * DSTATE + o_n[None, :]
-    tl.store(p_states, acc, mask=m_p[:, None] & m_n[None, :])
+    m_st = m_p[:, None] & m_n[None, :]
+    if FUSED_PASS:
+        if live:
+            _chain_step(acc, tl.exp2(b_total), p_states, m_st, i_c, i_h, i_seq, line, o_p, o_n,
+                        i_pb * N_NB + i_nb, seq_chunk_starts_ptr, has_init_ptr,
+                        chunk_lines_ptr, ssm_ptr, sync_ptr, pad_slot_id, stride_ssm_line,
+                        stride_ssm_h, stride_ssm_p, stride_ssm_n, stride_init,
+                        stride_chunk_lines, NHEADS, HEADDIM, DSTATE, N_PB * N_NB, HAS_INIT,
+                        HAS_CHUNK_LINES)  # fmt: skip
+    else:
+        tl.store(p_states, acc, mask=m_st)
 
 
 _LAUNCH = CachedLauncher(_ssd_chunk_state_kernel)
@@ -194,25 +323,75 @@ def chunk_state_programs(num_chunks: int, nheads: int, headdim: int, dstate: int
     return num_chunks * nheads * -(-headdim // cfg["BLOCK_P"]) * -(-dstate // cfg["BLOCK_N"])
 
 
-def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg: dict) -> tuple:
+def chunk_state_tiles(headdim: int, dstate: int, cfg: dict) -> int:
+    """Programs per (chunk, head): headdim blocks x dstate blocks."""
+    return -(-headdim // cfg["BLOCK_P"]) * -(-dstate // cfg["BLOCK_N"])
+
+
+def sync_elements(num_chunks: int, nheads: int, headdim: int, dstate: int, cfg: dict) -> int:
+    """int32 elements of ``FUSED_PASS``'s sync buffer: the ticket counter, then one flag per
+    (chunk, head, tile)."""
+    return 1 + num_chunks * nheads * chunk_state_tiles(headdim, dstate, cfg)
+
+
+_SYNC: dict = {}
+
+
+def sync_buffer(device, elements: int):
+    """The device's zeroed int32 sync buffer of at least ``elements`` (``FUSED_PASS``).
+
+    Every call leaves it all zeros (each flag is taken back by the program that waited on
+    it, the counter by the last ticket), so one buffer serves every call on the device,
+    one after the other on a stream: launches of the fused chunk state on two streams at
+    once must not share it. Grown (never shrunk) by doubling, from 64Ki elements (256 KiB:
+    512 chunks at the Codestral shape)."""
+    import torch
+
+    device = torch.device(device)
+    buf = _SYNC.get(device)
+    if buf is None or buf.numel() < elements:
+        size = max(elements, 1 << 16, 0 if buf is None else 2 * buf.numel())
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        _SYNC[device] = buf
+    return buf
+
+
+def launch_chunk_state(x, dt, A, dt_bias, B, chunks, ssm_states, state_indices, init,
+                       chunk_lines, pad_slot_id: int, ws, flags: dict,
+                       cfg: dict) -> tuple:  # fmt: skip
     """Launch 1 over ``ws`` (the call's ``SSDWorkspace``); ``flags`` are the dt constexprs
     (HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT) plus dt_min/dt_max, ``cfg`` the launch config.
-    Returns what it launched: (launcher, grid, args, constexprs)."""
-    num_chunks = chunk_starts.shape[0] - 1
+    With ``FUSED_PASS`` it also chains the states (launch 2's pass, which then handles only
+    sequences without chunks): ``chunks`` (``ssd_launch.Chunks``), the pool, the sequences'
+    lines and flags, the chunks' lines as launch 2 takes them. Returns what it launched:
+    (launcher, grid, args, constexprs)."""
+    num_chunks = chunks.num_chunks
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
     grid = (chunk_state_programs(num_chunks, nheads, headdim, dstate, cfg),)
+    fused = bool(cfg.get("FUSED_PASS", False))
+    sync = chunks.chunk_starts
+    if fused:
+        sync = sync_buffer(x.device, sync_elements(num_chunks, nheads, headdim, dstate, cfg))
     args = (
         x,
         dt,
         A,
         x if dt_bias is None else dt_bias,
         B,
-        chunk_starts,
+        chunks.chunk_starts,
         ws.states,
         ws.dt,
         ws.cs,
         ws.decay,
+        chunks.chunk_seqs,
+        chunks.seq_chunk_starts,
+        state_indices,
+        state_indices if init is None else init,
+        state_indices if chunk_lines is None else chunk_lines,
+        ssm_states,
+        sync,
+        pad_slot_id,
         flags["dt_min"],
         flags["dt_max"],
         *x.stride(),
@@ -220,6 +399,10 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg:
         A.stride(0),
         0 if dt_bias is None else dt_bias.stride(0),
         *B.stride(),
+        *ssm_states.stride(),
+        state_indices.stride(0),
+        0 if init is None else init.stride(0),
+        0 if chunk_lines is None else chunk_lines.stride(0),
     )
     constexprs = dict(
         NHEADS=nheads,
@@ -230,7 +413,9 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunk_starts, ws, flags: dict, cfg:
         HAS_DT_BIAS=flags["HAS_DT_BIAS"],
         DT_SOFTPLUS=flags["DT_SOFTPLUS"],
         HAS_DT_LIMIT=flags["HAS_DT_LIMIT"],
-        **cfg,
+        HAS_INIT=init is not None,
+        HAS_CHUNK_LINES=chunk_lines is not None,
+        **{"FUSED_PASS": fused, **cfg},
     )
     _LAUNCH(grid, args, constexprs)
     return _LAUNCH, grid, args, constexprs

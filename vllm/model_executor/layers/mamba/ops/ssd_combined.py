@@ -125,6 +125,7 @@ def ssd_configs(
 
     state, passing, scan = (entry[k] for k in ("chunk_state", "state_passing", "chunk_scan"))
     state.setdefault("RELOAD_CS", False)  # tables from before the key
+    state.setdefault("FUSED_PASS", False)  # launch 1 chains the states (ssd_chunk_state)
     state.update(
         SPLIT=not f32,
         BLOCK_T=block(chunk_size, state["BLOCK_T"]),

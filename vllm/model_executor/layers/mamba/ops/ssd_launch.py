@@ -34,6 +34,8 @@ from vllm.model_executor.layers.mamba.ops.ssd_chunk_state import _LAUNCH as _STA
 from vllm.model_executor.layers.mamba.ops.ssd_chunk_state import (
     chunk_state_programs,
     launch_chunk_state,
+    sync_buffer,
+    sync_elements,
 )
 from vllm.model_executor.layers.mamba.ops.ssd_layout import SSDChunkLayout
 from vllm.model_executor.layers.mamba.ops.ssd_state_passing import _LAUNCH as _PASSING_LAUNCHER
@@ -128,10 +130,12 @@ def launch_all(x, z, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, ini
             dt_min=dt_lo,
             dt_max=dt_hi,
         )
-        done.append(launch_chunk_state(x, dt, A, dt_bias, B, chunks.chunk_starts, ws, flags,
+        done.append(launch_chunk_state(x, dt, A, dt_bias, B, chunks, ssm_states, state_indices,
+                                       init, chunk_lines, pad_slot_id, ws, flags,
                                        cfg["chunk_state"]))  # fmt: skip
+    fused = bool(cfg["chunk_state"].get("FUSED_PASS", False))
     passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init, chunk_lines,
-                                   ws, cfg["state_passing"], pad_slot_id)  # fmt: skip
+                                   ws, cfg["state_passing"], pad_slot_id, fused)  # fmt: skip
     if passing is not None:
         done.append(passing)
     if chunks.num_chunks:
@@ -195,6 +199,8 @@ class SSDPlan:
                                                   cfg["chunk_scan"])  # fmt: skip
         self.per_chunk_state = chunk_state_programs(1, nheads, headdim, dstate,
                                                     cfg["chunk_state"])  # fmt: skip
+        self.fused = bool(cfg["chunk_state"].get("FUSED_PASS", False))
+        self.shape = (nheads, headdim, dstate)
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
             1, 1, nheads, headdim, dstate, ngroups, chunk_size, cfg["state_passing"]
         )
@@ -249,6 +255,8 @@ class SSDPlan:
                     ptrs[name] = t.data_ptr()
             for name, off in zip(_WS_NAMES, offsets, strict=True):
                 ptrs[name] = base + off
+            if self.fused:
+                ptrs["sync"] = self._sync(num_chunks).data_ptr()
             if self._launch_direct(ptrs, num_chunks, num_seqs):
                 return
         ws = self.ws.views(buf, num_chunks, offsets)
@@ -264,9 +272,17 @@ class SSDPlan:
                            chunk_starts=layout.chunk_starts, chunk_seqs=layout.chunk_seqs,
                            seq_chunk_starts=layout.seq_chunk_starts,
                            **dict(zip(_WS_NAMES, ws, strict=True)))  # fmt: skip
+            if self.fused:
+                sources["sync"] = self._sync(num_chunks)
             # State passing's first integer, its number of state-passing programs, is the
             # step's; every other integer is fixed by the plan's key.
             self.direct.capture(done, sources, {_PASSING_LAUNCHER.name: 1})
+
+    def _sync(self, num_chunks: int):
+        """``FUSED_PASS``'s sync buffer (without it, launch 1 takes the chunk starts, a
+        pointer it has anyway, in its place)."""
+        elements = sync_elements(num_chunks, *self.shape, self.cfg["chunk_state"])
+        return sync_buffer(self.device, elements)
 
     def _launch_direct(self, ptrs: dict, num_chunks: int, num_seqs: int) -> bool:
         num_pass = num_seqs * self.per_seq_pass

@@ -51,6 +51,7 @@ def _pass_states(
     DSTATE: tl.constexpr,
     HAS_INIT: tl.constexpr,
     HAS_CHUNK_LINES: tl.constexpr,
+    SKIP_CHUNKED: tl.constexpr,
     BLOCK_SP: tl.constexpr,
     BLOCK_SN: tl.constexpr,
 ):
@@ -74,6 +75,11 @@ def _pass_states(
     # empty spare chunks of a CUDA graph's padded layout, whose contributions were never
     # written (ssd_chunk_state returns at once on an empty chunk).
     c1 = tl.where(live, c1, c0)
+    if SKIP_CHUNKED:
+        # Launch 1 chained this sequence's chunks (its FUSED_PASS); only a sequence without
+        # chunks is left here, to keep its initial state or get zeros.
+        if c0 < c1:
+            return
 
     o_p = i_tp * BLOCK_SP + tl.arange(0, BLOCK_SP)
     o_n = i_tn * BLOCK_SN + tl.arange(0, BLOCK_SN)
@@ -154,6 +160,7 @@ def _ssd_state_passing_kernel(
     CHUNK: tl.constexpr,
     HAS_INIT: tl.constexpr,
     HAS_CHUNK_LINES: tl.constexpr,
+    SKIP_CHUNKED: tl.constexpr,
     BLOCK_SP: tl.constexpr,
     BLOCK_SN: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -183,6 +190,7 @@ def _ssd_state_passing_kernel(
             DSTATE,
             HAS_INIT,
             HAS_CHUNK_LINES,
+            SKIP_CHUNKED,
             BLOCK_SP,
             BLOCK_SN,
         )
@@ -231,11 +239,13 @@ def launch_state_passing(
     ws,
     cfg: dict,
     pad_slot_id: int,
+    skip_chunked: bool = False,
 ) -> tuple | None:
     """Launch 2 over ``ws`` (the call's ``SSDWorkspace``): start states in place, final
     states (and, with ``chunk_lines``, each chunk's end state) into the pool, CB into
-    ``ws.cb``. Returns what it launched: (launcher, grid, args, constexprs), or None when
-    there was nothing to launch."""
+    ``ws.cb``. ``skip_chunked``: launch 1 chained the states (its ``FUSED_PASS``), so only
+    sequences without chunks are passed here. Returns what it launched: (launcher, grid,
+    args, constexprs), or None when there was nothing to launch."""
     nheads, headdim, dstate = ssm_states.shape[1:]
     ngroups = B.shape[1]
     num_pass, num_cb = state_passing_programs(
@@ -274,6 +284,7 @@ def launch_state_passing(
         CHUNK=layout.chunk_size,
         HAS_INIT=init is not None,
         HAS_CHUNK_LINES=chunk_lines is not None,
+        SKIP_CHUNKED=bool(skip_chunked),
         **cfg,
     )
     _LAUNCH((num_pass + num_cb,), args, constexprs)

@@ -1,0 +1,129 @@
+"""``FUSED_PASS`` (launch table key of the chunk state): launch 1 chains the states itself
+(a decoupled look-back: each chunk's program waits for the previous chunk's published state
+of its tile), and launch 2 only passes sequences without chunks.
+
+The arithmetic is launch 2's in the same order, so outputs and pools must be bit-identical
+to the three-launch path, here under the interpreter and on the GPU box (the device
+fixture). Each test also checks that the fused path ran (the sync buffer was taken) and
+left the sync buffer all zeros, which every later call relies on.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.mamba.ssd_utils import (
+    Case,
+    build,
+    check_against_reference,
+    run_ssd,
+    small_blocks,
+)
+from tests.models.mamba2_utils import FP16
+from vllm.model_executor.layers.mamba.ops import ssd_chunk_state
+from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
+from vllm.model_executor.layers.mamba.ops.ssd_combined import plan_ssd_chunks
+
+CASES = [
+    Case((37,), heads=2, groups=1),  # several chunks and a tail, no initial state
+    Case((1, 7, 0, 16, 29), pads=1),  # lengths 1, < chunk, 0, == 2 chunks, several; a pad
+    Case((16,), init="all"),
+    Case((9, 0, 4), init="none", groups=4),
+    Case((11, 3), heads=6, headdim=5, dstate=12, groups=3),  # non-power-of-2 sizes
+    Case((14, 9), dtype=FP16, headdim=16, dstate=8, init="all"),
+    Case((7, 12), dtype=FP16, state_dtype=FP16, strided=True, pads=1),
+    Case((64, 1, 45), chunk=32, init="all", pads=1, z=True, D2=True),
+    Case((100,), heads=2, headdim=16, dstate=32, groups=1, chunk=16, init="off"),
+]
+# One program per (chunk, head), or several: headdim and dstate blocks of 16, so each
+# (chunk, head) has several tiles, each with its own flag.
+TILES = {"one": {}, "tiles": dict(chunk_state__BLOCK_N=16, chunk_state__BLOCK_P=16)}
+
+
+def _run(case, device, monkeypatch, fused: bool, tiles: dict, **overrides):
+    small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused, **tiles)
+    inp = build(case, device)
+    y = run_ssd(case, inp, device, **overrides)
+    return y, inp
+
+
+def _sync_used_and_clean(device) -> None:
+    buf = ssd_chunk_state._SYNC.get(torch.device(device))
+    assert buf is not None, "the fused path did not run (no sync buffer was taken)"
+    assert not buf.any(), "the fused chunk state left flags or its counter set"
+
+
+@pytest.fixture
+def fresh_sync():
+    """Each test takes a new sync buffer, so that its use is seen."""
+    saved = dict(ssd_chunk_state._SYNC)
+    ssd_chunk_state._SYNC.clear()
+    yield
+    ssd_chunk_state._SYNC.clear()
+    ssd_chunk_state._SYNC.update(saved)
+
+
+@pytest.mark.parametrize("tiles", list(TILES), ids=list(TILES))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_fused_pass_is_bit_identical(case, tiles, device, monkeypatch, fresh_sync):
+    y0, ref = _run(case, device, monkeypatch, False, TILES[tiles])
+    assert not ssd_chunk_state._SYNC, "the three-launch path took a sync buffer"
+    y1, got = _run(case, device, monkeypatch, True, TILES[tiles])
+    rows = slice(case.offset, case.offset + sum(case.lens))
+    assert torch.equal(y1[rows], y0[rows])
+    assert torch.equal(got.pool, ref.pool)
+    _sync_used_and_clean(device)
+
+
+@pytest.mark.parametrize("case", CASES[1:2] + CASES[7:8], ids=lambda c: c.id)
+def test_fused_pass_matches_the_reference(case, device, monkeypatch, fresh_sync, nan_poison):
+    small_blocks(monkeypatch, chunk_state__FUSED_PASS=True, **TILES["tiles"])
+    check_against_reference(case, build(case, device), device)
+    _sync_used_and_clean(device)
+
+
+def test_fused_pass_writes_chunk_end_states(device, monkeypatch, fresh_sync):
+    """``chunk_state_indices`` (prefix caching's chunk-end states) from the chained
+    program, as launch 2 writes them."""
+    case = Case((40, 17), chunk=16, init="all", groups=1)
+    layout = plan_ssd_chunks(build(case, device).qsl, case.chunk)
+    results = []
+    for fused in (False, True):
+        inp = build(case, device)
+        extra = torch.zeros(layout.num_chunks, *inp.pool.shape[1:]).to(inp.pool)
+        pool = torch.cat([inp.pool, extra])
+        lines = torch.arange(case.num_lines, case.num_lines + layout.num_chunks)
+        lines[1::2] = PAD_SLOT_ID
+        small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused, **TILES["tiles"])
+        y = run_ssd(case, inp, device, pool=pool,
+                    chunk_state_indices=lines.to(device, torch.int32))  # fmt: skip
+        results.append((y, pool))
+    rows = slice(case.offset, case.offset + sum(case.lens))
+    assert torch.equal(results[1][0][rows], results[0][0][rows])
+    assert torch.equal(results[1][1], results[0][1])
+    assert results[1][1][case.num_lines :].any()  # the wanted chunk ends were written
+    _sync_used_and_clean(device)
+
+
+def test_fused_pass_leaves_sequences_without_chunks_to_launch_2(device, monkeypatch, fresh_sync):
+    """A sequence without tokens has no chunk program: launch 2 keeps its initial state or
+    zeroes its line, as without the fusion; the others are chained by launch 1."""
+    case = Case((0, 9, 5, 0), init="mixed")  # sequence 0 has an initial state, 3 none
+    y0, ref = _run(case, device, monkeypatch, False, {})
+    y1, got = _run(case, device, monkeypatch, True, {})
+    before = build(case, device).pool
+    assert torch.equal(got.pool[got.lines[0]], before[got.lines[0]])
+    assert not got.pool[got.lines[3]].any()
+    assert torch.equal(got.pool, ref.pool)
+    assert torch.equal(y1[3:17], y0[3:17])
+    _sync_used_and_clean(device)
+
+
+def test_sync_buffer_grows_and_is_shared(device, fresh_sync):
+    a = ssd_chunk_state.sync_buffer(device, 10)
+    assert a.numel() == 1 << 16 and a.dtype == torch.int32 and not a.any()
+    assert ssd_chunk_state.sync_buffer(device, 1 << 16) is a
+    b = ssd_chunk_state.sync_buffer(device, (1 << 16) + 1)
+    assert b.numel() == 1 << 17 and not b.any()
+    assert ssd_chunk_state.sync_buffer(device, 5) is b
