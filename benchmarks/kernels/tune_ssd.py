@@ -78,6 +78,7 @@ VARIANTS += [
         dict(FUSED_PASS=True),
         dict(FUSED_PASS=True, maxnreg=168),
         dict(FUSED_PASS=True, num_stages=2),
+        dict(FUSED_PASS=True, BLOCK_P=32),  # half the epilogue's registers, B read twice
     )
 ]
 VARIANTS += [
