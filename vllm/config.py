@@ -106,7 +106,10 @@ class EngineConfig:
     ``align`` (default) at the end of prefill chunks the budget cuts anyway, rounded down to
     the grid, and, with ``enable_mamba_shared_prefix_checkpoint`` (default True), at the
     deepest block boundary a former prompt shared; ``all`` at every boundary (one step per
-    block); ``none`` caches no Mamba state at all. ``enable_mamba_prompt_end_checkpoint``
+    block); ``none`` caches no Mamba state at all. Align's chunk-end checkpoints are only
+    written for a prompt whose first block an earlier prompt had, unless
+    ``enable_mamba_align_cold_checkpoint`` (default False): a prompt nobody sent before
+    rarely repays a whole state line's copy. ``enable_mamba_prompt_end_checkpoint``
     (default False) also checkpoints each prompt's end, for chat turns whose history does not
     hold the ids generated.
 
@@ -147,6 +150,7 @@ class EngineConfig:
     mamba_cache_mode: str = "align"
     enable_mamba_shared_prefix_checkpoint: bool = True
     enable_mamba_prompt_end_checkpoint: bool = False
+    enable_mamba_align_cold_checkpoint: bool = False
     compilation_config: CompilationConfig | dict | str | None = None
     # Set from the fields above: where the model's and the tokenizer's files are.
     model_dir: Any = field(init=False, default=None, repr=False)
@@ -274,7 +278,11 @@ class EngineConfig:
                 f"mamba_cache_mode (--mamba-cache-mode) must be one of "
                 f"{', '.join(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}"
             )
-        for name in ("enable_mamba_shared_prefix_checkpoint", "enable_mamba_prompt_end_checkpoint"):
+        for name in (
+            "enable_mamba_shared_prefix_checkpoint",
+            "enable_mamba_prompt_end_checkpoint",
+            "enable_mamba_align_cold_checkpoint",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         lines = self.num_checkpoint_lines

@@ -54,7 +54,9 @@ def _off(device_type: str):
 
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_outputs_equal_caching_off_across_chunk_ends(device, budget):
-    on = prefix_llm(device, True, max_num_batched_tokens=budget)
+    # Align's cuts on every first run too (cold prompts), as upstream's align places them.
+    on = prefix_llm(device, True, max_num_batched_tokens=budget,
+                    enable_mamba_align_cold_checkpoint=True)  # fmt: skip
     index = on.llm_engine.engine_core.prefix.index
     expected_hits = 0
     for length in LENGTHS:
@@ -136,7 +138,7 @@ def test_all_mode_checkpoints_every_boundary(device):
 
 def test_abort_mid_prefill_writes_only_what_it_reached(device):
     prompt = prompt_of(20, salt=3)
-    on = prefix_llm(device, True, max_num_batched_tokens=6)
+    on = prefix_llm(device, True, max_num_batched_tokens=6, enable_mamba_align_cold_checkpoint=True)
     engine = on.llm_engine
     core = engine.engine_core
     index = core.prefix.index
@@ -151,6 +153,31 @@ def test_abort_mid_prefill_writes_only_what_it_reached(device):
     out = run_greedy(on, prompt, 2)
     assert out[2] == B and index.hits == B
     same(out, reference(device.type, tuple(prompt), 2))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_align_cuts_wait_for_a_warm_prompt(device, async_scheduling):
+    """By default align's budget cuts checkpoint only a prompt whose first block an earlier
+    prompt had: a unique prompt's first run writes nothing at its chunk ends (no line
+    copy), its second run (warm) does, and the third restores from them."""
+    prompt = prompt_of(2 * B + 1, salt=5)
+    on = prefix_llm(device, True, max_num_batched_tokens=B, async_scheduling=async_scheduling)
+    core = on.llm_engine.engine_core
+    policy, index = core.prompt_checkpoints, core.prefix.index
+    ref = reference(device.type, tuple(prompt), 2)
+    out = run_greedy(on, prompt, 2)  # cold: chunks end at B and 2B, nothing written
+    same(out, ref)
+    assert out[2] == 0 and policy.num_cold == 1 and policy.num_written == 0
+    assert hash_blocks(prompt, B)[0] not in index
+    out = run_greedy(on, prompt, 2)  # warm: the chunk ends at B and 2B are written
+    same(out, ref)
+    assert out[2] == 0 and policy.num_cold == 1 and policy.num_written == 2
+    out = run_greedy(on, prompt, 2)
+    same(out, ref)
+    assert out[2] == 2 * B and index.hits == 2 * B
+    other = prompt_of(2 * B + 1, salt=6)  # another cold prompt: again nothing
+    same(run_greedy(on, other, 2), reference(device.type, tuple(other), 2))
+    assert policy.num_cold == 2 and policy.num_written == 2
 
 
 def test_mode_flags_parse_validate_and_none_caches_nothing(device):
@@ -171,6 +198,13 @@ def test_mode_flags_parse_validate_and_none_caches_nothing(device):
             EngineArgs(
                 CONFIG, device="cpu", enable_prefix_caching=True, mamba_cache_mode=bad
             ).create_engine_config()
+    ns = parser.parse_args(["--enable-mamba-align-cold-checkpoint"])
+    ns.model = CONFIG
+    assert EngineArgs.from_cli_args(ns).create_engine_config().enable_mamba_align_cold_checkpoint
+    assert not config.enable_mamba_align_cold_checkpoint  # the default
+    with pytest.raises(ValueError, match="enable_mamba_align_cold_checkpoint"):
+        args = EngineArgs(CONFIG, device="cpu", enable_mamba_align_cold_checkpoint=1)
+        args.create_engine_config()
     with pytest.raises(ValueError, match="enable_mamba_shared_prefix_checkpoint"):
         EngineArgs(
             CONFIG, device="cpu", enable_mamba_shared_prefix_checkpoint="yes"

@@ -65,7 +65,8 @@ def test_next_turn_with_another_answer_restores_the_whole_prompt(device, async_s
 
 
 def test_without_the_flag_the_other_answer_restores_only_the_grid_checkpoint(device):
-    on = prefix_llm(device, True)
+    # FIRST is new to the engine: its align cut is checkpointed only with the cold flag.
+    on = prefix_llm(device, True, enable_mamba_align_cold_checkpoint=True)
     core = on.llm_engine.engine_core
     out1 = run_greedy(on, FIRST, 3)
     out2 = run_greedy(on, second_turn(FIRST, out1[0]), 3)
@@ -77,7 +78,8 @@ def test_two_lines_keep_the_end_of_request_checkpoint_over_prompt_ends(device):
     """Two checkpoint lines, two requests: each request's prompt-end entry is demoted when
     its end-of-request checkpoint is written, so the other request's writes evict prompt
     ends, never the first turn's longer checkpoint (the plain LRU would evict it)."""
-    on = prefix_llm(device, True, num_checkpoint_lines=2, **ON)
+    on = prefix_llm(device, True, num_checkpoint_lines=2,
+                    enable_mamba_align_cold_checkpoint=True, **ON)  # fmt: skip
     index = on.llm_engine.engine_core.prefix.index
     out1 = run_greedy(on, FIRST, 3)
     run_greedy(on, OTHER, 2)

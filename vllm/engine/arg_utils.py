@@ -60,6 +60,7 @@ class EngineArgs:
     mamba_cache_mode: str = "align"
     enable_mamba_shared_prefix_checkpoint: bool = True
     enable_mamba_prompt_end_checkpoint: bool = False
+    enable_mamba_align_cold_checkpoint: bool = False
     # None, a dict, its JSON or a CompilationConfig: {"cudagraph_mode": ...}.
     compilation_config: Any = None
 
@@ -234,6 +235,14 @@ class EngineArgs:
             help="also checkpoint the state after each whole prompt, so that a chat turn whose "
             "history does not hold the ids generated (a template that drops reasoning) "
             "restores the previous prompt (default off: a second line per request)",
+        )
+        g.add_argument(
+            "--enable-mamba-align-cold-checkpoint",
+            action=argparse.BooleanOptionalAction,
+            default=d["enable_mamba_align_cold_checkpoint"],
+            help="under --mamba-cache-mode align, also checkpoint the budget-cut chunk ends of "
+            "a prompt whose first block no earlier prompt had (default off: each checkpoint "
+            "copies a whole state line, which a unique prompt rarely repays)",
         )
         g.add_argument(
             "--no-async-scheduling",

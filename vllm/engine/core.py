@@ -136,6 +136,7 @@ class EngineCore:
                 config.mamba_cache_mode,
                 config.enable_mamba_shared_prefix_checkpoint,
                 prompt_end=config.enable_mamba_prompt_end_checkpoint,
+                align_cold=config.enable_mamba_align_cold_checkpoint,
             )
         # The request id goes with the prefix cache's calls when KV blocks are shared.
         self._kv_key = (lambda seq: (seq.request_id,)) if kv is not None else (lambda seq: ())

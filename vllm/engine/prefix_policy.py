@@ -11,6 +11,12 @@ checkpoints are written"):
   a bounded LRU); a new prompt's deepest block boundary whose hash was seen before, past
   its restored prefix and short of its end, becomes a target. The second request sharing
   a system prompt cuts one chunk there and writes it; the third and later hit it.
+  Both need evidence of reuse unless ``align_cold`` (``enable_mamba_align_cold_checkpoint``,
+  default off): (a) only checkpoints a *warm* prompt, one whose first block an earlier
+  prompt had (a later chat turn, a shared system prompt from its second request on). A
+  checkpoint copies a whole pool line (256 MiB at the Codestral-7B shape) ahead of a
+  step's forward, which a prompt nobody sent before most likely never repays (caching on
+  cost unique prompts +5% TTFT on the H200: docs/benchmarks/prefix_caching_h200.md, (c)).
 - ``all``: a target at every block boundary of the prompt (one step per block: costly).
 - ``none``: no Mamba state caching; the engine builds no prefix cache then.
 
@@ -53,11 +59,12 @@ SEEN_PREFIX_BOUND = 65_536
 class _Plan:
     """A prefilling sequence's prompt block hashes and its checkpoint targets (ascending)."""
 
-    __slots__ = ("hashes", "targets")
+    __slots__ = ("hashes", "targets", "align")
 
-    def __init__(self, hashes: list[bytes], targets: list[int]):
+    def __init__(self, hashes: list[bytes], targets: list[int], align: bool):
         self.hashes = hashes
         self.targets = targets
+        self.align = align  # align's grid cuts apply (a warm prompt, or align_cold)
 
 
 class PromptCheckpoints:
@@ -70,6 +77,7 @@ class PromptCheckpoints:
         shared_prefix: bool = True,
         seen_bound: int = SEEN_PREFIX_BOUND,
         prompt_end: bool = False,
+        align_cold: bool = False,
     ):
         if mode not in MAMBA_CACHE_MODES or mode == "none":
             raise ValueError(f"mamba_cache_mode must be 'align' or 'all' here, got {mode!r}")
@@ -80,6 +88,7 @@ class PromptCheckpoints:
         self.mode = mode
         self.shared_prefix = shared_prefix
         self.prompt_end = prompt_end
+        self.align_cold = align_cold
         self.seen_bound = seen_bound
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # oldest first
         self._plans: WeakKeyDictionary[Sequence, _Plan] = WeakKeyDictionary()
@@ -87,6 +96,7 @@ class PromptCheckpoints:
         # prompt-boundary checkpoints queued.
         self.num_cuts = 0
         self.num_written = 0
+        self.num_cold = 0  # prompts admitted cold, whose align cuts were left out
         self.num_prompt_ends = 0  # prompt-end checkpoints queued
         self._prompt_ends: WeakKeyDictionary[Sequence, bytes] = WeakKeyDictionary()
 
@@ -126,16 +136,20 @@ class PromptCheckpoints:
         prompt = seq.prompt_token_ids
         if hashes is None:
             hashes = hash_blocks(prompt, self.block_size)
-        self._plans[seq] = _Plan(hashes, self.targets(len(prompt), hashes, seq.num_computed_tokens))
+        warm = bool(hashes) and hashes[0] in self._seen
+        align = self.mode == "align" and (warm or self.align_cold)
+        self.num_cold += bool(hashes) and not warm
+        targets = self.targets(len(prompt), hashes, seq.num_computed_tokens)
+        self._plans[seq] = _Plan(hashes, targets, align)
         self._remember(hashes)
 
     # --- the scheduler's hook -------------------------------------------------------
 
     def cut(self, seq: Sequence, n: int) -> int:
         """The prefill chunk of ``n`` tokens that ``seq`` would compute this step, ended on
-        its next target when it would cross it; under ``align``, a chunk cut short of the
-        prompt's end anyway is rounded down to the grid when a whole block stays in it
-        (that end becomes a target)."""
+        its next target when it would cross it; under ``align``, for a warm prompt (or with
+        ``align_cold``), a chunk cut short of the prompt's end anyway is rounded down to the
+        grid when a whole block stays in it (that end becomes a target)."""
         plan = self._plans.get(seq)
         start = seq.num_computed_tokens
         if plan is None or start >= seq.num_prompt_tokens:
@@ -149,7 +163,7 @@ class PromptCheckpoints:
         if targets and targets[0] < end:
             end = targets[0]
             self.num_cuts += 1
-        elif self.mode == "align" and end < seq.num_prompt_tokens:
+        elif plan.align and end < seq.num_prompt_tokens:
             aligned = end - end % bs
             if (aligned == end or aligned - start >= bs) and not (targets and targets[0] == end):
                 self.num_cuts += aligned != end
