@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.engine.utils import ASYNC_SCHED_CONFIG, prefix_llm, run_greedy
-from tests.worker.host_sync_guard import HostSyncError, no_host_sync
+from tests.worker.mixed_graph_engine import greedy, padded_path
 from tests.worker.mixed_graph_models import MODELS
 from vllm import LLM, SamplingParams
 from vllm.model_executor.layers.mamba.mamba2_metadata import Mamba2MetadataBuilder
@@ -27,7 +27,6 @@ from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     plan_ssd_chunks,
 )
 from vllm.worker.mixed_graph import (
-    MixedGraphs,
     full_graphs_unsupported,
     mixed_buckets,
     mixed_token_sizes,
@@ -138,78 +137,6 @@ def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison):
     assert got_y[33:].abs().max() == 0 and got_y[:2].abs().max() == 0
 
 
-def _padded_path(llm: LLM, device) -> MixedGraphs:
-    """Every step of ``llm`` through the padded mixed path, run eagerly (enforce_eager: no
-    decode graph takes the decode-only steps first either). What a graph would capture
-    (``step``: the forward and the sampled rows' gather) runs under ``no_host_sync``; the
-    syncs it finds (the engine turns a failed step into failed requests) land in
-    ``host_syncs``."""
-    runner = llm.engine.runner
-    c = llm.engine.config
-    builder = Mamba2MetadataBuilder(runner.builder.chunk_size, device, triton_ssd=True)
-    graphs = runner.mixed_graphs = MixedGraphs(
-        runner.model, builder, c.max_num_batched_tokens, c.max_num_seqs, None,
-        runner.attn_builder, capture=False,
-    )  # fmt: skip
-    graphs.host_syncs = []
-    make = graphs._graph
-
-    def guarded(step):
-        def run():
-            try:
-                with no_host_sync():
-                    return step()
-            except HostSyncError as e:
-                graphs.host_syncs.append(str(e))
-                raise
-
-        return run
-
-    def graph(bucket):
-        g = make(bucket)
-        if not getattr(g, "guarded", False):
-            g.step, g.guarded = guarded(g.step), True
-        return g
-
-    graphs._graph = graph
-    return graphs
-
-
-def _greedy(llm: LLM, prompts, n: int):
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=0)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [
-        (o.outputs[0].token_ids, [next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs])
-        for o in outs
-    ]
-
-
-@pytest.mark.parametrize("name", list(MODELS))
-def test_engine_through_the_padded_path_equals_eager(name, device, tmp_path):
-    """Prompt lengths 1 .. chunk + 1 and longer beside running decodes, chunked prefills
-    continuing their states, async scheduling's pending tokens: the padded steps give the
-    eager engine's greedy tokens, and their logprobs within fp32 noise."""
-    model = MODELS[name](tmp_path)
-    opts = dict(load_format="dummy", dtype="float32", device=device.type, max_num_seqs=4,
-                max_num_batched_tokens=16, max_model_len=48, enforce_eager=True)  # fmt: skip
-    lens = [1, 9, 3, 20, 8, 2]
-    prompts = [[(5 * i + 3 * j) % 90 + 1 for j in range(n)] for i, n in enumerate(lens)]
-    want = _greedy(LLM(model, **opts), prompts, 5)
-    llm = LLM(model, **opts)
-    padded = _padded_path(llm, device)
-    try:
-        got = _greedy(llm, prompts, 5)
-    finally:  # a sync fails the step's requests: say which first
-        assert padded.host_syncs == [], padded.host_syncs[0]
-    counts = llm.engine.runner.step_counts
-    assert counts["eager"] == 0 and counts["graph_mixed"] == padded.num_replays > 5
-    assert [g[0] for g in got] == [w[0] for w in want]
-    for (_, g), (_, w) in zip(got, want, strict=True):
-        assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
-    # the buckets used were the step's smallest: 16 tokens is the only one here
-    assert [b.num_tokens for b in padded._graphs] == [16]
-
-
 @pytest.mark.parametrize("name", ["falcon_mamba", "lfm2", "bamba"])
 def test_without_mamba2_any_row_may_be_a_prefill(name, device, tmp_path):
     """Six fresh prompts in one 32-token step: the SSD's padded chunk layout caps a bucket's
@@ -219,10 +146,10 @@ def test_without_mamba2_any_row_may_be_a_prefill(name, device, tmp_path):
                 max_num_batched_tokens=32, max_model_len=48, enforce_eager=True)  # fmt: skip
     prompts = [[(7 * i + j) % 90 + 1 for j in range(n)] for i, n in enumerate([3, 2, 4, 1, 5, 3])]
     model = MODELS[name](tmp_path)
-    want = _greedy(LLM(model, **opts), prompts, 3)
+    want = greedy(LLM(model, **opts), prompts, 3)
     llm = LLM(model, **opts)
-    padded = _padded_path(llm, device)
-    got = _greedy(llm, prompts, 3)
+    padded = padded_path(llm, device)
+    got = greedy(llm, prompts, 3)
     assert [g[0] for g in got] == [w[0] for w in want]
     counts = llm.engine.runner.step_counts
     ssd = name == "bamba"
@@ -258,7 +185,7 @@ def test_prefix_cache_restores_into_padded_steps(device):
     and its padded steps continue from it as an eager engine without caching computes."""
     first = [5, 17, 3, 3, 40, 9, 71]
     on = prefix_llm(device, True, enforce_eager=True)
-    padded = _padded_path(on, device)
+    padded = padded_path(on, device)
     out1, _, _ = run_greedy(on, first, 5)
     second = first + out1 + [12, 60, 2]
     out2, lps2, cached = run_greedy(on, second, 4)
@@ -277,11 +204,11 @@ def test_eager_mixed_steps_say_why(device, caplog):
     opts = dict(load_format="dummy", dtype="float32", device=device.type, max_num_seqs=8,
                 max_num_batched_tokens=16, max_model_len=48, enforce_eager=True)  # fmt: skip
     llm = LLM(ASYNC_SCHED_CONFIG, **opts)
-    padded = _padded_path(llm, device)
+    padded = padded_path(llm, device)
     assert [(b.num_tokens, b.max_prefills) for b in padded.buckets] == [(16, 4)]
     runner = llm.engine.runner
     with caplog.at_level("INFO", logger="vllm.worker.model_runner"):
-        _greedy(llm, [[3 + i, 7, 11] for i in range(5)], 2)
+        greedy(llm, [[3 + i, 7, 11] for i in range(5)], 2)
     kind = "more prefills or SSD chunks than every bucket of its size"
     assert runner.eager_mixed_reasons == {kind: 1} and runner.step_counts["eager"] == 1
     assert f"{kind} (15 tokens, 5 rows, 5 prefills)" in caplog.text
