@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.engine.utils import ASYNC_SCHED_CONFIG, prefix_llm, run_greedy
+from tests.kernels.mamba.ssd_utils import small_blocks
 from tests.worker.mixed_graph_engine import greedy, padded_path
 from tests.worker.mixed_graph_models import MODELS
 from vllm import LLM, SamplingParams
@@ -22,6 +23,7 @@ from vllm.model_executor.layers.mamba.mamba2_padded import (
 from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend
+from vllm.model_executor.layers.mamba.ops import ssd_chunk_state
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     mamba_chunk_scan_combined_varlen,
     plan_ssd_chunks,
@@ -100,9 +102,14 @@ def test_prepare_padded_refuses_what_does_not_fit(lens, ctx, d):
     assert prepare_padded(MixedBucket(32, 8, 4), 8, lens, slots, ctx, d) is None
 
 
-def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison):
+@pytest.mark.parametrize("fused", [False, True], ids=["three_launches", "fused_pass"])
+def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison, fused, monkeypatch):
     """The prefills' y and final states through the padded layout (spare empty chunks,
-    sequences on the null line) are the eager layout's, bit for bit; no other line moves."""
+    sequences on the null line) are the eager layout's, bit for bit; no other line moves.
+    With the SSD's ``FUSED_PASS`` too: the padded sequences' empty chunks exit without a
+    ticket's wait or publish, and no live chunk waits on them."""
+    small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused)
+    ssd_chunk_state._SYNC.pop(torch.device(device), None)
     gen = torch.Generator().manual_seed(5)
     heads, hd, ds, chunk = 4, 8, 16, 8
     bucket = MixedBucket(48, 6, 4)
@@ -135,6 +142,8 @@ def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison):
     assert not torch.equal(got_pool[1], pool[1])  # the prefills did write their lines
     assert torch.equal(got_pool[[0, 3, 5, 6, 7, 8]], pool[[0, 3, 5, 6, 7, 8]])
     assert got_y[33:].abs().max() == 0 and got_y[:2].abs().max() == 0
+    sync = ssd_chunk_state._SYNC.get(torch.device(device))
+    assert (sync is not None and not sync.any()) if fused else sync is None
 
 
 @pytest.mark.parametrize("name", ["falcon_mamba", "lfm2", "bamba"])
