@@ -23,6 +23,16 @@ from vllm.triton_utils import tl, triton
 
 # Decays are kept in log2 units (dA * log2(e)), so that each one is a single exp2.
 LOG2E = tl.constexpr(1.4426950408889634)
+# The step's layout and sequence pointers the SSD's kernels take: never specialised on (their
+# alignment changes from step to step, and a new step must compile nothing).
+STEP_POINTERS = (
+    "chunk_starts_ptr",
+    "chunk_seqs_ptr",
+    "seq_chunk_starts_ptr",
+    "state_indices_ptr",
+    "has_init_ptr",
+    "chunk_lines_ptr",
+)
 
 
 @triton.jit

@@ -19,20 +19,12 @@ program walks its chunk's block rows.
 
 from __future__ import annotations
 
-from vllm.model_executor.layers.mamba.ops.ssd_bmm import _dot_lhs_f32, _dot_rhs_f32
+from vllm.model_executor.layers.mamba.ops.ssd_bmm import STEP_POINTERS, _dot_lhs_f32, _dot_rhs_f32
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
 
-@triton.jit(
-    do_not_specialize=[
-        "chunk_starts_ptr",
-        "chunk_seqs_ptr",
-        "seq_chunk_starts_ptr",
-        "state_indices_ptr",
-        "has_init_ptr",
-    ]
-)
+@triton.jit(do_not_specialize=[n for n in STEP_POINTERS if n != "chunk_lines_ptr"])
 def _ssd_chunk_scan_kernel(
     x_ptr,
     z_ptr,

@@ -28,7 +28,7 @@ scan and the decay. Off: each trip recomputes them from dt_raw.
 
 from __future__ import annotations
 
-from vllm.model_executor.layers.mamba.ops.ssd_bmm import LOG2E, _dot_rhs_f32
+from vllm.model_executor.layers.mamba.ops.ssd_bmm import LOG2E, STEP_POINTERS, _dot_rhs_f32
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
@@ -141,16 +141,7 @@ def _chain_step(
                  mask=m_st)  # fmt: skip
 
 
-@triton.jit(
-    do_not_specialize=[
-        "chunk_starts_ptr",
-        "chunk_seqs_ptr",
-        "seq_chunk_starts_ptr",
-        "state_indices_ptr",
-        "has_init_ptr",
-        "chunk_lines_ptr",
-    ]
-)
+@triton.jit(do_not_specialize=list(STEP_POINTERS))
 def _ssd_chunk_state_kernel(
     x_ptr,
     dt_ptr,

@@ -23,7 +23,7 @@ BLOCK_SP x BLOCK_SN state elements); the rest compute CB, one per (chunk, group,
 
 from __future__ import annotations
 
-from vllm.model_executor.layers.mamba.ops.ssd_bmm import _cb_rows
+from vllm.model_executor.layers.mamba.ops.ssd_bmm import STEP_POINTERS, _cb_rows
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
@@ -117,14 +117,7 @@ def _pass_states(
 
 
 @triton.jit(
-    do_not_specialize=[
-        "state_indices_ptr",
-        "has_init_ptr",
-        "seq_chunk_starts_ptr",
-        "chunk_lines_ptr",
-        "chunk_starts_ptr",
-        "num_pass_programs",
-    ]
+    do_not_specialize=[n for n in STEP_POINTERS if n != "chunk_seqs_ptr"] + ["num_pass_programs"]
 )
 def _ssd_state_passing_kernel(
     states_ptr,
