@@ -6,7 +6,7 @@
 # suite (on CUDA tensors where a test's device fixture picks CUDA), the demo and the
 # benchmarks (results under OUTDIR). Every step runs even
 # when an earlier one failed; the exit code is non-zero if any step failed.
-# Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, replay_bench,
+# Steps on request only (GPU_CHECK_STEPS): wheels, ssd_bench, ssd_tune, replay_bench,
 # selective_scan_bench, selective_scan_tune, fused_moe_bench, fused_moe_tune, vs_hf,
 # vs_hf_arch, cold_start, e2e, e2e_cold_warm, host_cost, hybrid_bench, tp
 # (scripts/gpu_steps/benchmarks.sh) and serve, lm_eval,
@@ -107,7 +107,7 @@ for s in $steps; do
     environment) step environment environment >"$out/env.txt" 2>&1 ;;
     vs_hf_arch) step "$s" "$s" ;; # issues 33/34's shapes, ours vs HF
     install | gpu_tests | other_tests | demo | bench | step_bench | e2e | e2e_cold_warm | \
-        wheels | ssd_bench | replay_bench | selective_scan_bench | selective_scan_tune | \
+        wheels | ssd_bench | ssd_tune | replay_bench | selective_scan_bench | selective_scan_tune | \
         fused_moe_bench | fused_moe_tune | vs_hf | cold_start | serve | host_cost | \
         hybrid_bench | lm_eval | serving_sweep | old_new | prefix_bench | graph_modes | tp) step "$s" "$s" ;;
     *) echo "unknown step: $s" >&2; failed+=("$s (unknown)") ;;

@@ -83,6 +83,26 @@ ssd_bench() {
     PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_ssd ${SSD_BENCH_ARGS:-} \
         --out "$out/ssd" 2>&1 | tee "$out/ssd.log"
 }
+# The SSD's launch table swept on this device (benchmarks/kernels/tune_ssd.py, docs/ssd.md):
+# SSD_TUNE_ARGS (default: the three record cases, every kernel's variants; e.g. "--kernels
+# chunk_state" for the FUSED_PASS variants only) then --write, so configs/ssd/<device>.json
+# in the tree is rewritten when the sweep's best beats the current entry (kept, with every
+# timing, as OUT/ssd_tune/; commit it). Upstream's per-kernel split with .upstream carried
+# and --upstream-split. ~2-4 minutes for the chunk state's variants.
+ssd_tune() {
+    local path="$PWD${PYTHONPATH:+:$PYTHONPATH}" dir="$out/ssd_tune" table
+    [ -d .upstream ] && path="$path:$PWD/.upstream"
+    mkdir -p "$dir"
+    # shellcheck disable=SC2086
+    PYTHONPATH=$path python3 -m benchmarks.kernels.tune_ssd \
+        ${SSD_TUNE_ARGS:---cases 1x8192 16x512_init 1x2048} --write \
+        --json "$dir/tune_ssd.json" 2>&1 | tee "$dir/tune.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || return 1
+    for table in vllm/model_executor/layers/mamba/ops/configs/ssd/NVIDIA_*.json; do
+        [ -f "$table" ] && cp "$table" "$dir/"
+    done
+    return 0
+}
 # Mamba1's selective scan at falcon-mamba-7b's layer shape (docs/selective_scan.md): ours
 # against transformers' PyTorch scan and the byte floor, prefill 1 x 8192 and 16 x 512 with
 # initial states, decode 1/32/128, fp32 and bf16 pools; ~1-2 minutes. SCAN_BENCH_ARGS adds options.
