@@ -79,6 +79,10 @@ VARIANTS += [
         dict(FUSED_PASS=True, maxnreg=168),
         dict(FUSED_PASS=True, num_stages=2),
         dict(FUSED_PASS=True, BLOCK_P=32),  # half the epilogue's registers, B read twice
+        # FOLD_CB: launch 2's CB in launch 1 too (two launches). 249 registers, 64 KiB
+        # shared at Codestral (2 programs an SM); with 32-wide headdim blocks 148 (3).
+        dict(FUSED_PASS=True, FOLD_CB=True),
+        dict(FUSED_PASS=True, FOLD_CB=True, BLOCK_P=32),
     )
 ]
 VARIANTS += [

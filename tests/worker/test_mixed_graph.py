@@ -102,13 +102,14 @@ def test_prepare_padded_refuses_what_does_not_fit(lens, ctx, d):
     assert prepare_padded(MixedBucket(32, 8, 4), 8, lens, slots, ctx, d) is None
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["three_launches", "fused_pass"])
-def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison, fused, monkeypatch):
+@pytest.mark.parametrize("mode", ["three_launches", "fused_pass", "fold_cb"])
+def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison, mode, monkeypatch):
     """The prefills' y and final states through the padded layout (spare empty chunks,
     sequences on the null line) are the eager layout's, bit for bit; no other line moves.
-    With the SSD's ``FUSED_PASS`` too: the padded sequences' empty chunks exit without a
-    ticket's wait or publish, and no live chunk waits on them."""
-    small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused)
+    With the SSD's ``FUSED_PASS`` (and ``FOLD_CB``) too: the padded sequences' empty chunks
+    exit without a ticket's wait or publish, and no live chunk waits on them."""
+    fused = mode != "three_launches"
+    small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused, chunk_state__FOLD_CB=mode == "fold_cb")
     ssd_chunk_state._SYNC.pop(torch.device(device), None)
     gen = torch.Generator().manual_seed(5)
     heads, hd, ds, chunk = 4, 8, 16, 8

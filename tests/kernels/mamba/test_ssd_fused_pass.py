@@ -1,11 +1,13 @@
 """``FUSED_PASS`` (launch table key of the chunk state): launch 1 chains the states itself
 (a decoupled look-back: each chunk's program waits for the previous chunk's published state
-of its tile), and launch 2 only passes sequences without chunks.
+of its tile), and launch 2 only passes sequences without chunks. ``FOLD_CB`` on top: launch 1
+also runs launch 2's jobs (CB, the sequences without chunks), and launch 2 is not made.
 
 The arithmetic is launch 2's in the same order, so outputs and pools must be bit-identical
 to the three-launch path, here under the interpreter and on the GPU box (the device
 fixture). Each test also checks that the fused path ran (the sync buffer was taken) and
-left the sync buffer all zeros, which every later call relies on.
+left the sync buffer all zeros, which every later call relies on, and that with
+``FOLD_CB`` launch 2 was not made.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from tests.kernels.mamba.ssd_utils import (
     small_blocks,
 )
 from tests.models.mamba2_utils import FP16
-from vllm.model_executor.layers.mamba.ops import ssd_chunk_state
+from vllm.model_executor.layers.mamba.ops import ssd_chunk_state, ssd_launch
 from vllm.model_executor.layers.mamba.ops.causal_conv1d_ref import PAD_SLOT_ID
 from vllm.model_executor.layers.mamba.ops.ssd_combined import plan_ssd_chunks
 
@@ -41,8 +43,14 @@ CASES = [
 TILES = {"one": {}, "tiles": dict(chunk_state__BLOCK_N=16, chunk_state__BLOCK_P=16)}
 
 
-def _run(case, device, monkeypatch, fused: bool, tiles: dict, **overrides):
-    small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused, **tiles)
+MODES = {
+    "fused": dict(chunk_state__FUSED_PASS=True),
+    "fold": dict(chunk_state__FUSED_PASS=True, chunk_state__FOLD_CB=True),
+}
+
+
+def _run(case, device, monkeypatch, mode: dict, tiles: dict, **overrides):
+    small_blocks(monkeypatch, **mode, **tiles)
     inp = build(case, device)
     y = run_ssd(case, inp, device, **overrides)
     return y, inp
@@ -55,6 +63,21 @@ def _sync_used_and_clean(device) -> None:
 
 
 @pytest.fixture
+def launch2(monkeypatch):
+    """How many calls made launch 2 (state passing and CB)."""
+    calls = []
+    original = ssd_launch.launch_state_passing
+
+    def counted(*args, **kwargs):
+        done = original(*args, **kwargs)
+        calls.append(done is not None)
+        return done
+
+    monkeypatch.setattr(ssd_launch, "launch_state_passing", counted)
+    return calls
+
+
+@pytest.fixture
 def fresh_sync():
     """Each test takes a new sync buffer, so that its use is seen."""
     saved = dict(ssd_chunk_state._SYNC)
@@ -64,38 +87,43 @@ def fresh_sync():
     ssd_chunk_state._SYNC.update(saved)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("tiles", list(TILES), ids=list(TILES))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_fused_pass_is_bit_identical(case, tiles, device, monkeypatch, fresh_sync):
-    y0, ref = _run(case, device, monkeypatch, False, TILES[tiles])
+def test_fused_pass_is_bit_identical(case, tiles, mode, device, monkeypatch, fresh_sync, launch2):
+    y0, ref = _run(case, device, monkeypatch, {}, TILES[tiles])
     assert not ssd_chunk_state._SYNC, "the three-launch path took a sync buffer"
-    y1, got = _run(case, device, monkeypatch, True, TILES[tiles])
+    assert launch2 == [True]
+    y1, got = _run(case, device, monkeypatch, MODES[mode], TILES[tiles])
+    assert launch2 == ([True, True] if mode == "fused" else [True])  # fold: no launch 2
     rows = slice(case.offset, case.offset + sum(case.lens))
     assert torch.equal(y1[rows], y0[rows])
     assert torch.equal(got.pool, ref.pool)
     _sync_used_and_clean(device)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("case", CASES[1:2] + CASES[7:8], ids=lambda c: c.id)
-def test_fused_pass_matches_the_reference(case, device, monkeypatch, fresh_sync, nan_poison):
-    small_blocks(monkeypatch, chunk_state__FUSED_PASS=True, **TILES["tiles"])
+def test_fused_pass_matches_the_reference(case, mode, device, monkeypatch, fresh_sync, nan_poison):
+    small_blocks(monkeypatch, **MODES[mode], **TILES["tiles"])
     check_against_reference(case, build(case, device), device)
     _sync_used_and_clean(device)
 
 
-def test_fused_pass_writes_chunk_end_states(device, monkeypatch, fresh_sync):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_fused_pass_writes_chunk_end_states(mode, device, monkeypatch, fresh_sync):
     """``chunk_state_indices`` (prefix caching's chunk-end states) from the chained
     program, as launch 2 writes them."""
     case = Case((40, 17), chunk=16, init="all", groups=1)
     layout = plan_ssd_chunks(build(case, device).qsl, case.chunk)
     results = []
-    for fused in (False, True):
+    for changes in ({}, MODES[mode]):
         inp = build(case, device)
         extra = torch.zeros(layout.num_chunks, *inp.pool.shape[1:]).to(inp.pool)
         pool = torch.cat([inp.pool, extra])
         lines = torch.arange(case.num_lines, case.num_lines + layout.num_chunks)
         lines[1::2] = PAD_SLOT_ID
-        small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused, **TILES["tiles"])
+        small_blocks(monkeypatch, **changes, **TILES["tiles"])
         y = run_ssd(case, inp, device, pool=pool,
                     chunk_state_indices=lines.to(device, torch.int32))  # fmt: skip
         results.append((y, pool))
@@ -106,18 +134,32 @@ def test_fused_pass_writes_chunk_end_states(device, monkeypatch, fresh_sync):
     _sync_used_and_clean(device)
 
 
-def test_fused_pass_leaves_sequences_without_chunks_to_launch_2(device, monkeypatch, fresh_sync):
-    """A sequence without tokens has no chunk program: launch 2 keeps its initial state or
-    zeroes its line, as without the fusion; the others are chained by launch 1."""
+@pytest.mark.parametrize("mode", list(MODES))
+def test_fused_pass_handles_sequences_without_chunks(mode, device, monkeypatch, fresh_sync):
+    """A sequence without tokens has no chunk program: launch 2 (with FOLD_CB, launch 1's
+    passing programs) keeps its initial state or zeroes its line, as without the fusion;
+    the others are chained by launch 1. A call whose sequences all lack tokens still makes
+    launch 2, folded or not."""
     case = Case((0, 9, 5, 0), init="mixed")  # sequence 0 has an initial state, 3 none
-    y0, ref = _run(case, device, monkeypatch, False, {})
-    y1, got = _run(case, device, monkeypatch, True, {})
+    y0, ref = _run(case, device, monkeypatch, {}, {})
+    y1, got = _run(case, device, monkeypatch, MODES[mode], {})
     before = build(case, device).pool
     assert torch.equal(got.pool[got.lines[0]], before[got.lines[0]])
     assert not got.pool[got.lines[3]].any()
     assert torch.equal(got.pool, ref.pool)
     assert torch.equal(y1[3:17], y0[3:17])
     _sync_used_and_clean(device)
+    empty = Case((0, 0), init="all")
+    _, ref = _run(empty, device, monkeypatch, {}, {})
+    _, got = _run(empty, device, monkeypatch, MODES[mode], {})
+    assert torch.equal(got.pool, ref.pool)
+
+
+def test_fold_without_fused_pass_is_refused(device, monkeypatch):
+    small_blocks(monkeypatch, chunk_state__FOLD_CB=True)
+    case = Case((5,))
+    with pytest.raises(ValueError, match="FOLD_CB needs FUSED_PASS"):
+        run_ssd(case, build(case, device), device)
 
 
 def test_sync_buffer_grows_and_is_shared(device, fresh_sync):

@@ -85,8 +85,10 @@ def _cb_rows(
     CHUNK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """One program of CB: block row ``l`` of chunk ``c``, group ``g``, every causal block.
+    ``STAGES``: its source loop's pipeline depth (None: the launch's ``num_stages``).
     ``cb`` is contiguous (chunks, NGROUPS, CHUNK, CHUNK), in its own dtype (fp32, or the
     16-bit activation dtype when the launch config asks for it)."""
     N_ROWS: tl.constexpr = (CHUNK + BLOCK_T - 1) // BLOCK_T
@@ -112,7 +114,7 @@ def _cb_rows(
     ONE_N: tl.constexpr = DSTATE <= BLOCK_N
     if ONE_N:
         b_C1 = tl.load(p_C, mask=m_l[:, None] & (o_n < DSTATE)[None, :], other=0.0)
-    for i_s in range(0, n_cols):
+    for i_s in tl.range(0, n_cols, num_stages=STAGES):
         o_s = i_s * BLOCK_T + o_t
         m_s = o_s < clen
         acc = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)

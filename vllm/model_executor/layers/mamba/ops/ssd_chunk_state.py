@@ -28,7 +28,16 @@ scan and the decay. Off: each trip recomputes them from dt_raw.
 
 from __future__ import annotations
 
-from vllm.model_executor.layers.mamba.ops.ssd_bmm import LOG2E, STEP_POINTERS, _dot_rhs_f32
+from vllm.model_executor.layers.mamba.ops.ssd_bmm import (
+    LOG2E,
+    STEP_POINTERS,
+    _cb_rows,
+    _dot_rhs_f32,
+)
+from vllm.model_executor.layers.mamba.ops.ssd_state_passing import (
+    _pass_states,
+    state_passing_programs,
+)
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
@@ -160,6 +169,10 @@ def _ssd_chunk_state_kernel(
     chunk_lines_ptr,
     ssm_ptr,
     sync_ptr,
+    C_ptr,
+    cb_ptr,
+    num_state_programs,
+    num_cb_programs,
     pad_slot_id,
     dt_min,
     dt_max,
@@ -180,6 +193,9 @@ def _ssd_chunk_state_kernel(
     stride_idx,
     stride_init,
     stride_chunk_lines,
+    stride_C_t,
+    stride_C_g,
+    stride_C_n,
     NHEADS: tl.constexpr,
     HEADDIM: tl.constexpr,
     DSTATE: tl.constexpr,
@@ -193,6 +209,13 @@ def _ssd_chunk_state_kernel(
     FUSED_PASS: tl.constexpr,
     HAS_INIT: tl.constexpr,
     HAS_CHUNK_LINES: tl.constexpr,
+    FOLD_CB: tl.constexpr,
+    NGROUPS: tl.constexpr,
+    CB_BLOCK_T: tl.constexpr,
+    CB_BLOCK_N: tl.constexpr,
+    CB_STAGES: tl.constexpr,
+    PASS_BLOCK_SP: tl.constexpr,
+    PASS_BLOCK_SN: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -209,6 +232,23 @@ def _ssd_chunk_state_kernel(
             tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
     else:
         i_pid = tl.program_id(0)
+    if FOLD_CB:
+        # Launch 2's jobs after the chunk programs (tickets past them, so they fill the SMs
+        # the chains' last waits leave idle): CB, then the sequences without chunks.
+        if i_pid >= num_state_programs:
+            i_job = i_pid - num_state_programs
+            if i_job < num_cb_programs:
+                _cb_rows(i_job, C_ptr, B_ptr, chunk_starts_ptr, cb_ptr, stride_C_t, stride_C_g,
+                         stride_C_n, stride_B_t, stride_B_g, stride_B_n, NGROUPS, DSTATE,
+                         CHUNK, CB_BLOCK_T, CB_BLOCK_N, CB_STAGES)  # fmt: skip
+            else:
+                _pass_states(i_job - num_cb_programs, states_ptr, decay_ptr, ssm_ptr,
+                             state_indices_ptr, has_init_ptr, seq_chunk_starts_ptr,
+                             chunk_lines_ptr, pad_slot_id, stride_ssm_line, stride_ssm_h,
+                             stride_ssm_p, stride_ssm_n, stride_idx, stride_init,
+                             stride_chunk_lines, NHEADS, HEADDIM, DSTATE, HAS_INIT,
+                             HAS_CHUNK_LINES, True, PASS_BLOCK_SP, PASS_BLOCK_SN)  # fmt: skip
+            return
     i_nb = i_pid % N_NB
     i_pb = (i_pid // N_NB) % N_PB
     i_h = (i_pid // (N_NB * N_PB)) % NHEADS
@@ -347,20 +387,32 @@ def sync_buffer(device, elements: int):
     return buf
 
 
-def launch_chunk_state(x, dt, A, dt_bias, B, chunks, ssm_states, state_indices, init,
-                       chunk_lines, pad_slot_id: int, ws, flags: dict,
-                       cfg: dict) -> tuple:  # fmt: skip
+def launch_chunk_state(x, dt, A, dt_bias, B, C, chunks, ssm_states, state_indices, init,
+                       chunk_lines, pad_slot_id: int, ws, flags: dict, cfg: dict,
+                       passing_cfg: dict) -> tuple:  # fmt: skip
     """Launch 1 over ``ws`` (the call's ``SSDWorkspace``); ``flags`` are the dt constexprs
     (HAS_DT_BIAS, DT_SOFTPLUS, HAS_DT_LIMIT) plus dt_min/dt_max, ``cfg`` the launch config.
     With ``FUSED_PASS`` it also chains the states (launch 2's pass, which then handles only
     sequences without chunks): ``chunks`` (``ssd_launch.Chunks``), the pool, the sequences'
-    lines and flags, the chunks' lines as launch 2 takes them. Returns what it launched:
+    lines and flags, the chunks' lines as launch 2 takes them. With ``FOLD_CB`` as well it
+    runs launch 2's two jobs too, CB and the sequences without chunks, with launch 2's
+    blocks (``passing_cfg``), and launch 2 is not made. Returns what it launched:
     (launcher, grid, args, constexprs)."""
     num_chunks = chunks.num_chunks
     _, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1:]
-    grid = (chunk_state_programs(num_chunks, nheads, headdim, dstate, cfg),)
+    num_state = chunk_state_programs(num_chunks, nheads, headdim, dstate, cfg)
     fused = bool(cfg.get("FUSED_PASS", False))
+    fold = bool(cfg.get("FOLD_CB", False))
+    if fold and not fused:
+        raise ValueError("the SSD's chunk_state launch config FOLD_CB needs FUSED_PASS")
+    num_cb = num_pass = 0
+    if fold:
+        num_pass, num_cb = state_passing_programs(
+            chunks.num_seqs, num_chunks, nheads, headdim, dstate, ngroups, chunks.chunk_size,
+            passing_cfg,
+        )  # fmt: skip
+    grid = (num_state + num_cb + num_pass,)
     sync = chunks.chunk_starts
     if fused:
         sync = sync_buffer(x.device, sync_elements(num_chunks, nheads, headdim, dstate, cfg))
@@ -382,6 +434,10 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunks, ssm_states, state_indices, 
         state_indices if chunk_lines is None else chunk_lines,
         ssm_states,
         sync,
+        C,
+        ws.cb,
+        num_state,
+        num_cb,
         pad_slot_id,
         flags["dt_min"],
         flags["dt_max"],
@@ -394,6 +450,7 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunks, ssm_states, state_indices, 
         state_indices.stride(0),
         0 if init is None else init.stride(0),
         0 if chunk_lines is None else chunk_lines.stride(0),
+        *C.stride(),
     )
     constexprs = dict(
         NHEADS=nheads,
@@ -406,7 +463,14 @@ def launch_chunk_state(x, dt, A, dt_bias, B, chunks, ssm_states, state_indices, 
         HAS_DT_LIMIT=flags["HAS_DT_LIMIT"],
         HAS_INIT=init is not None,
         HAS_CHUNK_LINES=chunk_lines is not None,
-        **{"FUSED_PASS": fused, **cfg},
+        NGROUPS=ngroups,
+        # Launch 2's blocks for the folded jobs (fixed values without FOLD_CB: one variant).
+        CB_BLOCK_T=passing_cfg["BLOCK_T"] if fold else 16,
+        CB_BLOCK_N=passing_cfg["BLOCK_N"] if fold else 16,
+        CB_STAGES=passing_cfg.get("num_stages", 1) if fold else 1,
+        PASS_BLOCK_SP=passing_cfg["BLOCK_SP"] if fold else 1,
+        PASS_BLOCK_SN=passing_cfg["BLOCK_SN"] if fold else 1,
+        **{"FUSED_PASS": fused, "FOLD_CB": fold, **cfg},
     )
     _LAUNCH(grid, args, constexprs)
     return _LAUNCH, grid, args, constexprs

@@ -126,6 +126,9 @@ def ssd_configs(
     state, passing, scan = (entry[k] for k in ("chunk_state", "state_passing", "chunk_scan"))
     state.setdefault("RELOAD_CS", False)  # tables from before the key
     state.setdefault("FUSED_PASS", False)  # launch 1 chains the states (ssd_chunk_state)
+    state.setdefault("FOLD_CB", False)  # ... and runs launch 2's CB too (FUSED_PASS only)
+    if state["FOLD_CB"] and not state["FUSED_PASS"]:
+        raise ValueError(f"SSD launch table entry {key}: chunk_state FOLD_CB needs FUSED_PASS")
     state.update(
         SPLIT=not f32,
         BLOCK_T=block(chunk_size, state["BLOCK_T"]),

@@ -130,14 +130,16 @@ def launch_all(x, z, dt, A, B, C, chunks: Chunks, ssm_states, state_indices, ini
             dt_min=dt_lo,
             dt_max=dt_hi,
         )
-        done.append(launch_chunk_state(x, dt, A, dt_bias, B, chunks, ssm_states, state_indices,
-                                       init, chunk_lines, pad_slot_id, ws, flags,
-                                       cfg["chunk_state"]))  # fmt: skip
+        done.append(launch_chunk_state(x, dt, A, dt_bias, B, C, chunks, ssm_states,
+                                       state_indices, init, chunk_lines, pad_slot_id, ws, flags,
+                                       cfg["chunk_state"], cfg["state_passing"]))  # fmt: skip
     fused = bool(cfg["chunk_state"].get("FUSED_PASS", False))
-    passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init, chunk_lines,
-                                   ws, cfg["state_passing"], pad_slot_id, fused)  # fmt: skip
-    if passing is not None:
-        done.append(passing)
+    if not (chunks.num_chunks and cfg["chunk_state"].get("FOLD_CB", False)):
+        passing = launch_state_passing(B, C, chunks, ssm_states, state_indices, init,
+                                       chunk_lines, ws, cfg["state_passing"], pad_slot_id,
+                                       fused)  # fmt: skip
+        if passing is not None:
+            done.append(passing)
     if chunks.num_chunks:
         done.append(launch_chunk_scan(x, z, C, D, chunks, state_indices, init, ws, out,
                                       cfg["chunk_scan"], pad_slot_id))  # fmt: skip
@@ -204,7 +206,10 @@ class SSDPlan:
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
             1, 1, nheads, headdim, dstate, ngroups, chunk_size, cfg["state_passing"]
         )
+        self.fold = bool(cfg["chunk_state"].get("FOLD_CB", False))
         order = [_STATE_LAUNCHER.name, _PASSING_LAUNCHER.name, _SCAN_LAUNCHER.name]
+        if self.fold:  # launch 1 runs launch 2's jobs too
+            order.remove(_PASSING_LAUNCHER.name)
         self.direct = DirectLaunches(order)
 
     def fits(self, x, z, dt, B, C, layout, state_indices, has_initial_state,
@@ -274,9 +279,11 @@ class SSDPlan:
                            **dict(zip(_WS_NAMES, ws, strict=True)))  # fmt: skip
             if self.fused:
                 sources["sync"] = self._sync(num_chunks)
-            # State passing's first integer, its number of state-passing programs, is the
-            # step's; every other integer is fixed by the plan's key.
-            self.direct.capture(done, sources, {_PASSING_LAUNCHER.name: 1})
+            # The step's integers: the chunk state's first two (its chunk programs and, with
+            # FOLD_CB, its CB programs) and state passing's first (its passing programs);
+            # every other integer is fixed by the plan's key.
+            per_step = {_STATE_LAUNCHER.name: 2, _PASSING_LAUNCHER.name: 1}
+            self.direct.capture(done, sources, per_step)
 
     def _sync(self, num_chunks: int):
         """``FUSED_PASS``'s sync buffer (without it, launch 1 takes the chunk starts, a
@@ -286,9 +293,16 @@ class SSDPlan:
 
     def _launch_direct(self, ptrs: dict, num_chunks: int, num_seqs: int) -> bool:
         num_pass = num_seqs * self.per_seq_pass
-        grids = (num_chunks * self.per_chunk_state, num_pass + num_chunks * self.per_chunk_cb,
-                 num_chunks * self.per_chunk_scan)  # fmt: skip
-        return self.direct.launch(self.device_index, ptrs, grids, ((), (num_pass,), ()))
+        num_state, num_cb = num_chunks * self.per_chunk_state, num_chunks * self.per_chunk_cb
+        num_scan = num_chunks * self.per_chunk_scan
+        if self.fold:
+            if not num_chunks:  # only launch 2's passes, which the fold's order lacks
+                return False
+            grids = (num_state + num_cb + num_pass, num_scan)
+            return self.direct.launch(self.device_index, ptrs, grids, ((num_state, num_cb), ()))
+        grids = (num_state, num_pass + num_cb, num_scan)
+        return self.direct.launch(self.device_index, ptrs, grids,
+                                  ((num_state, 0), (num_pass,), ()))  # fmt: skip
 
 
 PLANS = PlanCache()

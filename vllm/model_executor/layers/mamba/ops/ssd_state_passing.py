@@ -205,6 +205,7 @@ def _ssd_state_passing_kernel(
             CHUNK,
             BLOCK_T,
             BLOCK_N,
+            None,
         )
 
 
