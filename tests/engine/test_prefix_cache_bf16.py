@@ -53,11 +53,13 @@ def two_turns(llm, n1: int = 5, n2: int = 4, cached: int = 0):
 def test_a_shared_prefix_restored_at_a_common_chunk_end_is_bit_exact(device, model):
     """A 10-token system prompt and three questions under a budget of 8: every prompt's
     first chunk ends at 8 with caching on and off. r1 writes its align checkpoint there,
-    r2 and r3 restore it and compute the same rest as caching off: equal bit for bit."""
+    r2 and r3 restore it and compute the same rest as caching off: equal bit for bit. (r1 is
+    a cold prompt: its align checkpoint needs the cold flag.)"""
     prompts = [SYSTEM + q for q in ([3, 1, 4], [1, 5, 9], [2, 6, 5])]
     outs = {}
     for cache in (True, False):
-        llm = make_llm(device, model, cache, max_num_batched_tokens=8)
+        llm = make_llm(device, model, cache, max_num_batched_tokens=8,
+                       enable_mamba_align_cold_checkpoint=True)  # fmt: skip
         got = [run_greedy(llm, prompts[0], 3), run_greedy(llm, prompts[1], 3)]
         run_greedy(llm, OTHER, 2)  # overwrites the freed slot
         got.append(run_greedy(llm, prompts[2], 3))

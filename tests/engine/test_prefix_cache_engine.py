@@ -73,7 +73,10 @@ def test_next_turn_restores_the_finished_request(device, async_scheduling, repla
     # With replayed decode the finished request's line has decode steps in its ring.
     replay_kw = dict(use_replayssm=True, replayssm_buffer_len=3) if replay else {}
     first = [5, 17, 3, 3, 40, 9, 71]
-    on = make_llm(device, True, async_scheduling, **replay_kw)
+    # The cold flag: the first prompt is new, and its align checkpoint is what the second
+    # request's checkpoint must evict instead of the end-of-request one.
+    on = make_llm(device, True, async_scheduling, enable_mamba_align_cold_checkpoint=True,
+                  **replay_kw)  # fmt: skip
     core = on.llm_engine.engine_core
     index = core.prefix.index
     out1, _ = run(on, first, 5)
