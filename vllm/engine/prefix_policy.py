@@ -138,7 +138,7 @@ class PromptCheckpoints:
             hashes = hash_blocks(prompt, self.block_size)
         warm = bool(hashes) and hashes[0] in self._seen
         align = self.mode == "align" and (warm or self.align_cold)
-        self.num_cold += bool(hashes) and not warm
+        self.num_cold += self.mode == "align" and not align and bool(hashes)
         targets = self.targets(len(prompt), hashes, seq.num_computed_tokens)
         self._plans[seq] = _Plan(hashes, targets, align)
         self._remember(hashes)

@@ -252,7 +252,10 @@ def small_blocks(monkeypatch, **blocks) -> None:
 
     monkeypatch.setattr(ssd_combined, "ssd_configs", configs)
     PLANS.clear()
-    monkeypatch.setattr(PLANS, "get", lambda key: None)  # plans keep their configuration
+    # Plans keep their configuration: none is reused here, and none made here outlives the
+    # test (a later test of the same layout would run these blocks).
+    monkeypatch.setattr(PLANS, "get", lambda key: None)
+    monkeypatch.setattr(PLANS, "put", lambda key, plan: None)
 
 
 def coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:

@@ -291,15 +291,17 @@ def _ssd_chunk_state_kernel(
         b_total = tl.sum(tl.where(o_l == clen - 1, b_cs_l, 0.0))  # cs[last], exactly
         tl.store(dt_out_ptr + p_ws + o_l, b_dt_l, mask=m_l)
         tl.store(cs_out_ptr + p_ws + o_l, b_cs_l, mask=m_l)
-        if (i_pb == 0) & (i_nb == 0):
-            tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
+        if not FUSED_PASS:  # fused, the chain step takes the decay in registers
+            if (i_pb == 0) & (i_nb == 0):
+                tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
         tl.debug_barrier()
     else:
         b_total = tl.sum(b_dt_l * b_A)
         if (i_pb == 0) & (i_nb == 0):
             tl.store(dt_out_ptr + p_ws + o_l, b_dt_l, mask=m_l)
             tl.store(cs_out_ptr + p_ws + o_l, tl.cumsum(b_dt_l * b_A, axis=0), mask=m_l)
-            tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
+            if not FUSED_PASS:
+                tl.store(decay_ptr + i_c * NHEADS + i_h, tl.exp2(b_total))
 
     # state (P x N) = x^T (P x T) @ (w * B) (T x N) per block of BLOCK_T tokens: x^T comes
     # from memory as the dot's first operand; the fp32 weighted B is the split one.
@@ -378,7 +380,8 @@ def sync_buffer(device, elements: int):
     512 chunks at the Codestral shape)."""
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     buf = _SYNC.get(device)
     if buf is None or buf.numel() < elements:
         size = max(elements, 1 << 16, 0 if buf is None else 2 * buf.numel())

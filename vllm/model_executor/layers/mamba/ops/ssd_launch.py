@@ -202,7 +202,8 @@ class SSDPlan:
         self.per_chunk_state = chunk_state_programs(1, nheads, headdim, dstate,
                                                     cfg["chunk_state"])  # fmt: skip
         self.fused = bool(cfg["chunk_state"].get("FUSED_PASS", False))
-        self.shape = (nheads, headdim, dstate)
+        # FUSED_PASS's sync buffer: the counter, then a flag per chunk program
+        self.sync_per_chunk = sync_elements(1, nheads, headdim, dstate, cfg["chunk_state"]) - 1
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
             1, 1, nheads, headdim, dstate, ngroups, chunk_size, cfg["state_passing"]
         )
@@ -288,8 +289,7 @@ class SSDPlan:
     def _sync(self, num_chunks: int):
         """``FUSED_PASS``'s sync buffer (without it, launch 1 takes the chunk starts, a
         pointer it has anyway, in its place)."""
-        elements = sync_elements(num_chunks, *self.shape, self.cfg["chunk_state"])
-        return sync_buffer(self.device, elements)
+        return sync_buffer(self.device, 1 + num_chunks * self.sync_per_chunk)
 
     def _launch_direct(self, ptrs: dict, num_chunks: int, num_seqs: int) -> bool:
         num_pass = num_seqs * self.per_seq_pass
