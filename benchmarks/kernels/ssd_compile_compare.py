@@ -106,10 +106,22 @@ def inspect(compiled) -> dict:
 
 def tile_of(constexprs: dict) -> str:
     """The launch's tile and schedule, short: ``M 64, K 32, w 4, s 1, SPLIT 0``."""
-    keep = ("BLOCK", "num_warps", "num_stages", "maxnreg", "SPLIT", "RELOAD")
+    keep = (
+        "BLOCK",
+        "num_warps",
+        "num_stages",
+        "maxnreg",
+        "SPLIT",
+        "RELOAD",
+        "FUSED",
+        "FOLD",
+        "PREFETCH",
+    )
     short = {"num_warps": "w", "num_stages": "s", "BLOCK_SIZE_": "", "BLOCK_": ""}
     out = []
     for k, v in constexprs.items():
+        if v is None:  # an option left to the compiler (maxnreg None: no cap)
+            continue
         if k.startswith(keep) and k not in ("BLOCK_SIZE_CHUNK", "BLOCK_SIZE_DSTATE"):
             for a, b in short.items():
                 k = k.replace(a, b)

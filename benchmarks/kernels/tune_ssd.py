@@ -57,6 +57,10 @@ VARIANTS += [
         dict(BLOCK_K=32, BLOCK_N=64),
         dict(BLOCK_N=64),
         dict(BLOCK_M=128, BLOCK_K=32, num_warps=8),
+        # PREFETCH (compile-checked, not measured): the source loop's loads one block
+        # ahead in registers, with and without the 128-register cap.
+        dict(BLOCK_K=32, PREFETCH=True),
+        dict(BLOCK_K=32, PREFETCH=True, maxnreg=None),
     )
 ]
 VARIANTS += [

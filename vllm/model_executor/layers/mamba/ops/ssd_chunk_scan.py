@@ -72,6 +72,7 @@ def _ssd_chunk_scan_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # Programs: row block fastest (the heaviest, last, first), then headdim block, then the
     # heads (a group's heads are neighbours: its CB and C blocks are read from L2), chunks.
@@ -134,16 +135,44 @@ def _ssd_chunk_scan_kernel(
     o_xk = o_k[:, None] * stride_x_t + o_p[None, :] * stride_x_p
     p_cs = cs_ptr + p_ws
     p_dt = dt_ptr + p_ws
-    for k0 in range(0, m0, BLOCK_K):  # every source row < m0 < clen: no masks but the rows'
-        b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None], other=0.0).to(tl.float32)
-        b_cs_k = tl.load(p_cs + k0 + o_k)
-        b_cs_r = tl.load(p_cs + k0 + (BLOCK_K - 1))
-        b_dt_k = tl.load(p_dt + k0 + o_k)
-        b_rows = tl.exp2(b_cs_m - b_cs_r)
-        b_cols = tl.exp2(b_cs_r - b_cs_k) * b_dt_k
-        b_w = b_cb * b_rows[:, None] * b_cols[None, :]
-        b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_p[None, :], other=0.0)
-        acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
+    if PREFETCH:
+        # The loop's loads one source block ahead, into registers (the launch keeps one
+        # stage: a pipelined register-operand wgmma races). Block 0 before the loop (x
+        # masked off when m0 = 0; the rest lies in this chunk's workspace); the last trip's
+        # loads masked off (no block past m0 is read).
+        n_cb = tl.load(p_cb + o_cb, mask=m_m[:, None], other=0.0)
+        n_cs_k = tl.load(p_cs + o_k)
+        n_cs_r = tl.load(p_cs + (BLOCK_K - 1))
+        n_dt_k = tl.load(p_dt + o_k)
+        n_x = tl.load(p_x + o_xk, mask=(o_k < m0)[:, None] & m_p[None, :], other=0.0)
+        for k0 in range(0, m0, BLOCK_K):
+            b_cb = n_cb.to(tl.float32)
+            b_cs_k = n_cs_k
+            b_cs_r = n_cs_r
+            b_dt_k = n_dt_k
+            b_x = n_x
+            k1 = k0 + BLOCK_K
+            more = k1 < m0
+            n_cb = tl.load(p_cb + k1 + o_cb, mask=m_m[:, None] & more, other=0.0)
+            n_cs_k = tl.load(p_cs + k1 + o_k, mask=more & (o_k >= 0), other=0.0)
+            n_cs_r = tl.load(p_cs + k1 + (BLOCK_K - 1), mask=more, other=0.0)
+            n_dt_k = tl.load(p_dt + k1 + o_k, mask=more & (o_k >= 0), other=0.0)
+            n_x = tl.load(p_x + k1 * stride_x_t + o_xk, mask=m_p[None, :] & more, other=0.0)
+            b_rows = tl.exp2(b_cs_m - b_cs_r)
+            b_cols = tl.exp2(b_cs_r - b_cs_k) * b_dt_k
+            b_w = b_cb * b_rows[:, None] * b_cols[None, :]
+            acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
+    else:
+        for k0 in range(0, m0, BLOCK_K):  # every source row < m0 < clen: no masks but rows'
+            b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None], other=0.0).to(tl.float32)
+            b_cs_k = tl.load(p_cs + k0 + o_k)
+            b_cs_r = tl.load(p_cs + k0 + (BLOCK_K - 1))
+            b_dt_k = tl.load(p_dt + k0 + o_k)
+            b_rows = tl.exp2(b_cs_m - b_cs_r)
+            b_cols = tl.exp2(b_cs_r - b_cs_k) * b_dt_k
+            b_w = b_cb * b_rows[:, None] * b_cols[None, :]
+            b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_p[None, :], other=0.0)
+            acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
     # The diagonal block: the decay per element, -inf above the diagonal (no exp2
     # overflows); the select keeps CB blocks the CB job did not write out of the sum.
     for k0 in range(m0, tl.minimum(m0 + BLOCK_M, clen), BLOCK_K):

@@ -141,6 +141,7 @@ def ssd_configs(
         BLOCK_T=block(chunk_size, passing["BLOCK_T"]),
         BLOCK_N=block(dstate, passing["BLOCK_N"]),
     )
+    scan.setdefault("PREFETCH", False)  # the source loop's loads a block ahead (chunk scan)
     block_m = block(chunk_size, scan["BLOCK_M"])
     scan.update(
         SPLIT=out_dtype == torch.float32,
