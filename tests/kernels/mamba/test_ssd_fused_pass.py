@@ -57,7 +57,8 @@ def _run(case, device, monkeypatch, mode: dict, tiles: dict, **overrides):
 
 
 def _sync_used_and_clean(device) -> None:
-    buf = ssd_chunk_state._SYNC.get(torch.device(device))
+    # Keyed by the tensors' device: "cuda" names no index, their device does ("cuda:0").
+    buf = ssd_chunk_state._SYNC.get(torch.empty(0, device=device).device)
     assert buf is not None, "the fused path did not run (no sync buffer was taken)"
     assert not buf.any(), "the fused chunk state left flags or its counter set"
 

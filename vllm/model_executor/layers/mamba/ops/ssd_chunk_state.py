@@ -134,7 +134,10 @@ def _chain_step(
         while seen != 1:
             seen = tl.atomic_cas(p_flag, 1, 0, sem="acquire")
         b_s = tl.load(p_states, mask=m_st, other=0.0, cache_modifier=".cg")
-    b_s = b_s * b_decay + acc
+    # One rounding, as launch 2's step: an fma in both (left to the compiler, the product
+    # and the sum sat in different register layouts here and were not contracted, so the
+    # GPU's chains differed from launch 2's in the last bits).
+    b_s = tl.fma(b_s, b_decay, acc)
     if HAS_CHUNK_LINES:
         # The state at the chunk's end into its given line (prefix caching).
         chunk_line = tl.load(chunk_lines_ptr + i_c * stride_chunk_lines).to(tl.int64)

@@ -103,7 +103,7 @@ def _pass_states(
         b_next = tl.load(p_cur + NHEADS * HEADDIM * DSTATE, mask=m & has, other=0.0)
         b_next_decay = tl.load(p_decay + (i_c + 1) * NHEADS, mask=has, other=0.0)
         tl.store(p_cur, b_s, mask=m & ((i_c > c0) | use_init))
-        b_s = b_s * b_decay + b_cur
+        b_s = tl.fma(b_s, b_decay, b_cur)  # one rounding, as the fused chain step
         if HAS_CHUNK_LINES:
             # The state at the chunk's end into its given line (prefix caching).
             chunk_line = tl.load(chunk_lines_ptr + i_c * stride_chunk_lines).to(tl.int64)
