@@ -35,6 +35,33 @@ from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
 CPU_KV_CACHE_BYTES = 4 << 30
 
 
+def check_pool_fits(specs, num_slots: int, num_checkpoint_lines: int, free_bytes: int,
+                    device) -> None:  # fmt: skip
+    """ValueError, naming the options that size it, when the Mamba state pool of ``specs``
+    (``num_slots`` slots, ``num_checkpoint_lines`` of them prefix-cache checkpoint lines,
+    plus the null line) cannot fit in ``free_bytes``: the allocation would fail with an
+    out-of-memory error that names neither."""
+    per_line = sum(spec.bytes_per_slot for spec in specs)
+    need = (num_slots + 1) * per_line
+    if need <= free_bytes:
+        return
+    fit = max(free_bytes // per_line - 1, 0)
+    what = f"{num_slots - num_checkpoint_lines} sequence slots (max_num_seqs)"
+    knobs = "--max-num-seqs"
+    if num_checkpoint_lines:
+        what += f" and {num_checkpoint_lines} prefix-cache checkpoint lines (num_checkpoint_lines)"
+        knobs += " or --num-checkpoint-lines"
+    hint = ""
+    if any(spec.ssm_dtype == torch.float32 for spec in specs):
+        hint = ", or halve the SSM state with --mamba-ssm-cache-dtype bfloat16"
+    raise ValueError(
+        f"the Mamba state pool needs {need / 2**30:.2f} GiB on {device} for {what} and the "
+        f"null line, {per_line / 2**20:.1f} MiB each over {len(specs)} layers, but "
+        f"{free_bytes / 2**30:.2f} GiB is free after the weights: {fit} slots would fit. "
+        f"Lower {knobs}{hint}"
+    )
+
+
 class CacheEngine:
     def __init__(
         self,
@@ -45,6 +72,7 @@ class CacheEngine:
         ssm_dtype: torch.dtype,
         device: torch.device,
         replayssm_buffer_len: int = 0,
+        num_checkpoint_lines: int = 0,
     ):
         self.model = model
         self.block_size = block_size
@@ -63,6 +91,15 @@ class CacheEngine:
             if spec.block_size != block_size:
                 raise ValueError(f"layer {name} asks for blocks of {spec.block_size} tokens")
         self.mamba_pool: MambaStatePool | None = None
+        if self.mamba_specs and device.type == "cuda":
+            torch.cuda.empty_cache()  # what the allocator caches but does not use is free
+            check_pool_fits(
+                list(self.mamba_specs.values()),
+                num_slots,
+                num_checkpoint_lines,
+                torch.cuda.mem_get_info(device)[0],
+                device,
+            )
         if self.mamba_specs:
             self.mamba_pool = MambaStatePool.from_specs(
                 list(self.mamba_specs.values()), num_slots, model.conv_backend, device

@@ -85,6 +85,7 @@ class ModelRunner:
             ssm_dtype=config.ssm_state_dtype,
             device=self.device,
             replayssm_buffer_len=config.replayssm_buffer_len if config.use_replayssm else 0,
+            num_checkpoint_lines=config.num_checkpoint_lines,
         )
         self.pool = self.cache.mamba_pool
         self.attn_builder = None
