@@ -110,7 +110,7 @@ def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison, mod
     exit without a ticket's wait or publish, and no live chunk waits on them."""
     fused = mode != "three_launches"
     small_blocks(monkeypatch, chunk_state__FUSED_PASS=fused, chunk_state__FOLD_CB=mode == "fold_cb")
-    ssd_chunk_state._SYNC.pop(torch.device(device), None)
+    ssd_chunk_state._SYNC.pop(ssd_chunk_state._device_key(device), None)
     gen = torch.Generator().manual_seed(5)
     heads, hd, ds, chunk = 4, 8, 16, 8
     bucket = MixedBucket(48, 6, 4)
@@ -143,7 +143,7 @@ def test_ssd_over_a_padded_layout_equals_the_step_layout(device, nan_poison, mod
     assert not torch.equal(got_pool[1], pool[1])  # the prefills did write their lines
     assert torch.equal(got_pool[[0, 3, 5, 6, 7, 8]], pool[[0, 3, 5, 6, 7, 8]])
     assert got_y[33:].abs().max() == 0 and got_y[:2].abs().max() == 0
-    sync = ssd_chunk_state._SYNC.get(torch.device(device))
+    sync = ssd_chunk_state.existing_sync_buffer(device)
     assert (sync is not None and not sync.any()) if fused else sync is None
 
 

@@ -57,8 +57,7 @@ def _run(case, device, monkeypatch, mode: dict, tiles: dict, **overrides):
 
 
 def _sync_used_and_clean(device) -> None:
-    # Keyed by the tensors' device: "cuda" names no index, their device does ("cuda:0").
-    buf = ssd_chunk_state._SYNC.get(torch.empty(0, device=device).device)
+    buf = ssd_chunk_state.existing_sync_buffer(device)
     assert buf is not None, "the fused path did not run (no sync buffer was taken)"
     assert not buf.any(), "the fused chunk state left flags or its counter set"
 
@@ -170,3 +169,5 @@ def test_sync_buffer_grows_and_is_shared(device, fresh_sync):
     b = ssd_chunk_state.sync_buffer(device, (1 << 16) + 1)
     assert b.numel() == 1 << 17 and not b.any()
     assert ssd_chunk_state.sync_buffer(device, 5) is b
+    # One buffer whether the device is named with its index (a tensor's) or without.
+    assert ssd_chunk_state.existing_sync_buffer(torch.empty(0, device=device).device) is b

@@ -370,7 +370,24 @@ def sync_elements(num_chunks: int, nheads: int, headdim: int, dstate: int, cfg: 
     return 1 + num_chunks * nheads * chunk_state_tiles(headdim, dstate, cfg)
 
 
-_SYNC: dict = {}
+_SYNC: dict = {}  # keyed by ``_device_key``
+
+
+def _device_key(device):
+    """``device`` as a ``torch.device`` with its index: "cuda" and "cuda:0" (the current
+    device) name one buffer. A tensor's device, the call path's, already is one."""
+    import torch
+
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def existing_sync_buffer(device):
+    """The sync buffer ``device`` has (None when no fused chunk state ran there yet)."""
+    return _SYNC.get(_device_key(device))
 
 
 def sync_buffer(device, elements: int):
@@ -383,8 +400,7 @@ def sync_buffer(device, elements: int):
     512 chunks at the Codestral shape)."""
     import torch
 
-    if not isinstance(device, torch.device):
-        device = torch.device(device)
+    device = _device_key(device)
     buf = _SYNC.get(device)
     if buf is None or buf.numel() < elements:
         size = max(elements, 1 << 16, 0 if buf is None else 2 * buf.numel())
