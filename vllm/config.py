@@ -59,8 +59,8 @@ class EngineConfig:
     name the server answers to (default: the model argument).
 
     ``compilation_config`` (vLLM's: a dict, its JSON or a ``CompilationConfig``) sets
-    ``cudagraph_mode``: "NONE", "FULL_DECODE_ONLY" (default: decode-only steps replay CUDA
-    graphs) or "FULL" (decode-only AND mixed prefill + decode steps replay CUDA graphs
+    ``cudagraph_mode``: "NONE", "FULL_DECODE_ONLY" (decode-only steps replay CUDA graphs) or
+    "FULL" (the default: decode-only AND mixed prefill + decode steps replay CUDA graphs
     captured at start-up for buckets of padded token count and sequence count; a step outside
     them runs eagerly, counted by the ``execution`` label of ``vllm:engine_step_seconds``).
     ``enforce_eager`` means "NONE" and wins, with a warning (property ``cudagraph_mode``: the
@@ -338,10 +338,11 @@ class EngineConfig:
 
     @property
     def cudagraph_mode(self) -> str:
-        """NONE under ``enforce_eager``, else the mode asked for, else FULL_DECODE_ONLY."""
+        """NONE under ``enforce_eager``, else the mode asked for, else FULL (a model or option
+        that cannot take mixed-step graphs falls back to FULL_DECODE_ONLY at start-up)."""
         if self.enforce_eager:
             return "NONE"
-        return self.compilation_config.cudagraph_mode or "FULL_DECODE_ONLY"
+        return self.compilation_config.cudagraph_mode or "FULL"
 
     @property
     def ssm_state_dtype(self) -> torch.dtype:

@@ -37,10 +37,15 @@ def test_buckets_covering():
     assert buckets_covering(buckets, 99) == buckets
 
 
+# These tests are about the decode graphs: the default (FULL) adds mixed-step graphs.
+DECODE_ONLY = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+
+
 @pytest.mark.gpu
 def test_capture_ahead_of_time():
     """Start-up captures the graph of every bucket; capturing again captures nothing new."""
-    llm = LLM(CONFIG, load_format="dummy", dtype="float32", device="cuda", max_num_seqs=20)
+    llm = LLM(CONFIG, load_format="dummy", dtype="float32", device="cuda", max_num_seqs=20,
+              compilation_config=DECODE_ONLY)  # fmt: skip
     graphs = llm.engine.runner.graphs
     assert sorted(graphs._graphs) == graphs.buckets == [1, 2, 4, 8, 16, 20]
     assert llm.engine.startup["num_graphs"] == 6
@@ -78,6 +83,7 @@ def test_graph_decode_equals_eager(monkeypatch):
             device="cuda",
             max_num_seqs=8,
             enforce_eager=eager,
+            compilation_config=DECODE_ONLY,
         )
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         if not eager:

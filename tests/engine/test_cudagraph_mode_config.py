@@ -1,6 +1,6 @@
 """``compilation_config`` with vLLM's ``cudagraph_mode``: ``EngineConfig`` reads it from a
 dict, its JSON or a ``CompilationConfig`` (any case), refuses an unknown key or mode by
-name, lets ``enforce_eager`` win (with a warning) and defaults to FULL_DECODE_ONLY;
+name, lets ``enforce_eager`` win (with a warning) and defaults to FULL;
 ``--compilation-config`` / ``-cc`` (``EngineArgs``, ``vllm serve``) and
 ``LLM(compilation_config=...)`` pass it through."""
 
@@ -37,9 +37,9 @@ def vllm_log(caplog):
         root.removeHandler(caplog.handler)
 
 
-def test_the_default_is_full_decode_only():
+def test_the_default_is_full():
     config = make_config()
-    assert config.cudagraph_mode == "FULL_DECODE_ONLY"
+    assert config.cudagraph_mode == "FULL"
     assert config.compilation_config == CompilationConfig(cudagraph_mode=None)
     assert CUDAGRAPH_MODES == ("NONE", "FULL_DECODE_ONLY", "FULL")
 
@@ -51,13 +51,13 @@ def test_the_default_is_full_decode_only():
         ({"cudagraph_mode": "full"}, "FULL", "FULL"),
         ({"cudagraph_mode": "Full_Decode_Only"}, "FULL_DECODE_ONLY", "FULL_DECODE_ONLY"),
         ({"cudagraph_mode": "none"}, "NONE", "NONE"),
-        ({"cudagraph_mode": None}, None, "FULL_DECODE_ONLY"),
-        ({}, None, "FULL_DECODE_ONLY"),
+        ({"cudagraph_mode": None}, None, "FULL"),
+        ({}, None, "FULL"),
         ('{"cudagraph_mode": "full"}', "FULL", "FULL"),
-        ("{}", None, "FULL_DECODE_ONLY"),
+        ("{}", None, "FULL"),
         (CompilationConfig(cudagraph_mode="fUlL"), "FULL", "FULL"),
-        (CompilationConfig(), None, "FULL_DECODE_ONLY"),
-        (None, None, "FULL_DECODE_ONLY"),
+        (CompilationConfig(), None, "FULL"),
+        (None, None, "FULL"),
     ],
 )
 def test_dict_json_and_dataclass_any_case(value, stored, mode):
@@ -146,7 +146,7 @@ def test_cli_flag_through_engine_args(flag):
     config = _engine_config([*argv, flag, json.dumps({"cudagraph_mode": "full"})])
     assert config.cudagraph_mode == "FULL"
     assert _engine_config([*argv, flag, '{"cudagraph_mode": "NONE"}']).cudagraph_mode == "NONE"
-    assert _engine_config(argv).cudagraph_mode == "FULL_DECODE_ONLY"
+    assert _engine_config(argv).cudagraph_mode == "FULL"
     eager = _engine_config([*argv, "--enforce-eager", flag, '{"cudagraph_mode": "FULL"}'])
     assert eager.cudagraph_mode == "NONE"
 

@@ -121,19 +121,18 @@ def test_totals_without_the_split_give_none():
 
 @pytest.mark.parametrize("enforce_eager", [False, True])
 def test_the_engine_counts_graph_steps(device, enforce_eager):
-    """Every step on the CPU runs eagerly; on CUDA decode-only steps replay graphs by
-    default, and none does under ``enforce_eager`` nor any prefill step under
-    FULL_DECODE_ONLY."""
+    """Every step on the CPU runs eagerly; on CUDA decode-only and mixed steps replay graphs
+    by default (FULL), and none does under ``enforce_eager``."""
     llm = LLM(CONFIG, load_format="dummy", dtype="float32", device=device.type,
               max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
               enforce_eager=enforce_eager)  # fmt: skip
-    mode = "NONE" if enforce_eager else "FULL_DECODE_ONLY"
+    mode = "NONE" if enforce_eager else "FULL"
     assert llm.llm_engine.config.cudagraph_mode == mode
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     llm.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], params, use_tqdm=False)
     totals = llm.llm_engine.step_totals
     assert totals.steps > 0
     if device.type == "cuda" and not enforce_eager:
-        assert totals.graph_steps > 0 and totals.prefill_graph_steps == 0
+        assert totals.graph_steps > 0 and totals.prefill_graph_steps > 0
     else:
         assert totals.graph_steps == 0

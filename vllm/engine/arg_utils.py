@@ -144,8 +144,8 @@ class EngineArgs:
             type=_compilation_config,
             default=None,
             help="vLLM's compilation config as JSON; read: cudagraph_mode, one of "
-            f"{', '.join(CUDAGRAPH_MODES)} (default FULL_DECODE_ONLY: decode-only steps replay "
-            "CUDA graphs; FULL: mixed prefill + decode steps too), and "
+            f"{', '.join(CUDAGRAPH_MODES)} (default FULL: decode-only and mixed prefill + "
+            "decode steps replay CUDA graphs; FULL_DECODE_ONLY: decode-only steps only), and "
             "max_cudagraph_capture_size (the most tokens of a graphed step, default 2048), "
             'e.g. \'{"cudagraph_mode": "FULL"}\'',
         )
