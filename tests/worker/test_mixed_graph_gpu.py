@@ -57,6 +57,34 @@ def test_full_captures_every_bucket_at_start_up():
     startup = llm.engine.startup
     assert startup["cudagraph_mode"] == "FULL" and startup["num_mixed_graphs"] == len(buckets)
     assert startup["graph_pool_gib"] > 0
+    # No attention layer: nothing is sized from free memory, so no budget is measured.
+    assert startup["graph_budget_gib"] is None
+
+
+def test_the_kv_cache_leaves_the_graphs_what_their_throwaway_capture_took(monkeypatch):
+    """With attention layers the KV cache is sized from free memory: FULL first captures
+    the mixed graphs into a throwaway pool, and the real capture stays within what that
+    took (the budget the KV cache left free), with no over-budget warning."""
+    from vllm.worker import model_runner
+
+    measured = []
+    original = model_runner.measure_mixed_graphs
+
+    def spy(*args, **kwargs):
+        measured.append(original(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(model_runner, "measure_mixed_graphs", spy)
+    warned = []
+    monkeypatch.setattr(model_runner.logger, "warning", lambda *a: warned.append(a))
+    llm = _llm(BAMBA, "FULL")
+    startup = llm.engine.startup
+    assert len(measured) == 1 and measured[0] > 0  # the throwaway capture ran
+    assert startup["graph_budget_gib"] == measured[0] / 2**30
+    # (a tiny model's real capture may fit in the decode graphs' pool: 0 GiB added)
+    assert startup["mixed_graph_pool_gib"] <= startup["graph_budget_gib"] + 1 / 1024
+    assert not [w for w in warned if "over their budget" in w[0]]
+    assert len(_greedy(llm, _prompts(16))[0]) == len(_prompts(16))
 
 
 @pytest.mark.parametrize("model", [MAMBA2, BAMBA], ids=["mamba2", "bamba"])

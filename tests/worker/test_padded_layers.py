@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.kernels.moe.moe_utils import limit_kernel_pairs
 from tests.models.mamba1_utils import dummy_config
@@ -28,7 +27,6 @@ from vllm.model_executor.layers.mamba.mamba2_padded import (
 from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
 from vllm.model_executor.layers.mamba.ops.selective_scan import chunk_plan
 from vllm.model_executor.model_loader import get_model
-from vllm.worker.mixed_graph import mixed_scratch_bytes
 
 
 def test_the_guard_catches_host_syncs():
@@ -96,41 +94,6 @@ def test_mamba1_padded_scan_equals_the_eager_step(nan_poison):
     for g, w, s0 in zip(got_state, want_state, start, strict=True):
         torch.testing.assert_close(g[1:5], w[1:5], rtol=1e-5, atol=1e-5)
         assert torch.equal(g[[0, 5]], s0[[0, 5]])  # the null line and the free slot
-
-
-class _Empties(TorchDispatchMode):
-    """Records the shape of every tensor ``torch.empty`` makes."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.empty.memory_format:
-            self.shapes.append((tuple(out.shape), out.dtype))
-        return out
-
-
-@torch.no_grad()
-def test_mamba1_padded_scratch_is_what_the_scan_allocates():
-    """The graphs' memory budget counts Mamba1's padded scan scratch
-    (``padded_scratch_bytes``): the bytes of the per-slot states and dt sums the scan
-    allocates for the bucket."""
-    model = get_model(dummy_config(), load_format="dummy", seed=3, device="cpu")
-    mixer = next(m for m in model.modules() if isinstance(m, MambaMixer))
-    state = model.allocate_state_pool(5).layer(0)
-    plan = prepare_padded(BUCKET, None, LENS, SLOTS, CONTEXTS, DECODES)
-    hidden = torch.randn(BUCKET.num_tokens, mixer.hidden_size)
-    with _Empties() as seen:
-        run_mixer(mixer, hidden, state, finish_padded(plan, plan.host))
-    dim, dstate = mixer.intermediate_size, mixer.state_size
-    (slots,) = {s[0] for s, d in seen.shapes if d == torch.float32 and s[1:] == (dstate, dim)}
-    assert (slots, dim) in [s for s, d in seen.shapes if d == torch.float32]
-    want = slots * (dstate + 1) * dim * 4
-    assert mixer.padded_scratch_bytes(BUCKET.num_tokens, BUCKET.num_seqs) == want > 0
-    assert mixer.padded_scratch_bytes(32, 6) == 0  # one chunk: no scratch
-    assert mixed_scratch_bytes(model, 96, 6) >= want  # the 96-token bucket among others
 
 
 def test_mamba1_padded_scan_chunks_for_one_long_prefill(monkeypatch):

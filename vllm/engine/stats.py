@@ -180,9 +180,13 @@ def startup_line(s: dict) -> str:
             f", cudagraph_mode {s['cudagraph_mode']}"
             + (
                 f": {s['num_mixed_graphs']} mixed-step graphs in "
-                f"{s['mixed_graph_capture_s']:.1f} s taking {s['mixed_graph_pool_gib']:.2f} GiB "
-                f"of a {s['graph_budget_gib']:.2f} GiB budget; graph pool "
-                f"{s['graph_pool_gib']:.2f} GiB in all"
+                f"{s['mixed_graph_capture_s']:.1f} s taking {s['mixed_graph_pool_gib']:.2f} GiB"
+                + (
+                    f" of a {s['graph_budget_gib']:.2f} GiB budget"
+                    if s.get("graph_budget_gib") is not None
+                    else ""
+                )
+                + f"; graph pool {s['graph_pool_gib']:.2f} GiB in all"
                 if s.get("num_mixed_graphs")
                 else ""
             )

@@ -38,7 +38,7 @@ from vllm.worker.mixed_graph import (
     MixedGraphs,
     full_graphs_unsupported,
     graph_pool_gib,
-    mixed_scratch_bytes,
+    measure_mixed_graphs,
 )
 from vllm.worker.warmup import compile_kernels, dummy_steps
 
@@ -114,16 +114,18 @@ class ModelRunner:
                 logger.warning("cudagraph_mode FULL: mixed steps run eagerly: %s",
                                self.full_graphs_off)  # fmt: skip
                 mode = "FULL_DECODE_ONLY"
-        # FULL's graphs get a budget: one full step's activations, measured here.
-        profile_rows = self._profile_rows(for_graphs=mode == "FULL")
+        profile_rows = self._profile_rows()
         self.cache.allocate_kv(self._startup_blocks(profile_rows))
         kernels = compile_kernels(self.dummy_step, self._zero_state, n_seq, n_tok, self.device)
         peak = self._activation_peak(profile_rows) if profile_rows else 0
         cap = config.compilation_config.capture_size  # the most tokens of a graphed step
-        # The mixed graphs' memory pool holds about one full step's activations (and Mamba1's
-        # padded scan scratch) beside the eager steps' own: the KV cache leaves room for both.
-        graph_budget = peak + mixed_scratch_bytes(self.model, min(n_tok, cap), n_seq)
-        reserved_peak = peak + graph_budget if mode == "FULL" else peak
+        # Where the KV cache is sized from free memory, it leaves the mixed graphs what a
+        # throwaway capture of them took (their budget), beside the eager steps' peak.
+        graph_budget = None
+        if mode == "FULL" and profile_rows:
+            graph_budget = measure_mixed_graphs(self.model, self.builder, min(n_tok, cap), n_seq,
+                                                self.attn_builder, self._reserved)  # fmt: skip
+        reserved_peak = peak + (graph_budget or 0)
         if self.cache.has_attention:
             self.cache.allocate_kv(
                 self.cache.num_kv_blocks(
@@ -151,11 +153,11 @@ class ModelRunner:
             self._sync()
         t5 = time.perf_counter()
         pool_after = self._reserved() if mode != "NONE" else 0
-        if mode == "FULL" and pool_after - pool_mid > graph_budget:
+        if graph_budget is not None and pool_after - pool_mid > graph_budget:
             logger.warning(
-                "the mixed-step CUDA graphs took %.2f GiB, over their budget, one full step's "
-                "activations and scan scratch (%.2f GiB), which the KV cache left free for "
-                "them: lower gpu_memory_utilization if steps run out of memory",
+                "the mixed-step CUDA graphs took %.2f GiB, over their budget, what their "
+                "throwaway capture took (%.2f GiB), which the KV cache left free for them: "
+                "lower gpu_memory_utilization if steps run out of memory",
                 (pool_after - pool_mid) / 2**30, graph_budget / 2**30,
             )  # fmt: skip
         self.cudagraph_mode = mode
@@ -174,7 +176,8 @@ class ModelRunner:
             "num_mixed_graphs": 0 if self.mixed_graphs is None else len(self.mixed_graphs.buckets),
             "graph_pool_gib": graph_pool_gib(pool_before, pool_after),
             "mixed_graph_pool_gib": graph_pool_gib(pool_mid, pool_after),
-            "graph_budget_gib": (graph_budget if mode == "FULL" else 0) / 2**30,
+            # None: nothing sized from free memory (no KV cache, or its size given)
+            "graph_budget_gib": None if graph_budget is None else graph_budget / 2**30,
             "num_kernels": kernels.num_variants,
             "num_kernels_compiled": kernels.num_new,
             "kernel_variants": kernels.variants,
@@ -207,15 +210,13 @@ class ModelRunner:
 
     # -- start-up ------------------------------------------------------------------------
 
-    def _profile_rows(self, for_graphs: bool = False) -> list[tuple[int, bool]]:
+    def _profile_rows(self) -> list[tuple[int, bool]]:
         """Fresh prompts filling the token budget: the step whose activations peak, run on
-        CUDA to size the KV cache from memory, or ``for_graphs``, the mixed-step graphs'
-        memory budget (none needed otherwise)."""
+        CUDA where the KV cache is sized from free memory (none otherwise)."""
         c = self.config
         if self.device.type != "cuda":
             return []
-        kv_sized = self.cache.has_attention and c.num_gpu_blocks_override is None
-        if not (kv_sized or for_graphs):
+        if not self.cache.has_attention or c.num_gpu_blocks_override is not None:
             return []
         total = min(c.max_num_batched_tokens, c.max_num_seqs * c.max_model_len)
         rows = []

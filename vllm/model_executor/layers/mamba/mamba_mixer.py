@@ -72,7 +72,6 @@ from vllm.model_executor.layers.mamba.ops.selective_scan import (
     selective_scan_fn,
     selective_state_update_mamba1,
 )
-from vllm.model_executor.layers.mamba.ops.selective_scan_host import scratch_slots
 
 
 @dataclass(frozen=True)
@@ -234,16 +233,6 @@ class MambaMixer(nn.Module):
             has_initial_state=md.has_initial_state, z=z, pad_slot_id=NULL_BLOCK_ID,
             chunk_len=chunk_len, **args,
         )  # fmt: skip
-
-    def padded_scratch_bytes(self, num_tokens: int, num_seqs: int) -> int:
-        """Device bytes ``_scan_padded``'s chunk scratch takes in a bucket of ``num_tokens``
-        tokens and ``num_seqs`` rows: a state and a dt sum per slot, S + 1 + T // chunk
-        slots when the scan is chunked (``selective_scan_fn``), none otherwise."""
-        chunk_len, chunks = self._padded_chunks(num_tokens, self.out_proj.weight.dtype)
-        if chunks == 1:
-            return 0
-        slots = scratch_slots(num_seqs + 1, num_tokens, chunk_len)
-        return slots * (self.state_size + 1) * self.intermediate_size * 4
 
     def _padded_chunks(self, num_tokens: int, dtype: torch.dtype) -> tuple[int, int]:
         """(chunk length, chunks) of a padded bucket's scan: one sequence of all T tokens."""
