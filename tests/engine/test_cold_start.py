@@ -77,11 +77,13 @@ def test_a_variant_missed_by_the_warmup_is_counted_and_logged(device, monkeypatc
     """What the server exports as vllm:engine_kernel_compiles_total: a step that launches a
     variant the warm-up did not compile counts it in its StepStats and names the kernel in
     a warning. The launch caches are emptied after start-up, as if the warm-up had missed
-    every variant."""
+    every variant. Eager steps (NONE): a replayed CUDA graph launches nothing through the
+    launchers, and under the default (FULL) every step of this workload replays one."""
     from vllm.triton_utils import launch
 
     llm = LLM(CONFIG, load_format="dummy", dtype="float32", device=device.type,
-              max_num_seqs=4, max_num_batched_tokens=16)  # fmt: skip
+              max_num_seqs=4, max_num_batched_tokens=16,
+              compilation_config={"cudagraph_mode": "NONE"})  # fmt: skip
     for launcher in launch._LAUNCHERS:
         monkeypatch.setattr(launcher, "seen", set())
         monkeypatch.setattr(launcher, "cache", {})
