@@ -77,11 +77,15 @@ gpu_tests() {
     # tests/entrypoints import the server's packages at collection (carried as wheels).
     serve_wheels "$out/serve_wheels.log" || echo "(tests/entrypoints will fail to import)"
     # GPU_TEST_PATHS narrows the run (default: the whole suite's GPU tests). Figures the
-    # tests record (the hybrids' bf16 errors against HF) go to test_records.txt.
+    # tests record (the hybrids' bf16 errors against HF) go to test_records.txt. -v names
+    # each test as it ends (tests.log), so a run cut short by a call's limit still says
+    # which failed; stdout keeps the summary.
     : >"$out/test_records.txt"
     # shellcheck disable=SC2086
-    VLLM_TEST_RECORD="$out/test_records.txt" python3 -m pytest ${GPU_TEST_PATHS:-tests} -m gpu $parallel -q -p no:cacheprovider --durations=12 --junitxml "$out/gpu_tests.xml" 2>&1 |
-        tee "$out/tests.log"
+    VLLM_TEST_RECORD="$out/test_records.txt" python3 -m pytest ${GPU_TEST_PATHS:-tests} -m gpu $parallel -v -p no:cacheprovider --durations=12 --junitxml "$out/gpu_tests.xml" >"$out/tests.log" 2>&1
+    local rc=$?
+    grep -E '^(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$out/tests.log"
+    return $rc
 }
 other_tests() {
     # The server tests (tests/entrypoints) need the server's packages: carried as wheels.
