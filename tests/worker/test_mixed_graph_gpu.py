@@ -121,12 +121,22 @@ def test_prompt_logprob_steps_run_eagerly_and_are_counted():
     assert counts["eager"] >= 1 and counts["graph_decode"] >= 1
 
 
-def test_use_replayssm_keeps_decode_graphs():
+@pytest.mark.parametrize("asked", [True, False], ids=["asked", "default"])
+def test_use_replayssm_keeps_decode_graphs(asked, monkeypatch):
     """The replayed decode's materialise takes no padded rows: FULL falls back to
-    FULL_DECODE_ONLY, said at start-up, and the engine still serves."""
-    llm = _llm(MAMBA2, "FULL", use_replayssm=True, replayssm_buffer_len=4)
+    FULL_DECODE_ONLY, said at start-up (a warning where FULL was asked for, else at info
+    level: the default is no mistake of the user's), and the engine still serves."""
+    from vllm.worker import model_runner
+
+    said = []
+    for level in ("warning", "info"):
+        monkeypatch.setattr(model_runner.logger, level, lambda *a, _l=level: said.append((_l, a)))
+    kw = dict(use_replayssm=True, replayssm_buffer_len=4)
+    llm = _llm(MAMBA2, "FULL", **kw) if asked else LLM(MAMBA2, **OPTS, **kw)
     assert llm.engine.runner.cudagraph_mode == "FULL_DECODE_ONLY"
     assert "use_replayssm" in llm.engine.runner.full_graphs_off
+    levels = [lvl for lvl, a in said if "mixed steps run eagerly" in a[0]]
+    assert levels == ["warning" if asked else "info"]
     assert len(_greedy(llm, [[1, 2, 3]])[0][0]) == 6
 
 

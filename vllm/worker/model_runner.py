@@ -105,14 +105,16 @@ class ModelRunner:
         self._sync()
         t2 = time.perf_counter()
         mode = config.cudagraph_mode if self.device.type == "cuda" else "NONE"
-        self.full_graphs_off = None  # why FULL was asked for and not given
+        self.full_graphs_off = None  # why FULL (asked for or the default) was not given
         if mode == "FULL":
             self.full_graphs_off = full_graphs_unsupported(
                 self.model, self.builder, config.use_replayssm
             )
-            if self.full_graphs_off is not None:
-                logger.warning("cudagraph_mode FULL: mixed steps run eagerly: %s",
-                               self.full_graphs_off)  # fmt: skip
+            if self.full_graphs_off is not None:  # a warning where FULL was asked for
+                asked = config.compilation_config.cudagraph_mode is not None
+                (logger.warning if asked else logger.info)(
+                    "cudagraph_mode FULL: mixed steps run eagerly: %s", self.full_graphs_off
+                )
                 mode = "FULL_DECODE_ONLY"
         profile_rows = self._profile_rows()
         self.cache.allocate_kv(self._startup_blocks(profile_rows))
