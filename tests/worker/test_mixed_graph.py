@@ -171,23 +171,22 @@ def test_without_mamba2_any_row_may_be_a_prefill(name, device, tmp_path):
 def test_which_models_graph_their_mixed_steps(name, tmp_path, monkeypatch):
     """FULL's check, run where the graphs would be (CUDA: the Triton SSD): every layer kind
     reads the padded metadata (Mamba2, Mamba1, ShortConv, attention) or needs none (the
-    experts, the MLPs); what stays eager is named: use_replayssm, the CUDA conv ops, and a
-    Mamba2 scan that is not the Triton SSD."""
+    experts, the MLPs); what stays eager is named: the CUDA conv ops, and a Mamba2 scan
+    that is not the Triton SSD."""
     llm = LLM(MODELS[name](tmp_path), load_format="dummy", dtype="float32", device="cpu",
               max_num_seqs=2, max_num_batched_tokens=16, max_model_len=48)  # fmt: skip
     model = llm.engine.runner.model
     chunk = llm.engine.runner.builder.chunk_size
     builder = Mamba2MetadataBuilder(chunk, "cpu", triton_ssd=chunk is not None)
-    assert full_graphs_unsupported(model, builder, use_replayssm=False) is None
-    assert "use_replayssm" in full_graphs_unsupported(model, builder, True)
+    assert full_graphs_unsupported(model, builder) is None
     mixers = [m for m in model.modules() if isinstance(m, MambaMixer | MambaMixer2)]
     if any(isinstance(m, MambaMixer2) for m in mixers):
         no_ssd = Mamba2MetadataBuilder(chunk, "cpu", triton_ssd=False)
-        assert "Triton SSD" in full_graphs_unsupported(model, no_ssd, False)
+        assert "Triton SSD" in full_graphs_unsupported(model, no_ssd)
     for m in mixers:
         monkeypatch.setattr(m, "backend", ConvBackend.CUDA)
     if mixers:
-        assert "VLLM_USE_TRITON_CONV1D=0" in full_graphs_unsupported(model, builder, False)
+        assert "VLLM_USE_TRITON_CONV1D=0" in full_graphs_unsupported(model, builder)
 
 
 def test_prefix_cache_restores_into_padded_steps(device):
@@ -226,3 +225,41 @@ def test_eager_mixed_steps_say_why(device, caplog):
     llm.generate([{"prompt_token_ids": [4, 8, 15]}], params, use_tqdm=False)
     assert runner.eager_mixed_reasons == {kind: 1, "prompt logprobs": 1}
     assert padded.last_miss == "prompt logprobs"
+
+
+@pytest.mark.parametrize("name", ["mamba2", "bamba"])
+def test_replayed_decodes_through_the_padded_path(name, device, tmp_path, monkeypatch):
+    """use_replayssm under FULL: the padded steps' decodes replay (L = 3, so rows flush
+    inside them), their prefills materialise with the graph's padded prefills on the null
+    line left alone, and the greedy tokens are the every-step eager engine's; no step runs
+    eagerly, and the null line's state, ring and counters stay zero."""
+    from vllm.model_executor.layers.mamba import mamba_mixer2
+
+    pads = []
+    original = mamba_mixer2.replay_ssm_materialise
+
+    def spy(rs, A, slots, init, pad_slot_id=-1):  # inside the host-sync guard: kept, read later
+        pads.append((slots.clone(), pad_slot_id))
+        return original(rs, A, slots, init, pad_slot_id=pad_slot_id)
+
+    monkeypatch.setattr(mamba_mixer2, "replay_ssm_materialise", spy)
+    opts = dict(load_format="dummy", dtype="float32", device=device.type, max_num_seqs=4,
+                max_num_batched_tokens=16, max_model_len=48, enforce_eager=True)  # fmt: skip
+    model = MODELS[name](tmp_path)
+    prompts = [[(5 * i + 3 * j) % 90 + 1 for j in range(n)] for i, n in enumerate([1, 9, 3, 20, 8])]
+    want = greedy(LLM(model, **opts), prompts, 7)
+    llm = LLM(model, **opts, use_replayssm=True, replayssm_buffer_len=3)
+    padded = padded_path(llm, device)
+    got = greedy(llm, prompts, 7)
+    assert padded.host_syncs == []
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (_, g), (_, w) in zip(got, want, strict=True):
+        assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
+    counts = llm.engine.runner.step_counts
+    assert counts["eager"] == 0 and counts["graph_mixed"] == padded.num_replays > 5
+    # a padded prefill on the null line reached the materialise, which was told to skip it
+    assert any(p == 0 and bool((s == 0).any()) for s, p in pads)
+    mixers = [m for m in llm.engine.runner.model.modules() if isinstance(m, MambaMixer2)]
+    for rs in {id(m.kv_cache[1]): m.kv_cache[1] for m in mixers}.values():
+        for t in (rs.state, rs.ring_x, rs.ring_B, rs.ring_dt, rs.count):
+            assert not t[0].any()

@@ -121,20 +121,39 @@ def test_prompt_logprob_steps_run_eagerly_and_are_counted():
     assert counts["eager"] >= 1 and counts["graph_decode"] >= 1
 
 
+@pytest.mark.parametrize("model", [MAMBA2, BAMBA], ids=["mamba2", "bamba"])
+def test_replayed_decodes_replay_their_mixed_steps(model):
+    """use_replayssm under the default mode (FULL): decodes replay (L = 3: rows flush inside
+    the graphs), mixed steps replay their graphs, no step runs eagerly, and the greedy
+    tokens are the every-step eager engine's (logprobs within fp32 noise)."""
+    prompts = _prompts(16)
+    want = _greedy(_llm(model, "NONE"), prompts)
+    llm = LLM(model, **OPTS, use_replayssm=True, replayssm_buffer_len=3)
+    runner = llm.engine.runner
+    assert runner.cudagraph_mode == "FULL" and runner.full_graphs_off is None
+    got = _greedy(llm, prompts)
+    assert got[0] == want[0]
+    for g, w in zip(got[1], want[1], strict=True):
+        assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-4, rtol=1e-4)
+    counts = runner.step_counts
+    assert counts["eager"] == 0 and counts["graph_mixed"] > 0 and counts["graph_decode"] > 0
+
+
 @pytest.mark.parametrize("asked", [True, False], ids=["asked", "default"])
-def test_use_replayssm_keeps_decode_graphs(asked, monkeypatch):
-    """The replayed decode's materialise takes no padded rows: FULL falls back to
-    FULL_DECODE_ONLY, said at start-up (a warning where FULL was asked for, else at info
-    level: the default is no mistake of the user's), and the engine still serves."""
+def test_a_model_without_mixed_graphs_falls_back(asked, monkeypatch):
+    """A setting without mixed-step graphs (full_graphs_unsupported names it: the CUDA conv
+    ops, a Mamba2 scan that is not the Triton SSD) falls back to FULL_DECODE_ONLY, said at
+    start-up: a warning where FULL was asked for, else at info level (the default is no
+    mistake of the user's); the engine still serves."""
     from vllm.worker import model_runner
 
     said = []
     for level in ("warning", "info"):
         monkeypatch.setattr(model_runner.logger, level, lambda *a, _l=level: said.append((_l, a)))
-    kw = dict(use_replayssm=True, replayssm_buffer_len=4)
-    llm = _llm(MAMBA2, "FULL", **kw) if asked else LLM(MAMBA2, **OPTS, **kw)
+    monkeypatch.setattr(model_runner, "full_graphs_unsupported", lambda *a: "a stand-in reason")
+    llm = _llm(MAMBA2, "FULL") if asked else LLM(MAMBA2, **OPTS)
     assert llm.engine.runner.cudagraph_mode == "FULL_DECODE_ONLY"
-    assert "use_replayssm" in llm.engine.runner.full_graphs_off
+    assert llm.engine.runner.full_graphs_off == "a stand-in reason"
     levels = [lvl for lvl, a in said if "mixed steps run eagerly" in a[0]]
     assert levels == ["warning" if asked else "info"]
     assert len(_greedy(llm, [[1, 2, 3]])[0][0]) == 6

@@ -243,19 +243,19 @@ class MixedGraphs:
         return self.model.compute_logits(hidden[: len(inp.sample_rows)])
 
 
-def full_graphs_unsupported(model, builder, use_replayssm: bool) -> str | None:
+def full_graphs_unsupported(model, builder) -> str | None:
     """Why the model's mixed steps cannot be graphed (None: they can). Every layer kind
     reads the padded metadata (``mamba2_padded``) or needs none: Mamba2 (the Triton conv
     and SSD), Mamba1 (the Triton conv, one selective scan over every row), ShortConv (the
     Triton conv), attention (the builder's padding); FusedMoE and the MLPs work row by
     row, their sizes and launches following the bucket's token count, and padded tokens
-    are rows of their own (their routing reaches no real row)."""
+    are rows of their own (their routing reaches no real row). The replayed decode
+    (``use_replayssm``) too: its update and its materialise leave the padded rows' null
+    line alone."""
     from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
     from vllm.model_executor.layers.mamba.mamba_utils import ConvBackend
 
-    if use_replayssm:
-        return "use_replayssm (the replayed decode's materialise takes no padded rows yet)"
     for module in model.modules():
         mamba2 = isinstance(module, MambaMixer2)
         if mamba2 and (builder.chunk_size is None or not builder.triton_ssd):

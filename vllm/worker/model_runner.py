@@ -107,9 +107,7 @@ class ModelRunner:
         mode = config.cudagraph_mode if self.device.type == "cuda" else "NONE"
         self.full_graphs_off = None  # why FULL (asked for or the default) was not given
         if mode == "FULL":
-            self.full_graphs_off = full_graphs_unsupported(
-                self.model, self.builder, config.use_replayssm
-            )
+            self.full_graphs_off = full_graphs_unsupported(self.model, self.builder)
             if self.full_graphs_off is not None:  # a warning where FULL was asked for
                 asked = config.compilation_config.cudagraph_mode is not None
                 (logger.warning if asked else logger.info)(

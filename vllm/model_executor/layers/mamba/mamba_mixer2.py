@@ -223,9 +223,11 @@ class MambaMixer2(nn.Module):
         caching, speculative decoding)."""
         ssm_state = self._bound_state()[1]
         if isinstance(ssm_state, ReplayedSSMState):
-            # All continuing: the prefills' launch variant, which the warm-up compiled.
+            # All continuing, the null line as the marker: the prefills' launch variant,
+            # which the warm-up compiled (Triton specializes a 0 apart from a -1).
             init = torch.ones(slots.shape, dtype=torch.bool, device=slots.device)
-            replay_ssm_materialise(ssm_state, -torch.exp(self.A_log.float()), slots, init)
+            replay_ssm_materialise(ssm_state, -torch.exp(self.A_log.float()), slots, init,
+                                   pad_slot_id=NULL_BLOCK_ID)  # fmt: skip
 
     def _ssm_scan(self, y, conv: _ConvOut, dt, ssm_state, md: Mamba2Metadata) -> None:
         """The scan of the decode stream and of the prefills, into ``y``; updates ``ssm_state``."""
@@ -253,9 +255,11 @@ class MambaMixer2(nn.Module):
             )
         if replayed:
             if md.num_prefills:
+                # A graph's padded prefills sit on the null line: left alone.
                 replay_ssm_materialise(
-                    ssm_state, A, md.prefill_state_indices, md.prefill_has_initial_state
-                )
+                    ssm_state, A, md.prefill_state_indices, md.prefill_has_initial_state,
+                    pad_slot_id=NULL_BLOCK_ID,
+                )  # fmt: skip
             ssm_state = ssm_state.state
         if md.num_prefills and md.ssd is not None:
             x, B, C = self._split_xbc(conv.step)

@@ -446,20 +446,23 @@ def replay_ssm_materialise(
     A: torch.Tensor,
     slots: torch.Tensor,
     has_initial_state: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
 ) -> None:
-    """Fold the buffered steps of lines ``slots`` (distinct, int32/int64) into their
-    states and reset their counters; a line whose ``has_initial_state`` is False is only
-    reset. ``A`` (nheads,) is the layer's (negative) A."""
+    """Fold the buffered steps of lines ``slots`` (distinct but for ``pad_slot_id``,
+    int32/int64) into their states and reset their counters; a line whose
+    ``has_initial_state`` is False is only reset; an entry on ``pad_slot_id`` (a padded
+    prefill of a CUDA graph's step, on the null line) touches nothing. ``A`` (nheads,) is
+    the layer's (negative) A."""
     _check(rs, A, {"state_batch_indices": slots, "has_initial_state": has_initial_state})
     if tuple(A.shape) != (rs.state.shape[1],):
         raise ValueError(f"A must be (nheads={rs.state.shape[1]},), got {tuple(A.shape)}")
     if has_initial_state is not None and has_initial_state.shape != slots.shape:
         raise ValueError("has_initial_state must be shaped like slots")
     if not use_replay_kernel(A):
-        replay_materialise_ref(rs, A, slots, has_initial_state)
+        replay_materialise_ref(rs, A, slots, has_initial_state, pad_slot_id)
         return
     args = (*rs.tensors(), None, None, A, None, None, None, None, False, 0.0, math.inf,
-            slots, has_initial_state, PAD_SLOT_ID, None)  # fmt: skip
+            slots, has_initial_state, pad_slot_id, None)  # fmt: skip
     if torch.compiler.is_compiling():
         torch.ops.vllm.replay_ssm(*args)
     else:

@@ -165,11 +165,16 @@ def replay_materialise_ref(
     A: torch.Tensor,
     slots: torch.Tensor,
     has_initial_state: torch.Tensor | None,
+    pad_slot_id: int = -1,
 ) -> None:
     """``replay_ssm_materialise`` in PyTorch: lines ``slots`` (distinct) get their buffered
     steps folded into the state and their counters reset; lines whose
     ``has_initial_state`` is False only get their counters reset (their state is about to
-    be overwritten)."""
+    be overwritten); entries on ``pad_slot_id`` (or negative) are left out."""
+    keep = (slots != pad_slot_id) & (slots >= 0)
+    slots = slots[keep]
+    if has_initial_state is not None:
+        has_initial_state = has_initial_state[keep]
     lines = slots.long()
     n = rs.count.index_select(0, lines)[:, :, 0].long()
     flush = n > 0
