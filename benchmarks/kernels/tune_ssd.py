@@ -58,7 +58,7 @@ VARIANTS += [
         dict(BLOCK_N=64),
         dict(BLOCK_M=128, BLOCK_K=32, num_warps=8),
         # PREFETCH: the source loop's loads one block ahead in registers, with and without
-        # the 128-register cap (H100: 0.99x both; docs/benchmarks/ssd_h200.md).
+        # the 128-register cap (measured: docs/benchmarks/ssd_h200.md).
         dict(BLOCK_K=32, PREFETCH=True),
         dict(BLOCK_K=32, PREFETCH=True, maxnreg=None),
     )
@@ -72,16 +72,16 @@ VARIANTS += [
         dict(num_stages=1),
         dict(maxnreg=128),
         dict(maxnreg=128, num_stages=3),
-        # The tables' RELOAD_CS: off (H200 0.98x), and with 3 stages.
+        # The tables' RELOAD_CS: off, and with 3 stages.
         dict(RELOAD_CS=False),
         dict(RELOAD_CS=True, num_stages=3),
         # FUSED_PASS: launch 1 chains the states (a decoupled look-back), launch 2 only
         # computes CB. Its epilogue holds the start state beside the accumulator: 198
         # registers at Codestral (2 programs an SM), 168 with a 96-byte stack (3 an SM).
-        # H100: 0.99-1.03x uncapped, 1.07-1.10x at 168 (docs/benchmarks/ssd_h200.md).
+        # Measured: docs/benchmarks/ssd_h200.md (H200 and H100 sections).
         dict(FUSED_PASS=True),
         dict(FUSED_PASS=True, maxnreg=168),
-        dict(FUSED_PASS=True, maxnreg=168, num_stages=3),  # not yet swept
+        dict(FUSED_PASS=True, maxnreg=168, num_stages=3),
         dict(FUSED_PASS=True, num_stages=2),
         dict(FUSED_PASS=True, BLOCK_P=32),  # half the epilogue's registers, B read twice
         # FOLD_CB: launch 2's CB in launch 1 too (two launches). 249 registers, 64 KiB

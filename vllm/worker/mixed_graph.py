@@ -272,9 +272,9 @@ def measure_mixed_graphs(
     (``reserved()``: the allocator's reserved bytes, its unused cached blocks released), then
     freed. Run before the KV cache is sized, which leaves this much free for the real
     capture: the graphs hold each bucket's padded layouts and scratch (Mamba1's padded scan
-    too), more than one eager step of the same tokens (on the H200 0.50 GiB against 0.25 for
-    the Codestral-7B shape at 2,048 tokens). Their attention reads the start-up's small KV
-    cache here; no sequence's state is touched (every row is padded)."""
+    too), more than one eager step of the same tokens (docs/cuda_graphs.md, Memory). Their
+    attention reads the start-up's small KV cache here; no sequence's state is touched
+    (every row is padded)."""
     before = reserved()
     graphs = MixedGraphs(model, builder, max_tokens, max_seqs, torch.cuda.graph_pool_handle(),
                          attn_builder)  # fmt: skip
