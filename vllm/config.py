@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from vllm.compilation_config import CUDAGRAPH_MODES, CompilationConfig  # noqa: F401
+from vllm.engine.step_budget import check_ratio
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import LOAD_FORMATS, check_tensor_parallel_support
@@ -45,7 +46,9 @@ class EngineConfig:
     decodes carries at most N tokens of each prompt (0, the default: only the step budget
     cuts chunks). The budget still bounds the step's total: several prompts may each bring
     N. An N >= ``max_num_batched_tokens`` never binds (the budget cuts first) and is
-    accepted with a warning, as vLLM accepts it.
+    accepted with a warning, as vLLM accepts it. ``max_mixed_step_ratio`` R >= 1 caps a
+    step's prompt tokens beside D decodes so that it takes about R times a decode-only
+    step of D decodes, from the steps' measured times (``engine/step_budget.py``; 0: off).
     ``mamba_ssm_cache_dtype`` (vLLM's name) is the dtype of the SSM state pool: "float32"
     (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32
     whatever it is, and read and write the pool in it. ``async_scheduling`` dispatches
@@ -142,6 +145,7 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
     long_prefill_token_threshold: int = 0
+    max_mixed_step_ratio: float = 0.0
     use_replayssm: bool = False
     replayssm_buffer_len: int = 16
     enable_prefix_caching: bool = False
@@ -223,6 +227,7 @@ class EngineConfig:
                 threshold,
                 self.max_num_batched_tokens,
             )
+        self.max_mixed_step_ratio = check_ratio(self.max_mixed_step_ratio)
         self.device = _check_device(self.device)
         self.compilation_config = CompilationConfig.from_any(self.compilation_config)
         asked = self.compilation_config.cudagraph_mode

@@ -16,7 +16,7 @@ from vllm.engine.stats import IterationStats, StepStats, StepTotals
 STEPS = [
     StepStats(0.001, 0.010, 0.080, 0.002, 0.095, 40, 3, True, device_s=0.070),
     StepStats(0.001, 0.004, 0.020, 0.001, 0.028, 0, 4, False, device_s=0.018, kernel_compiles=2),
-    StepStats(0.002, 0.005, 0.021, 0.002, 0.030, 8, 4, False, device_s=0.022),
+    StepStats(0.002, 0.005, 0.021, 0.002, 0.030, 8, 4, False, device_s=0.022, prefill_capped=True),
     StepStats(0.001, 0.003, 0.000, 0.001, 0.005, 8, 0, True),  # read nothing: no span
 ]
 
@@ -58,6 +58,8 @@ def test_prometheus_text_gives_the_engines_totals():
     assert "late dispatch" not in block  # printed only when the loop waited so
     assert "with prefill 70.00, decode-only 20.00; GPU inside steps 11.0% of wall" in block
     assert "kernel compiles inside steps: 2" in block
+    assert s["num_steps_prefill_capped"] == 1
+    assert "steps whose prompt tokens --max-mixed-step-ratio cut: 1" in block
     table = step_stats.comparison_table([("server", 10.0, s), ("offline", 12.0, s)])
     assert table.count("\n") == 4 and "| offline | 12.0 | 4 | 16.8 (14.0 + 2.8) | 2 |" in table
     assert "| 70.00 / 20.00 | 11.0 | 2 |" in table

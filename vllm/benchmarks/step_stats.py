@@ -50,6 +50,7 @@ TOTAL_KEYS = (
     "prefill_device_steps",
     "prefill_device_s",
     "kernel_compiles",
+    "capped_steps",
 )
 # Present when the source splits steps by CUDA graph replay (StepTotals; the label
 # execution="graph" on /metrics); absent from an older server's totals.
@@ -77,6 +78,7 @@ PROMETHEUS_SERIES = {
     'vllm:engine_loop_seconds_total{phase="other"}': ("loop_other_s",),
     'vllm:engine_loop_seconds_total{phase="late"}': ("late_wait_s",),
     "vllm:late_dispatch_arrivals_total": ("late_arrivals",),
+    "vllm:engine_prefill_capped_steps_total": ("capped_steps",),
 }
 # The same, for the samples labelled execution="graph" only.
 GRAPH_SERIES = {
@@ -170,6 +172,8 @@ def summarize(totals: dict, wall_s: float) -> dict:
             out[f"share_of_wall_{key[:-2]}"] = _ratio(totals[key], wall_s)
     if "late_arrivals" in totals:
         out["late_arrivals"] = int(totals["late_arrivals"])
+    if "capped_steps" in totals:
+        out["num_steps_prefill_capped"] = int(totals["capped_steps"])
     return out
 
 
@@ -223,6 +227,10 @@ def format_block(s: dict, title: str = "Engine steps") -> str:
         lines.append(
             f"late dispatch: waited {s['late_wait_s']:.2f} s beside running steps, "
             f"{s.get('late_arrivals', 0)} requests joined the next step in a wait"
+        )
+    if s.get("num_steps_prefill_capped"):
+        lines.append(
+            f"steps whose prompt tokens --max-mixed-step-ratio cut: {s['num_steps_prefill_capped']}"
         )
     return "\n".join(lines)
 

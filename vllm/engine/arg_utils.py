@@ -43,6 +43,7 @@ class EngineArgs:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
+    max_mixed_step_ratio: float = 0.0
     max_model_len: int | None = None
     enforce_eager: bool = False
     mamba_ssm_cache_dtype: str = "float32"
@@ -126,6 +127,13 @@ class EngineArgs:
             default=d["long_prefill_token_threshold"],
             help="most tokens one prompt prefills in a step; a longer prompt goes on in "
             "chunks over later steps (0: off, only the step budget cuts)",
+        )
+        g.add_argument(
+            "--max-mixed-step-ratio",
+            type=float,
+            default=d["max_mixed_step_ratio"],
+            help="cap a step's prompt tokens beside running decodes so that it takes about "
+            "this many times a decode-only step, from the measured step times (>= 1; 0: off)",
         )
         g.add_argument(
             "--max-model-len",

@@ -1,16 +1,15 @@
 """EngineCore: scheduler + executor; each step returns the new tokens of every running
 request (deltas), not only the finished ones. It does no device work itself.
 
-A step: the scheduler picks one mixed batch (and, for a model with attention layers, the
-KV blocks its tokens go to: ``KVCacheManager``, sized by the executor's workers), the core
-flattens it into ``StepInputs`` with the sampling parameters of the rows that end a
-sequence's known tokens (``input_builder.py``), and the executor runs it
-(``vllm/executor``: one worker in this process at TP = 1, one process per rank
-otherwise); the worker samples one token for each such row and returns a handle on the
-step's host results (``vllm.step_io``). Each of those sequences then takes its token and
-may finish (EOS, a stop token id, max_tokens, max_model_len), which frees its slot (and its
-blocks) at once. The core knows token ids only: text, stop strings and the ``n > 1``
-fan-out are the output processor's.
+A step: the scheduler picks one mixed batch (and, with attention layers, the KV blocks of
+its tokens: ``KVCacheManager``), the core flattens it into ``StepInputs`` with the
+sampling parameters of the rows that end a sequence's known tokens (``input_builder.py``),
+and the executor runs it (``vllm/executor``: one worker in this process at TP = 1, one
+process per rank otherwise); the worker samples one token for each such row and returns a
+handle on the step's host results (``vllm.step_io``). Each of those sequences then takes
+its token and may finish (EOS, a stop token id, max_tokens, max_model_len), which frees
+its slot (and blocks) at once. The core knows token ids only (text, stop strings and the
+``n > 1`` fan-out are the output processor's); step times go to ``step_budget.py``.
 
 Async scheduling (``EngineConfig.async_scheduling``, on by default, as vLLM's
 ``--async-scheduling``): a step is dispatched before the host has read the previous
@@ -24,18 +23,15 @@ a client gone) has been dispatched in one more step by then; that step's token f
 dropped, so outputs are the same as without async scheduling. ``max_tokens`` is known
 ahead, so no step is wasted on it.
 
-Failures stay with their request: a request whose sampling fails (reported with its
-step's output) is finished with ``error`` set and its slot freed; a forward that fails
-fails the requests of that batch only. The scheduler's state is never left half-updated,
-so the next step runs normally. A failed tensor-parallel step (a worker that died or
-raised: ``executor.failed``) leaves the ranks out of step: the engine is then dead, every
-request fails with the error, new requests are refused.
+Failures stay with their request: one whose sampling fails is finished with ``error``
+set and its slot freed; a failed forward fails its batch's requests only, and the
+scheduler is never left half-updated. A failed tensor-parallel step (``executor.failed``)
+leaves the ranks out of step: the engine is then dead, every request fails with the error.
 
 Each step leaves its host timing and token counts in ``last_step`` (``StepStats``: the
-scheduler, the dispatch, the read of a dispatched step's tokens); the clock reads add no
-device sync. The device span of the step read (CUDA events the worker records) and the
-Triton kernel variants it compiled (a launch the start-up warm-up missed, which the worker
-also logs) and whether it replayed a CUDA graph (``graph``) come with its output.
+scheduler, the dispatch, the read of a dispatched step's tokens; no device sync added).
+The device span of the step read (CUDA events), the Triton kernel variants it compiled (a
+launch the start-up warm-up missed) and whether it replayed a CUDA graph come with it.
 """
 
 from __future__ import annotations
@@ -51,6 +47,7 @@ from vllm.engine.input_builder import build_step_inputs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
 from vllm.engine.sequence import PENDING_TOKEN, Sequence
 from vllm.engine.stats import StepStats
+from vllm.engine.step_budget import MixedStepBudget
 from vllm.executor import Executor
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
@@ -95,6 +92,8 @@ class _Dispatched:
     prompt_spans: list[tuple[Sequence, int, int]]
     handle: StepHandle
     num_prefill_tokens: int = 0  # the prompt tokens the step computed
+    num_decode_tokens: int = 0  # its one-token continuations of requests past their prompt
+    host_s: float = 0.0  # its dispatch's host time (on a CPU device: its forward)
     output: StepOutput | None = None
 
 
@@ -140,6 +139,7 @@ class EngineCore:
             )
         # The request id goes with the prefix cache's calls when KV blocks are shared.
         self._kv_key = (lambda seq: (seq.request_id,)) if kv is not None else (lambda seq: ())
+        self.step_budget = MixedStepBudget.of(config)  # None without max_mixed_step_ratio
         self.scheduler = Scheduler(
             config.max_num_seqs,
             config.max_num_batched_tokens,
@@ -148,6 +148,7 @@ class EngineCore:
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             on_admit=self._restore if self.prefix is not None else None,
             cut_chunk=self.prompt_checkpoints.cut if self.prefix is not None else None,
+            step_budget=self.step_budget,
         )
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
@@ -254,9 +255,10 @@ class EngineCore:
         t1 = time.perf_counter()
         prefill = num_prompt_tokens(batch)
         dispatched = self._dispatch(batch) if batch.seqs else None
-        if dispatched is not None:
-            dispatched.num_prefill_tokens = prefill
         t2 = time.perf_counter()
+        if dispatched is not None:
+            dispatched.num_prefill_tokens, dispatched.host_s = prefill, t2 - t1
+            dispatched.num_decode_tokens = batch.total_tokens - prefill
         read = self._in_flight
         outputs, self._pending_outputs = self._pending_outputs, []
         if self._in_flight is not None:
@@ -269,6 +271,8 @@ class EngineCore:
         t3 = time.perf_counter()
         read_prefill = read.num_prefill_tokens if read is not None else prefill
         out = read.output if read is not None else None
+        if self.step_budget is not None and out is not None:
+            self.step_budget.observe_step(read, out)
         self.last_step = StepStats(
             schedule_s=t1 - t0,
             dispatch_s=t2 - t1,
@@ -279,6 +283,7 @@ class EngineCore:
             device_s=out.device_s if out is not None else None,
             kernel_compiles=out.kernel_compiles if out is not None else 0,
             graph=out.graph if out is not None else False,
+            prefill_capped=batch.prefill_capped,
         )
         if index is not None:
             self.last_step.prefix_cache_queries = index.queries - looked[0]

@@ -23,7 +23,8 @@ Triton kernel variants compiled inside steps (0 unless the start-up warm-up miss
 (step), blocked waiting for work (wait), waiting for requests beside a running step
 (late: ``--late-dispatch``) and the rest (other: taking requests, recording stats, handing
 outputs to the event loop); ``vllm:late_dispatch_arrivals_total``, the requests that
-arrived in a late wait and joined the next step.
+arrived in a late wait and joined the next step; ``vllm:engine_prefill_capped_steps_total``,
+the steps whose prompt tokens ``--max-mixed-step-ratio`` cut (``engine/step_budget.py``).
 """
 
 from __future__ import annotations
@@ -178,6 +179,12 @@ class PrometheusStatLogger(StatLoggerBase):
             ["model_name"],
             registry=reg,
         ).labels(name)
+        self.prefill_capped_steps = Counter(
+            "vllm:engine_prefill_capped_steps_total",
+            "Engine steps whose prompt tokens beside decodes --max-mixed-step-ratio cut.",
+            ["model_name"],
+            registry=reg,
+        ).labels(name)
 
     def set_queue_lengths(self, running: int, waiting: int) -> None:
         """The two gauges; also called by the server right before a scrape, so that a
@@ -210,6 +217,8 @@ class PrometheusStatLogger(StatLoggerBase):
                 self.step_device_seconds[labels].observe(step.device_s)
             if step.kernel_compiles:
                 self.kernel_compiles.inc(step.kernel_compiles)
+            if step.prefill_capped:
+                self.prefill_capped_steps.inc()
             for counter, attr in self._step_phases:
                 counter.inc(getattr(step, attr))
             if step.prefix_cache_queries:

@@ -16,6 +16,9 @@ later steps (its state carries over, as for any chunk). The budget of the step i
 changed by it: the tokens a long prompt leaves go to the next sequences of steps 2 and 3,
 so a step still carries up to ``max_num_batched_tokens`` tokens when several prompts are
 being prefilled. Decodes (one token) are never cut, so every rule below holds for any N.
+With ``max_mixed_step_ratio`` (``step_budget.py``) a step's prompt tokens beside D decodes
+are further capped at ``prefill_cap(D)`` in all, so that the step stays within a multiple
+of a decode-only step's time.
 
 The batch's rows are in the canonical order of ``Mamba2Metadata``: first every one-token
 row that continues a sequence (the decodes, and a prefill chunk the budget or N cut to
@@ -53,6 +56,7 @@ class ScheduledBatch:
     num_tokens: list[int]
     num_decodes: int
     block_tables: list[list[int]] | None = None
+    prefill_capped: bool = False  # the step budget's cap held prompt tokens back
 
     @property
     def total_tokens(self) -> int:
@@ -72,6 +76,7 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         on_admit=None,
         cut_chunk=None,
+        step_budget=None,
     ):
         """``kv``: the ``KVCacheManager`` of a model with attention layers (None: none).
         ``long_prefill_token_threshold``: the most prompt tokens of one sequence in a step
@@ -79,7 +84,8 @@ class Scheduler:
         its slot, before its first chunk is cut (the prefix cache restores its state there
         and sets ``num_computed_tokens``). ``cut_chunk(seq, n)``: a prefill chunk of ``n``
         tokens shortened (to 1..n) after the budget and the threshold cut it (the prefix
-        cache ends chunks on the block boundaries it checkpoints)."""
+        cache ends chunks on the block boundaries it checkpoints). ``step_budget``: a
+        ``MixedStepBudget`` (``max_mixed_step_ratio``; None: none)."""
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if long_prefill_token_threshold < 0:
@@ -95,6 +101,7 @@ class Scheduler:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.on_admit = on_admit
         self.cut_chunk = cut_chunk
+        self.step_budget = step_budget
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -134,6 +141,9 @@ class Scheduler:
                 seqs.append(seq)
                 counts.append(1)
                 budget -= 1
+        cap = self.step_budget.prefill_cap(len(seqs)) if self.step_budget else None
+        capped = cap is not None and cap < budget
+        budget = min(budget, cap) if capped else budget
         for seq in self.running:
             if budget == 0:
                 break
@@ -165,7 +175,14 @@ class Scheduler:
                 back.append(seq)
                 back_counts.append(n)
             budget -= n
-        batch = ScheduledBatch(seqs + back, counts + back_counts, len(seqs))
+        # The cap, not the step budget, held prompt tokens back:
+        cut = (capped and budget == 0) and bool(
+            (self.waiting and self.slots.num_free)
+            or any(n < s.num_uncomputed for s, n in zip(back, back_counts, strict=True))
+        )
+        if cut:
+            self.step_budget.num_capped_steps += 1
+        batch = ScheduledBatch(seqs + back, counts + back_counts, len(seqs), prefill_capped=cut)
         if self.kv is not None:
             # Within the reservation by construction, so this never runs out of blocks.
             batch.block_tables = [

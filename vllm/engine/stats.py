@@ -42,7 +42,8 @@ class StepStats:
     caching, the prompt tokens the batch's newly admitted requests looked up and those
     restored from checkpoints. ``graph``: the batch the call read replayed a CUDA graph
     (``StepOutput.graph``: decode-only, or mixed under cudagraph_mode FULL); False when it
-    ran eagerly or the call read no batch."""
+    ran eagerly or the call read no batch. ``prefill_capped``: ``--max-mixed-step-ratio``
+    held prompt tokens of the batch the call dispatched back (``engine/step_budget.py``)."""
 
     schedule_s: float = 0.0
     dispatch_s: float = 0.0
@@ -57,6 +58,7 @@ class StepStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     graph: bool = False
+    prefill_capped: bool = False
 
 
 @dataclass
@@ -66,7 +68,8 @@ class StepTotals:
     ``prefill_step_s``) and the rest; the pieces' seconds and the tokens; the device spans
     of the calls that have one, split the same way (``device_steps``, ``device_s``,
     ``prefill_device_steps``, ``prefill_device_s``); the kernel compiles; the calls whose
-    batch replayed a CUDA graph (``graph_steps``), of them ``prefill_graph_steps``."""
+    batch replayed a CUDA graph (``graph_steps``), of them ``prefill_graph_steps``; the calls
+    whose batch ``--max-mixed-step-ratio`` cut (``capped_steps``)."""
 
     steps: int = 0
     step_s: float = 0.0
@@ -85,6 +88,7 @@ class StepTotals:
     kernel_compiles: int = 0
     graph_steps: int = 0
     prefill_graph_steps: int = 0
+    capped_steps: int = 0
 
     def add(self, step: StepStats) -> None:
         self.steps += 1
@@ -99,6 +103,7 @@ class StepTotals:
         self.prefill_tokens += step.num_prefill_tokens
         self.decode_tokens += step.num_decode_tokens
         self.kernel_compiles += step.kernel_compiles
+        self.capped_steps += int(step.prefill_capped)
         if step.graph:
             self.graph_steps += 1
             self.prefill_graph_steps += int(step.waited_on_prefill)

@@ -1,0 +1,228 @@
+"""``max_mixed_step_ratio`` (``vllm/engine/step_budget.py``): the prompt tokens of a step
+beside D decodes are capped from the measured step times so that it takes about R times a
+decode-only step; the fits, the scheduler's use of the cap, the option's checks, and
+greedy outputs equal to the uncapped engine's with the cap seen cutting."""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import pytest
+
+from tests.engine.utils import check_batch, fake_step, make_seq
+from tests.models.mamba2_utils import TINY
+from vllm import LLM, SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.scheduler import Scheduler
+from vllm.engine.step_budget import MIN_DECODE_STEPS, MixedStepBudget
+from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
+
+pytestmark = pytest.mark.timeout(600)
+
+CONFIG = Mamba2ModelConfig(**{**TINY, "vocab_size": 128, "num_hidden_layers": 1})
+
+# A step-time law for the fits: decode-only a + b D; a mixed step adds m + c P.
+A, B, M, C = 6e-3, 2e-5, 1.5e-3, 2e-5
+
+
+def _decode_time(d: int) -> float:
+    return A + B * d
+
+
+def _mixed_time(d: int, p: int) -> float:
+    return _decode_time(d) + M + C * p
+
+
+# -- the fits --------------------------------------------------------------------------
+
+
+def test_no_cap_before_both_fits_have_steps_or_without_decodes():
+    budget = MixedStepBudget(2.0, 2048)
+    assert budget.prefill_cap(10) is None
+    for _ in range(int(MIN_DECODE_STEPS) + 1):
+        budget.observe(10, 0, _decode_time(10))
+    assert budget.prefill_cap(10) is None  # no mixed step measured yet
+    budget.observe(10, 500, _mixed_time(10, 500))
+    budget.observe(10, 700, _mixed_time(10, 700))
+    assert budget.prefill_cap(10) is not None
+    assert budget.prefill_cap(0) is None  # no stream waits on a step without decodes
+    budget.observe(10, 500, None)  # unmeasured steps and steps without decodes are skipped
+    budget.observe(0, 500, 1.0)
+    assert budget.mixed.n == 2
+
+
+def test_prompt_tokens_that_cost_nothing_are_not_capped():
+    budget = MixedStepBudget(2.0, 2048)
+    for _ in range(8):
+        budget.observe(10, 0, 0.01)
+    for p in (300, 900):
+        budget.observe(10, p, 0.009)  # measured faster than the decode step: noise
+    assert budget.prefill_cap(10) is None
+
+
+@pytest.mark.parametrize("ratio", [1.5, 2.0, 2.5])
+def test_cap_settles_where_capped_steps_take_ratio_times_the_decode_step(ratio):
+    """Closed loop: a load of 8-12 decodes and prompts of 50-3,000 tokens, each mixed step
+    given min(prompt, cap); the through-origin fit of c must bring the cap to where a step
+    at the cap takes ``ratio`` x t_dec(D), whatever the fixed cost M it cannot see."""
+    rng = random.Random(int(ratio * 10))
+    budget = MixedStepBudget(ratio, 1024)
+    capped = 0
+    for step in range(3000):
+        d = rng.randint(8, 12)
+        if step % 4:
+            budget.observe(d, 0, _decode_time(d))
+            continue
+        want = rng.randint(50, 3000)
+        cap = budget.prefill_cap(d)
+        p = want if cap is None else min(want, cap)
+        capped += cap is not None and p < want
+        budget.observe(d, p, _mixed_time(d, p))
+    assert capped > 300
+    for d in (8, 10, 12):
+        exact = ((ratio - 1) * _decode_time(d) - M) / C
+        assert budget.prefill_cap(d) == pytest.approx(exact, rel=0.08), d
+
+
+def test_cap_follows_the_decode_count():
+    """A saturated server (long decode steps) gets a looser cap than a quiet one."""
+    budget = MixedStepBudget(2.0, 1024)
+    for d in (4, 64, 256) * 10:
+        budget.observe(d, 0, _decode_time(d))
+    for d, p in ((4, 800), (64, 900), (256, 700)):
+        budget.observe(d, p, _mixed_time(d, p))
+    assert budget.prefill_cap(4) < budget.prefill_cap(64) < budget.prefill_cap(256)
+
+
+def test_cap_is_never_under_a_sixteenth_of_the_step_budget():
+    budget = MixedStepBudget(1.0, 2048)  # R = 1: no room at all, so always the floor
+    for _ in range(8):
+        budget.observe(10, 0, _decode_time(10))
+    for p in (100, 2000):
+        budget.observe(10, p, _mixed_time(10, p))
+    assert budget.prefill_cap(10) == 128 == budget.min_tokens
+
+
+# -- the scheduler ---------------------------------------------------------------------
+
+
+def _floor_budget(max_tokens: int) -> MixedStepBudget:
+    """A budget whose cap is its floor from now on (R = 1, fits filled)."""
+    budget = MixedStepBudget(1.0, max_tokens)
+    for _ in range(8):
+        budget.observe(2, 0, _decode_time(2))
+    for p in (5, 9):
+        budget.observe(2, p, _mixed_time(2, p))
+    return budget
+
+
+def test_scheduler_caps_the_prompts_share_beside_decodes_only():
+    budget = _floor_budget(128)  # floor 8
+    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=128, step_budget=budget)
+    a, b = make_seq(0, 30, 20), make_seq(1, 20, 20)
+    sched.add(a)
+    sched.add(b)
+    first = fake_step(sched)
+    assert first.num_tokens == [30, 20] and not first.prefill_capped  # no decodes: no cap
+    assert budget.num_capped_steps == 0
+    long, short = make_seq(2, 19, 3), make_seq(3, 2, 3)
+    sched.add(long)
+    sched.add(short)
+    chunks, flags = [], []
+    while long.num_computed_tokens < long.num_prompt_tokens:
+        batch = fake_step(sched)
+        flags.append(batch.prefill_capped)
+        assert batch.seqs[:2] == [a, b] and batch.num_decodes >= 2
+        assert batch.total_tokens - batch.num_decodes <= 8 or not chunks
+        chunks.append(batch.num_tokens[batch.seqs.index(long)])
+    # 8 a step in all: the long prompt first (FCFS), the short one in the budget it leaves.
+    assert chunks == [8, 8, 3] and short.num_computed_tokens == 2
+    assert budget.num_capped_steps == 2 and flags == [True, True, False]  # the last: nothing
+
+
+def test_random_workload_rules_hold_with_the_cap():
+    rng = random.Random(5)
+    budget = _floor_budget(80)
+    sched = Scheduler(6, 80, max_model_len=64, step_budget=budget)
+    seqs = [make_seq(i, rng.randint(1, 40), rng.randint(1, 8)) for i in range(200)]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_unfinished():
+        running_before = list(sched.running)
+        batch = fake_step(sched)
+        check_batch(sched, batch, running_before)
+        if batch.num_decodes:
+            assert batch.total_tokens - batch.num_decodes <= budget.min_tokens
+    assert budget.num_capped_steps > 20
+    assert all(len(s.output_token_ids) == s.params.max_tokens for s in seqs)
+
+
+# -- the option ------------------------------------------------------------------------
+
+
+def _config(**kwargs):
+    opts = dict(load_format="dummy", device="cpu", max_num_seqs=4, max_num_batched_tokens=16)
+    return EngineArgs(model=CONFIG, **{**opts, **kwargs}).create_engine_config()
+
+
+def test_option_is_checked():
+    assert _config().max_mixed_step_ratio == 0.0  # off by default
+    assert _config(max_mixed_step_ratio=2).max_mixed_step_ratio == 2.0
+    for bad in (-1, 0.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="max_mixed_step_ratio must be"):
+            _config(max_mixed_step_ratio=bad)
+    for bad in (True, "2"):
+        with pytest.raises(ValueError, match="max_mixed_step_ratio must be a number"):
+            _config(max_mixed_step_ratio=bad)
+
+
+def test_cli_option():
+    from vllm.entrypoints.openai.api_server import make_arg_parser
+
+    parser = make_arg_parser(argparse.ArgumentParser(), positional_model=True)
+    ns = parser.parse_args(["dir", "--max-mixed-step-ratio", "2.5"])
+    assert EngineArgs.from_cli_args(ns).max_mixed_step_ratio == 2.5
+    assert EngineArgs.from_cli_args(parser.parse_args(["dir"])).max_mixed_step_ratio == 0.0
+
+
+# -- the engine ------------------------------------------------------------------------
+
+
+def _generate(ratio: float, prompts, params):
+    """Greedy tokens through ``LLM.generate``, the engine's budget (None when off), and the
+    largest prompt share of a step with decodes once the cap was on."""
+    opts = dict(load_format="dummy", dtype="float32", device="cpu", max_model_len=96)
+    opts.update(max_num_seqs=3, max_num_batched_tokens=64, enforce_eager=True)
+    llm = LLM(CONFIG, max_mixed_step_ratio=ratio, **opts)
+    core = llm.engine.engine_core
+    budget = core.step_budget
+    assert (budget is None) == (ratio == 0) and core.scheduler.step_budget is budget
+    executor = core.executor
+    execute, biggest = executor.execute_model, [0]
+
+    def noting(inputs):
+        if budget is not None and budget.prefill_cap(inputs.num_decodes) is not None:
+            if inputs.num_decodes:
+                share = sum(inputs.lens[inputs.num_decodes :])
+                biggest[0] = max(biggest[0], share)
+        return execute(inputs)
+
+    executor.execute_model = noting
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], budget, biggest[0]
+
+
+def test_greedy_outputs_equal_the_uncapped_engine():
+    """Three slots, staggered max_tokens: the first requests decode alone for a while
+    (the decode fit), then the later prompts (40-60 tokens) are prefilled beside them;
+    with R = 1 every cap is the floor (4 tokens a step), so the prompts go on in small
+    chunks whose states carry over: the tokens must not change."""
+    prompts = [[(13 * i + 7 * n + 1) % 128 for i in range(n)] for n in (6, 9, 5, 60, 41, 52)]
+    lens = (12, 16, 20, 6, 6, 6)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens]
+    ref, _, _ = _generate(0.0, prompts, params)
+    got, budget, biggest = _generate(1.0, prompts, params)
+    assert got == ref
+    assert budget.num_capped_steps > 0, "the cap never cut a step"
+    assert 0 < biggest <= budget.min_tokens == 4
