@@ -87,6 +87,8 @@ CASES = {
     for c in (
         _uniform(1, 2048),
         _uniform(1, 8192),
+        _uniform(1, 4096),  # 16 chunks: the H200 table's many_chunks threshold
+        _uniform(4, 512, init=True),  # 8 chunks in chains of 2
         _uniform(16, 512, init=True),
         _uniform(16, 512),
         _uniform(128, 512, init=True),

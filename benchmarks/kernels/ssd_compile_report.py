@@ -43,6 +43,9 @@ def record_launches(shape: dict, dtype, out_dtype, changes: dict) -> list:
 
     def patched(*args):
         table = {k: dict(v) if isinstance(v, dict) else v for k, v in original(*args).items()}
+        # The entry's own configs; a many-chunks chunk state (``ssd_configs``' "many") is
+        # reported by naming its keys with --set (e.g. chunk_state.FUSED_PASS=true).
+        table["many"] = None
         for name, value in changes.items():
             kernel, _, key = name.partition(".")
             if key:

@@ -108,7 +108,8 @@ def patched(kernel: str, changes: dict):
     original = ssd_combined.ssd_configs
 
     def table(*args):
-        out = {k: dict(v) if isinstance(v, dict) else v for k, v in original(*args).items()}
+        base = original(*args)
+        out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items() if k != "many"}
         if kernel == "cb":
             if changes.get("cb_16bit") and args[6] != torch.float32:
                 out["cb_dtype"] = args[5]
@@ -121,6 +122,16 @@ def patched(kernel: str, changes: dict):
                         out["cb_dtype"] = args[5]
                 else:
                     out[name].update(c)
+        # The table's many-chunks chunk state (ssd_configs' "many") stays for the variants
+        # of the other kernels, over their changes; a chunk-state variant replaces it.
+        many = base["many"]
+        state_changed = kernel == "chunk_state" or (
+            kernel == "combined" and "chunk_state" in changes
+        )
+        out["many"] = None
+        if many is not None and not state_changed:
+            out["many"] = {**out, "chunk_state": many["chunk_state"],
+                           "many_chunks": many["many_chunks"]}  # fmt: skip
         return out
 
     return original, table

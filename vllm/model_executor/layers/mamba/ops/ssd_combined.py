@@ -64,6 +64,7 @@ from vllm.model_executor.layers.mamba.ops.ssd_launch import (
 from vllm.model_executor.layers.mamba.ops.ssd_layout import SSDChunkLayout, plan_ssd_chunks
 from vllm.tensor_checks import FLOAT_DTYPES, check_scan_shapes, check_tensor
 from vllm.triton_utils import HAS_TRITON, configs, triton
+from vllm.triton_utils.host import recording
 
 __all__ = [
     "CONFIG_FOLDER",
@@ -123,18 +124,22 @@ def ssd_configs(
     def block(n: int, cap: int) -> int:  # tl.dot takes blocks of 16 and more
         return max(16, min(cap, triton.next_power_of_2(n)))
 
+    def chunk_state(state: dict) -> dict:
+        state.setdefault("RELOAD_CS", False)  # tables from before the key
+        state.setdefault("FUSED_PASS", False)  # launch 1 chains the states (ssd_chunk_state)
+        state.setdefault("FOLD_CB", False)  # ... and launch 2's CB too (FUSED_PASS only)
+        if state["FOLD_CB"] and not state["FUSED_PASS"]:
+            raise ValueError(f"SSD launch table entry {key}: chunk_state FOLD_CB needs FUSED_PASS")
+        state.update(
+            SPLIT=not f32,
+            BLOCK_T=block(chunk_size, state["BLOCK_T"]),
+            BLOCK_P=block(headdim, state["BLOCK_P"]),
+            BLOCK_N=block(dstate, state["BLOCK_N"]),
+        )
+        return state
+
     state, passing, scan = (entry[k] for k in ("chunk_state", "state_passing", "chunk_scan"))
-    state.setdefault("RELOAD_CS", False)  # tables from before the key
-    state.setdefault("FUSED_PASS", False)  # launch 1 chains the states (ssd_chunk_state)
-    state.setdefault("FOLD_CB", False)  # ... and runs launch 2's CB too (FUSED_PASS only)
-    if state["FOLD_CB"] and not state["FUSED_PASS"]:
-        raise ValueError(f"SSD launch table entry {key}: chunk_state FOLD_CB needs FUSED_PASS")
-    state.update(
-        SPLIT=not f32,
-        BLOCK_T=block(chunk_size, state["BLOCK_T"]),
-        BLOCK_P=block(headdim, state["BLOCK_P"]),
-        BLOCK_N=block(dstate, state["BLOCK_N"]),
-    )
+    chunk_state(state)
     passing.update(
         BLOCK_SN=min(passing["BLOCK_SN"], triton.next_power_of_2(dstate)),
         BLOCK_SP=min(triton.next_power_of_2(headdim), max(1, passing["BLOCK_SP"])),
@@ -153,12 +158,32 @@ def ssd_configs(
     )
     # A 16-bit CB only where the local dot takes one cast anyway (16-bit y).
     cb_16 = entry.get("cb_16bit", False) and not f32 and out_dtype != torch.float32
-    return {
+    cfg = {
         "chunk_state": state,
         "state_passing": passing,
         "chunk_scan": scan,
         "cb_dtype": dtype if cb_16 else torch.float32,
+        "many": None,
     }
+    # A call of many chunks may take another chunk state (e.g. FUSED_PASS, whose look-back
+    # waits are exposed on a short chain): ``many_chunks`` chunks or more.
+    many, threshold = entry.get("chunk_state_many"), entry.get("many_chunks")
+    if (many is None) != (threshold is None):
+        raise ValueError(f"SSD launch table entry {key}: chunk_state_many and many_chunks go "
+                         f"together, got only one")  # fmt: skip
+    if many is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+            raise ValueError(f"SSD launch table entry {key}: many_chunks must be an integer "
+                             f">= 1, got {threshold!r}")  # fmt: skip
+        cfg["many"] = {**cfg, "chunk_state": chunk_state(many), "many_chunks": threshold}
+    return cfg
+
+
+def config_for(cfg: dict, num_chunks: int) -> dict:
+    """The launch configs of a call of ``num_chunks`` chunks (``ssd_configs``' own, or its
+    ``many`` variant from its ``many_chunks`` on)."""
+    many = cfg["many"]
+    return many if many is not None and num_chunks >= many["many_chunks"] else cfg
 
 
 # --------------------------------------------------------------------------------------
@@ -302,8 +327,12 @@ def _launch(
     )
     # Triton takes a bool tensor as i1 pointers; bytes are plainer.
     init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
-    launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init, chunk_state_indices,
-               D, dt_bias, dt_softplus, dt_lo, dt_hi, out, cfg, ws, pad_slot_id)  # fmt: skip
+    # Recording (the start-up warm-up): both variants, so that no later count compiles.
+    both = recording() and cfg["many"] is not None
+    for c in (cfg, cfg["many"]) if both else (config_for(cfg, chunks.num_chunks),):
+        launch_all(x, z, dt, A, B, C, chunks, ssm_states, state_indices, init,
+                   chunk_state_indices, D, dt_bias, dt_softplus, dt_lo, dt_hi, out, c, ws,
+                   pad_slot_id)  # fmt: skip
 
 
 def _plan_for(x, z, dt, A, B, C, layout, ssm_states, state_indices, has_initial_state,

@@ -4,6 +4,10 @@
 through each kernel's ``CachedLauncher``, which keys every call on all of its arguments
 (tens of microseconds for 30-40 of them) and launches through Triton's Python binding.
 
+A launch table entry may name a second chunk-state config for calls of many chunks
+(``ssd_configs``' ``many``): the plan then holds that variant's plan too and picks by the
+call's chunk count; a recording call (the warm-up) runs both, so no count compiles later.
+
 An ``SSDPlan`` serves every call whose arguments have one layout (``plan_key``: the
 dtypes, devices, strides and the shapes but the token and sequence counts): the model's
 layers in every step. The call's full checks ran when its plan was made; a later call
@@ -43,7 +47,7 @@ from vllm.model_executor.layers.mamba.ops.ssd_state_passing import (
     launch_state_passing,
     state_passing_programs,
 )
-from vllm.triton_utils.host import DirectLaunches, PlanCache
+from vllm.triton_utils.host import DirectLaunches, PlanCache, recording
 
 _NO_LIMIT = (0.0, math.inf)
 # Raised while keying arguments that are not tensors: the full checks then name them.
@@ -204,6 +208,8 @@ class SSDPlan:
         self.fused = bool(cfg["chunk_state"].get("FUSED_PASS", False))
         # FUSED_PASS's sync buffer: the counter, then a flag per chunk program
         self.sync_per_chunk = sync_elements(1, nheads, headdim, dstate, cfg["chunk_state"]) - 1
+        if self.fused and self.on_cuda:  # on the first (eager) call, not in a graph capture
+            self._sync(1)
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
             1, 1, nheads, headdim, dstate, ngroups, chunk_size, cfg["state_passing"]
         )
@@ -212,6 +218,13 @@ class SSDPlan:
         if self.fold:  # launch 1 runs launch 2's jobs too
             order.remove(_PASSING_LAUNCHER.name)
         self.direct = DirectLaunches(order)
+        # The plan of the table's ``many`` variant (``ssd_configs``): calls of its
+        # ``many_chunks`` chunks or more run it; a recording call (the warm-up) runs both.
+        many = cfg.get("many")
+        self.many = None
+        if many is not None:
+            self.many = SSDPlan(x, B, chunk_size, many, dt_limit, is_kernel_device, pad_slot_id)
+            self.many_chunks = many["many_chunks"]
 
     def fits(self, x, z, dt, B, C, layout, state_indices, has_initial_state,
              chunk_state_indices, out) -> bool:  # fmt: skip
@@ -242,6 +255,12 @@ class SSDPlan:
         num_chunks, num_seqs = layout.num_chunks, layout.num_seqs
         if num_seqs == 0:
             return
+        if self.many is not None and (recording() or num_chunks >= self.many_chunks):
+            self.many.run(x, z, dt, A, B, C, layout, ssm_states, state_indices,
+                          has_initial_state, chunk_state_indices, D, dt_bias, dt_softplus,
+                          out)  # fmt: skip
+            if not recording():
+                return
         offsets, total = self.ws.offsets(num_chunks)
         buf = torch.empty(total, dtype=torch.uint8, device=self.device)
         init = None if has_initial_state is None else has_initial_state.view(torch.uint8)
