@@ -208,8 +208,8 @@ class SSDPlan:
         self.fused = bool(cfg["chunk_state"].get("FUSED_PASS", False))
         # FUSED_PASS's sync buffer: the counter, then a flag per chunk program
         self.sync_per_chunk = sync_elements(1, nheads, headdim, dstate, cfg["chunk_state"]) - 1
-        if self.fused and self.on_cuda:  # on the first (eager) call, not in a graph capture
-            self._sync(1)
+        if self.fused and self.on_cuda and recording():
+            self._sync(1)  # the engine's warm-up makes the plan: not later, in a graph capture
         self.per_seq_pass, self.per_chunk_cb = state_passing_programs(
             1, 1, nheads, headdim, dstate, ngroups, chunk_size, cfg["state_passing"]
         )
