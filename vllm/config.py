@@ -46,8 +46,8 @@ class EngineConfig:
     decodes carries at most N tokens of each prompt (0, the default: only the step budget
     cuts chunks). The budget still bounds the step's total: several prompts may each bring
     N. An N >= ``max_num_batched_tokens`` never binds (the budget cuts first) and is
-    accepted with a warning, as vLLM accepts it. ``max_mixed_step_ratio`` R >= 1 caps a
-    step's prompt tokens beside D decodes so that it takes about R times a decode-only
+    accepted with a warning, as vLLM accepts it. ``max_mixed_step_ratio`` R >= 1 cuts each
+    prompt's chunk beside D decodes so that the step takes about R times a decode-only
     step of D decodes, from the steps' measured times (``engine/step_budget.py``; 0: off).
     ``mamba_ssm_cache_dtype`` (vLLM's name) is the dtype of the SSM state pool: "float32"
     (default), "bfloat16" or "float16"; the scan and the decode update compute in fp32

@@ -31,6 +31,7 @@ from vllm.engine.core import EngineCoreRequest, _Dispatched
 from vllm.engine.core_client import InprocClient
 from vllm.engine.scheduler import Scheduler
 from vllm.engine.sequence import Sequence
+from vllm.engine.step_budget import StepTimes
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 from vllm.sampling_params import SamplingParams
 from vllm.step_io import StepOutput
@@ -60,6 +61,53 @@ def test_the_end_is_estimated_only_from_a_like_decode_step():
     assert est(None, _step(4), 100.0) is None
     assert est(_step(4), None, 100.0) is None
     assert est(_step(4), _step(4), None) is None
+
+
+def _times(on_device: bool = True) -> StepTimes:
+    """Step times fitted to a decode step of 7 ms at 4 decodes and mixed steps of 1 ms +
+    20 us per prompt token more."""
+    times = StepTimes()
+    for _ in range(6):
+        times.observe(4, 0, 0.007)
+    for p in (100, 300):
+        times.observe(4, p, 0.008 + 2e-5 * p)
+    times.on_device = on_device
+    return times
+
+
+def _rows(step: _Dispatched, decodes: int) -> _Dispatched:
+    step.num_decode_tokens = decodes
+    return step
+
+
+def test_other_steps_are_estimated_from_the_fitted_step_times():
+    """A step with prompt tokens in flight, one after a prefill, or one wider than the
+    step measured: the fitted times (device spans only), at MODEL_SHARE."""
+    est, share = late_dispatch.step_end_estimate, late_dispatch.MODEL_SHARE
+    times = _times()
+    assert times.step_time(4, 200) == pytest.approx(0.007 + 0.001 + 0.004)
+    mixed = _rows(_step(4, prefill=200), 4)
+    assert est(mixed, _step(4), 100.0, times) == pytest.approx(100.0 + share * 0.012)
+    after = _rows(_step(4), 4)
+    assert est(after, _step(4, prefill=9), 100.0, times) == pytest.approx(100.0 + share * 0.007)
+    wide = _rows(_step(6), 6)
+    assert est(wide, _step(4), 100.0, times) == pytest.approx(100.0 + share * 0.007)
+    # The measured span of a like decode step still comes first.
+    assert est(after, _step(4, device_s=0.005), 100.0, times) == pytest.approx(100.005)
+    # Host-timed fits (a CPU device), no fit yet, or no decodes: nothing is estimated.
+    assert est(mixed, _step(4), 100.0, _times(on_device=False)) is None
+    assert est(mixed, _step(4), 100.0, StepTimes()) is None
+    assert est(_rows(_step(4, prefill=200), 0), _step(4), 100.0, times) is None
+
+
+def test_a_cpu_engine_fits_host_times_and_never_estimates_from_them(client):
+    core = client.engine_core
+    core.add_request(EngineCoreRequest("r", [5, 6, 7], GREEDY))
+    for _ in range(8):
+        client.get_output()
+    assert core.step_times.decode.n >= 4 and core.step_times.on_device is False
+    core._last_read.output.device_s = None  # no CUDA events: nothing measured either
+    assert core.dispatch_deadline() is None
 
 
 def test_a_wait_only_where_a_new_request_could_join():

@@ -1,7 +1,8 @@
-"""``max_mixed_step_ratio`` (``vllm/engine/step_budget.py``): the prompt tokens of a step
-beside D decodes are capped from the measured step times so that it takes about R times a
-decode-only step; the fits, the scheduler's use of the cap, the option's checks, and
-greedy outputs equal to the uncapped engine's with the cap seen cutting."""
+"""``max_mixed_step_ratio`` (``vllm/engine/step_budget.py``): each prompt's chunk beside D
+decodes is cut from the fitted step times so that a step with one chunk takes about R
+times a decode-only step; the fits (``StepTimes``), the scheduler's use of the cap, the
+option's checks, and greedy outputs equal to the uncapped engine's with the cap seen
+cutting."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.models.mamba2_utils import TINY
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.scheduler import Scheduler
-from vllm.engine.step_budget import MIN_DECODE_STEPS, MixedStepBudget
+from vllm.engine.step_budget import MIN_DECODE_STEPS, MixedStepBudget, StepTimes
 from vllm.model_executor.models.mamba2_config import Mamba2ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
@@ -34,30 +35,34 @@ def _mixed_time(d: int, p: int) -> float:
     return _decode_time(d) + M + C * p
 
 
+def _budget(ratio: float, max_tokens: int) -> MixedStepBudget:
+    return MixedStepBudget(ratio, max_tokens, StepTimes())
+
+
 # -- the fits --------------------------------------------------------------------------
 
 
 def test_no_cap_before_both_fits_have_steps_or_without_decodes():
-    budget = MixedStepBudget(2.0, 2048)
+    budget = _budget(2.0, 2048)
     assert budget.prefill_cap(10) is None
     for _ in range(int(MIN_DECODE_STEPS) + 1):
-        budget.observe(10, 0, _decode_time(10))
+        budget.times.observe(10, 0, _decode_time(10))
     assert budget.prefill_cap(10) is None  # no mixed step measured yet
-    budget.observe(10, 500, _mixed_time(10, 500))
-    budget.observe(10, 700, _mixed_time(10, 700))
+    budget.times.observe(10, 500, _mixed_time(10, 500))
+    budget.times.observe(10, 700, _mixed_time(10, 700))
     assert budget.prefill_cap(10) is not None
     assert budget.prefill_cap(0) is None  # no stream waits on a step without decodes
-    budget.observe(10, 500, None)  # unmeasured steps and steps without decodes are skipped
-    budget.observe(0, 500, 1.0)
-    assert budget.mixed.n == 2
+    budget.times.observe(10, 500, None)  # unmeasured steps and steps without decodes are skipped
+    budget.times.observe(0, 500, 1.0)
+    assert budget.times.mixed.n == 2
 
 
 def test_prompt_tokens_that_cost_nothing_are_not_capped():
-    budget = MixedStepBudget(2.0, 2048)
+    budget = _budget(2.0, 2048)
     for _ in range(8):
-        budget.observe(10, 0, 0.01)
+        budget.times.observe(10, 0, 0.01)
     for p in (300, 900):
-        budget.observe(10, p, 0.009)  # measured faster than the decode step: noise
+        budget.times.observe(10, p, 0.009)  # measured faster than the decode step: noise
     assert budget.prefill_cap(10) is None
 
 
@@ -67,18 +72,18 @@ def test_cap_settles_where_capped_steps_take_ratio_times_the_decode_step(ratio):
     given min(prompt, cap); the through-origin fit of c must bring the cap to where a step
     at the cap takes ``ratio`` x t_dec(D), whatever the fixed cost M it cannot see."""
     rng = random.Random(int(ratio * 10))
-    budget = MixedStepBudget(ratio, 1024)
+    budget = _budget(ratio, 1024)
     capped = 0
     for step in range(3000):
         d = rng.randint(8, 12)
         if step % 4:
-            budget.observe(d, 0, _decode_time(d))
+            budget.times.observe(d, 0, _decode_time(d))
             continue
         want = rng.randint(50, 3000)
         cap = budget.prefill_cap(d)
         p = want if cap is None else min(want, cap)
         capped += cap is not None and p < want
-        budget.observe(d, p, _mixed_time(d, p))
+        budget.times.observe(d, p, _mixed_time(d, p))
     assert capped > 300
     for d in (8, 10, 12):
         exact = ((ratio - 1) * _decode_time(d) - M) / C
@@ -87,21 +92,55 @@ def test_cap_settles_where_capped_steps_take_ratio_times_the_decode_step(ratio):
 
 def test_cap_follows_the_decode_count():
     """A saturated server (long decode steps) gets a looser cap than a quiet one."""
-    budget = MixedStepBudget(2.0, 1024)
+    budget = _budget(2.0, 1024)
     for d in (4, 64, 256) * 10:
-        budget.observe(d, 0, _decode_time(d))
+        budget.times.observe(d, 0, _decode_time(d))
     for d, p in ((4, 800), (64, 900), (256, 700)):
-        budget.observe(d, p, _mixed_time(d, p))
+        budget.times.observe(d, p, _mixed_time(d, p))
     assert budget.prefill_cap(4) < budget.prefill_cap(64) < budget.prefill_cap(256)
 
 
 def test_cap_is_never_under_a_sixteenth_of_the_step_budget():
-    budget = MixedStepBudget(1.0, 2048)  # R = 1: no room at all, so always the floor
+    budget = _budget(1.0, 2048)  # R = 1: no room at all, so always the floor
     for _ in range(8):
-        budget.observe(10, 0, _decode_time(10))
+        budget.times.observe(10, 0, _decode_time(10))
     for p in (100, 2000):
-        budget.observe(10, p, _mixed_time(10, p))
+        budget.times.observe(10, p, _mixed_time(10, p))
     assert budget.prefill_cap(10) == 128 == budget.min_tokens
+
+
+def test_step_times_take_device_spans_else_host_times():
+    from vllm.engine.core import _Dispatched
+    from vllm.step_io import StepOutput
+
+    times = StepTimes()
+    step = _Dispatched([], [], [], handle=None, num_decode_tokens=3, host_s=5.0)
+    times.observe_step(step, StepOutput([], device_s=0.01))
+    assert times.on_device is True and times.decode.y == pytest.approx(0.01)
+    times.observe_step(step, StepOutput([], device_s=0.02, kernel_compiles=1))
+    assert times.decode.n == 1  # a step that compiled a kernel is not fitted
+    times.observe_step(step, StepOutput([]))  # no CUDA events: the dispatch's host time
+    assert times.on_device is False and times.decode.n == 2
+    assert times.decode.y == pytest.approx(0.99 * 0.01 + 5.0)
+
+
+def test_step_time_uses_the_mixed_line_where_p_varied():
+    times = StepTimes()
+    for d in (8, 12) * 4:
+        times.observe(d, 0, _decode_time(d))
+    assert times.step_time(10, 0) == pytest.approx(_decode_time(10))
+    assert times.step_time(0, 0) is None and times.step_time(10, 50) is None
+    for p in (200, 900):
+        times.observe(10, p, _mixed_time(10, p))
+    assert times.step_time(10, 500) == pytest.approx(_mixed_time(10, 500))  # the line
+    same = StepTimes()
+    for d in (8, 12) * 4:
+        same.observe(d, 0, _decode_time(d))
+    for _ in range(3):
+        same.observe(10, 400, _mixed_time(10, 400))
+    # P never varied: c through the origin, exact at the P fitted.
+    assert same.step_time(10, 400) == pytest.approx(_mixed_time(10, 400))
+    assert same.step_time(10, 800) > _mixed_time(10, 800)  # the fixed cost counted twice
 
 
 # -- the scheduler ---------------------------------------------------------------------
@@ -109,15 +148,15 @@ def test_cap_is_never_under_a_sixteenth_of_the_step_budget():
 
 def _floor_budget(max_tokens: int) -> MixedStepBudget:
     """A budget whose cap is its floor from now on (R = 1, fits filled)."""
-    budget = MixedStepBudget(1.0, max_tokens)
+    budget = _budget(1.0, max_tokens)
     for _ in range(8):
-        budget.observe(2, 0, _decode_time(2))
+        budget.times.observe(2, 0, _decode_time(2))
     for p in (5, 9):
-        budget.observe(2, p, _mixed_time(2, p))
+        budget.times.observe(2, p, _mixed_time(2, p))
     return budget
 
 
-def test_scheduler_caps_the_prompts_share_beside_decodes_only():
+def test_scheduler_cuts_each_prompts_chunk_beside_decodes_only():
     budget = _floor_budget(128)  # floor 8
     sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=128, step_budget=budget)
     a, b = make_seq(0, 30, 20), make_seq(1, 20, 20)
@@ -129,15 +168,18 @@ def test_scheduler_caps_the_prompts_share_beside_decodes_only():
     long, short = make_seq(2, 19, 3), make_seq(3, 2, 3)
     sched.add(long)
     sched.add(short)
-    chunks, flags = [], []
+    batch = fake_step(sched)
+    # Each prompt cut at 8 (FCFS); the budget the long one leaves goes to the short one,
+    # which does not wait behind it.
+    assert batch.seqs == [a, b, long, short] and batch.num_tokens == [1, 1, 8, 2]
+    assert batch.prefill_capped
+    chunks, flags = [8], [True]
     while long.num_computed_tokens < long.num_prompt_tokens:
         batch = fake_step(sched)
+        assert batch.seqs[:2] == [a, b] and batch.num_decodes >= 3  # the short one decodes
         flags.append(batch.prefill_capped)
-        assert batch.seqs[:2] == [a, b] and batch.num_decodes >= 2
-        assert batch.total_tokens - batch.num_decodes <= 8 or not chunks
         chunks.append(batch.num_tokens[batch.seqs.index(long)])
-    # 8 a step in all: the long prompt first (FCFS), the short one in the budget it leaves.
-    assert chunks == [8, 8, 3] and short.num_computed_tokens == 2
+    assert chunks == [8, 8, 3]
     assert budget.num_capped_steps == 2 and flags == [True, True, False]  # the last: nothing
 
 
@@ -153,7 +195,7 @@ def test_random_workload_rules_hold_with_the_cap():
         batch = fake_step(sched)
         check_batch(sched, batch, running_before)
         if batch.num_decodes:
-            assert batch.total_tokens - batch.num_decodes <= budget.min_tokens
+            assert all(n <= budget.min_tokens for n in batch.num_tokens)
     assert budget.num_capped_steps > 20
     assert all(len(s.output_token_ids) == s.params.max_tokens for s in seqs)
 
@@ -191,7 +233,7 @@ def test_cli_option():
 
 def _generate(ratio: float, prompts, params):
     """Greedy tokens through ``LLM.generate``, the engine's budget (None when off), and the
-    largest prompt share of a step with decodes once the cap was on."""
+    largest prompt chunk of a step with decodes once the cap was on."""
     opts = dict(load_format="dummy", dtype="float32", device="cpu", max_model_len=96)
     opts.update(max_num_seqs=3, max_num_batched_tokens=64, enforce_eager=True)
     llm = LLM(CONFIG, max_mixed_step_ratio=ratio, **opts)
@@ -203,9 +245,7 @@ def _generate(ratio: float, prompts, params):
 
     def noting(inputs):
         if budget is not None and budget.prefill_cap(inputs.num_decodes) is not None:
-            if inputs.num_decodes:
-                share = sum(inputs.lens[inputs.num_decodes :])
-                biggest[0] = max(biggest[0], share)
+            biggest[0] = max(biggest[0], *inputs.lens[inputs.num_decodes :], 0)
         return execute(inputs)
 
     executor.execute_model = noting

@@ -132,7 +132,7 @@ class EngineArgs:
             "--max-mixed-step-ratio",
             type=float,
             default=d["max_mixed_step_ratio"],
-            help="cap a step's prompt tokens beside running decodes so that it takes about "
+            help="cut each prompt's chunk beside running decodes so that the step takes about "
             "this many times a decode-only step, from the measured step times (>= 1; 0: off)",
         )
         g.add_argument(

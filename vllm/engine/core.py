@@ -24,9 +24,9 @@ dropped, so outputs are the same as without async scheduling. ``max_tokens`` is 
 ahead, so no step is wasted on it.
 
 Failures stay with their request: one whose sampling fails is finished with ``error``
-set and its slot freed; a failed forward fails its batch's requests only, and the
-scheduler is never left half-updated. A failed tensor-parallel step (``executor.failed``)
-leaves the ranks out of step: the engine is then dead, every request fails with the error.
+set and its slot freed; a failed forward fails its batch's requests only (the scheduler
+is never left half-updated). A failed tensor-parallel step (``executor.failed``) leaves
+the ranks out of step: the engine is then dead, every request fails with the error.
 
 Each step leaves its host timing and token counts in ``last_step`` (``StepStats``: the
 scheduler, the dispatch, the read of a dispatched step's tokens; no device sync added).
@@ -47,7 +47,7 @@ from vllm.engine.input_builder import build_step_inputs
 from vllm.engine.scheduler import ScheduledBatch, Scheduler
 from vllm.engine.sequence import PENDING_TOKEN, Sequence
 from vllm.engine.stats import StepStats
-from vllm.engine.step_budget import MixedStepBudget
+from vllm.engine.step_budget import MixedStepBudget, StepTimes
 from vllm.executor import Executor
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
@@ -139,7 +139,8 @@ class EngineCore:
             )
         # The request id goes with the prefix cache's calls when KV blocks are shared.
         self._kv_key = (lambda seq: (seq.request_id,)) if kv is not None else (lambda seq: ())
-        self.step_budget = MixedStepBudget.of(config)  # None without max_mixed_step_ratio
+        self.step_times = StepTimes()  # fitted step times (late dispatch, the budget)
+        self.step_budget = MixedStepBudget.of(config, self.step_times)  # None: ratio 0
         self.scheduler = Scheduler(
             config.max_num_seqs,
             config.max_num_batched_tokens,
@@ -218,13 +219,12 @@ class EngineCore:
         del self.requests[seq.request_id]
 
     def materialise(self, slots) -> None:
-        """Whole states in these slots on every rank (``ModelRunner.materialise``): the hook
-        for prefix caching and speculative decoding under replayed decode."""
+        """Whole states in these slots on every rank (``ModelRunner.materialise``): the
+        prefix cache's and speculative decoding's hook under replayed decode."""
         self.executor.run("materialise", list(slots))
 
     @property
-    def startup(self) -> dict:
-        """The workers' start-up times (weights, compile, graphs) and sizes."""
+    def startup(self) -> dict:  # the workers' start-up times and sizes
         return self.executor.startup
 
     @property
@@ -271,8 +271,8 @@ class EngineCore:
         t3 = time.perf_counter()
         read_prefill = read.num_prefill_tokens if read is not None else prefill
         out = read.output if read is not None else None
-        if self.step_budget is not None and out is not None:
-            self.step_budget.observe_step(read, out)
+        if out is not None:
+            self.step_times.observe_step(read, out)
         self.last_step = StepStats(
             schedule_s=t1 - t0,
             dispatch_s=t2 - t1,

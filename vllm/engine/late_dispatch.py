@@ -12,13 +12,17 @@ host time the next schedule and dispatch take and a margin. A request that arriv
 wait is scheduled at once, into step k+1; if none comes, k+1 is dispatched at the deadline,
 still before k ends, so the device keeps running back to back.
 
-Step k's end is estimated only where that is safe: k and k-1 are both decode-only (a
-prefill's time depends on its tokens), k has no more rows than k-1, and k-1's device span
-was measured (CUDA events: on a CPU device, or without them, nothing is estimated and the
-loop never waits). Nothing is waited for when no new request could join k+1 (one is
-waiting already, or every sequence slot or the token budget is taken). A wrong estimate
-costs a gap on the device of at most its error: the deadline is a floor, never a wait on
-the device.
+Step k's end is estimated from k-1's measured device span where k and k-1 are both
+decode-only and k has no more rows than k-1; otherwise (k carries prompt tokens, k-1 did,
+or k is wider) from the engine's fitted step times (``step_budget.StepTimes``: t_dec(D)
+plus the prompt tokens' fitted cost), taken at ``MODEL_SHARE`` of their value: an
+estimate too short only shortens the wait, one too long would leave the device idle. So
+a request arriving while a step with a prompt chunk runs also joins the very next step.
+Both need device spans (CUDA events: on a CPU device, or without them, nothing is
+estimated and the loop never waits). Nothing is waited for when no new request could
+join k+1 (one is waiting already, or every sequence slot or the token budget is taken).
+A wrong estimate costs a gap on the device of at most its error: the deadline is a
+floor, never a wait on the device.
 
 The loops that run the core (``core_proc._serve``, ``InprocClient.wait_for_output``) wait
 on their message queues with the deadline as timeout and report the time spent so
@@ -33,20 +37,30 @@ import time
 # one's, plus this margin, is left before the device is expected to be done.
 HOST_FACTOR = 2.0
 MARGIN_S = 0.5e-3
+# The share of a fitted step time the wait may use (a model's estimate, not a measurement).
+MODEL_SHARE = 0.9
 
 
-def step_end_estimate(in_flight, last_read, read_done_at: float | None) -> float | None:
+def step_end_estimate(in_flight, last_read, read_done_at: float | None,
+                      times=None) -> float | None:  # fmt: skip
     """When the in-flight step should end (perf_counter clock), or None where that cannot
-    be told: both steps decode-only, the in-flight one no wider, the last one's device
-    span measured."""
-    if in_flight is None or last_read is None or read_done_at is None:
+    be told: from the last step's device span where both are decode-only and the
+    in-flight one is no wider, else from ``times`` (``StepTimes``) fitted to device
+    spans, at ``MODEL_SHARE``."""
+    if in_flight is None or read_done_at is None:
         return None
-    if in_flight.num_prefill_tokens or last_read.num_prefill_tokens:
+    if (
+        last_read is not None
+        and not (in_flight.num_prefill_tokens or last_read.num_prefill_tokens)
+        and len(in_flight.seqs) <= len(last_read.seqs)
+        and last_read.output is not None
+        and last_read.output.device_s is not None
+    ):
+        return read_done_at + last_read.output.device_s
+    if times is None or not times.on_device:
         return None
-    out = last_read.output
-    if out is None or out.device_s is None or len(in_flight.seqs) > len(last_read.seqs):
-        return None
-    return read_done_at + out.device_s
+    t = times.step_time(in_flight.num_decode_tokens, in_flight.num_prefill_tokens)
+    return None if t is None else read_done_at + MODEL_SHARE * t
 
 
 def can_admit(scheduler) -> bool:
@@ -62,7 +76,8 @@ def deadline(core, now: float | None = None) -> float | None:
     config = core.config
     if not (config.late_dispatch and config.async_scheduling):
         return None
-    end = step_end_estimate(core._in_flight, core._last_read, core._read_done_at)
+    end = step_end_estimate(core._in_flight, core._last_read, core._read_done_at,
+                            core.step_times)  # fmt: skip
     if end is None or not can_admit(core.scheduler):
         return None
     last = core.last_step

@@ -24,7 +24,7 @@ Triton kernel variants compiled inside steps (0 unless the start-up warm-up miss
 (late: ``--late-dispatch``) and the rest (other: taking requests, recording stats, handing
 outputs to the event loop); ``vllm:late_dispatch_arrivals_total``, the requests that
 arrived in a late wait and joined the next step; ``vllm:engine_prefill_capped_steps_total``,
-the steps whose prompt tokens ``--max-mixed-step-ratio`` cut (``engine/step_budget.py``).
+the steps in which ``--max-mixed-step-ratio`` cut a prompt's chunk (``engine/step_budget.py``).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class PrometheusStatLogger(StatLoggerBase):
         ).labels(name)
         self.prefill_capped_steps = Counter(
             "vllm:engine_prefill_capped_steps_total",
-            "Engine steps whose prompt tokens beside decodes --max-mixed-step-ratio cut.",
+            "Engine steps in which --max-mixed-step-ratio cut a prompt's chunk beside decodes.",
             ["model_name"],
             registry=reg,
         ).labels(name)

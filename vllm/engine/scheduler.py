@@ -16,9 +16,9 @@ later steps (its state carries over, as for any chunk). The budget of the step i
 changed by it: the tokens a long prompt leaves go to the next sequences of steps 2 and 3,
 so a step still carries up to ``max_num_batched_tokens`` tokens when several prompts are
 being prefilled. Decodes (one token) are never cut, so every rule below holds for any N.
-With ``max_mixed_step_ratio`` (``step_budget.py``) a step's prompt tokens beside D decodes
-are further capped at ``prefill_cap(D)`` in all, so that the step stays within a multiple
-of a decode-only step's time.
+With ``max_mixed_step_ratio`` (``step_budget.py``) each prompt's chunk beside D decodes is
+also cut to ``prefill_cap(D)``, a threshold that follows the decodes, so that a step with
+one prompt chunk stays within a multiple of a decode-only step's time.
 
 The batch's rows are in the canonical order of ``Mamba2Metadata``: first every one-token
 row that continues a sequence (the decodes, and a prefill chunk the budget or N cut to
@@ -56,7 +56,7 @@ class ScheduledBatch:
     num_tokens: list[int]
     num_decodes: int
     block_tables: list[list[int]] | None = None
-    prefill_capped: bool = False  # the step budget's cap held prompt tokens back
+    prefill_capped: bool = False  # max_mixed_step_ratio's cap cut a prompt's chunk
 
     @property
     def total_tokens(self) -> int:
@@ -102,6 +102,7 @@ class Scheduler:
         self.on_admit = on_admit
         self.cut_chunk = cut_chunk
         self.step_budget = step_budget
+        self._capped = False  # this step's cap cut a chunk (schedule, _chunk)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -120,13 +121,15 @@ class Scheduler:
     def _admissible(self, seq: Sequence) -> bool:
         return self.kv is None or self.kv.can_reserve(seq.request_id, self.worst_case_tokens(seq))
 
-    def _chunk(self, seq: Sequence, budget: int) -> int:
+    def _chunk(self, seq: Sequence, budget: int, cap: int = 0) -> int:
         """The tokens ``seq`` computes this step when it prefills: what is left of its
-        prompt, at most ``budget`` and, when the threshold is on, at most the threshold;
-        then ``cut_chunk``, if any."""
+        prompt, at most ``budget``, at most the threshold when it is on and at most this
+        step's ``max_mixed_step_ratio`` cap (``cap`` > 0); then ``cut_chunk``, if any."""
         n = min(seq.num_uncomputed, budget)
-        cap = self.long_prefill_token_threshold
-        n = min(n, cap) if cap > 0 else n
+        for limit in (self.long_prefill_token_threshold, cap):
+            n = min(n, limit) if limit > 0 else n
+        if cap and n == cap < min(seq.num_uncomputed, budget):
+            self._capped = True  # the ratio's cap, not the budget or the threshold, cut it
         return n if self.cut_chunk is None else self.cut_chunk(seq, n)
 
     def schedule(self) -> ScheduledBatch:
@@ -141,14 +144,13 @@ class Scheduler:
                 seqs.append(seq)
                 counts.append(1)
                 budget -= 1
-        cap = self.step_budget.prefill_cap(len(seqs)) if self.step_budget else None
-        capped = cap is not None and cap < budget
-        budget = min(budget, cap) if capped else budget
+        cap = (self.step_budget.prefill_cap(len(seqs)) if self.step_budget else None) or 0
+        self._capped = False
         for seq in self.running:
             if budget == 0:
                 break
             if not seq.is_decode and seq.num_uncomputed > 0:
-                n = self._chunk(seq, budget)
+                n = self._chunk(seq, budget, cap)
                 if n == 1 and seq.num_computed_tokens > 0:  # a chunk cut to one token
                     seqs.append(seq)
                     counts.append(1)
@@ -167,7 +169,7 @@ class Scheduler:
             self.running.append(seq)
             if self.on_admit is not None:
                 self.on_admit(seq)
-            n = self._chunk(seq, budget)
+            n = self._chunk(seq, budget, cap)
             if n == 1 and seq.num_computed_tokens > 0:  # restored to its last prompt token
                 seqs.append(seq)
                 counts.append(1)
@@ -175,11 +177,7 @@ class Scheduler:
                 back.append(seq)
                 back_counts.append(n)
             budget -= n
-        # The cap, not the step budget, held prompt tokens back:
-        cut = (capped and budget == 0) and bool(
-            (self.waiting and self.slots.num_free)
-            or any(n < s.num_uncomputed for s, n in zip(back, back_counts, strict=True))
-        )
+        cut = self._capped
         if cut:
             self.step_budget.num_capped_steps += 1
         batch = ScheduledBatch(seqs + back, counts + back_counts, len(seqs), prefill_capped=cut)
