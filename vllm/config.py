@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from vllm.compilation_config import CUDAGRAPH_MODES, CompilationConfig  # noqa: F401
-from vllm.engine.step_budget import check_ratio
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.loader import LOAD_FORMATS, check_tensor_parallel_support
@@ -29,6 +28,20 @@ _SSM_CACHE_DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+
+
+def check_mixed_step_ratio(ratio) -> float:
+    """``max_mixed_step_ratio`` as a float, or ValueError naming the field: 0 (off) or
+    >= 1 (1: a mixed step as long as a decode step: every cut at its floor)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or ratio != ratio:
+        raise ValueError(f"max_mixed_step_ratio must be a number, got {ratio!r}")
+    if ratio != 0 and not 1 <= ratio < float("inf"):
+        raise ValueError(
+            f"max_mixed_step_ratio must be 0 (off) or a finite number >= 1 (a step with "
+            f"prompt tokens beside decodes takes at most that many times a decode-only "
+            f"step), got {ratio!r}"
+        )
+    return float(ratio)
 
 
 @dataclass
@@ -227,7 +240,7 @@ class EngineConfig:
                 threshold,
                 self.max_num_batched_tokens,
             )
-        self.max_mixed_step_ratio = check_ratio(self.max_mixed_step_ratio)
+        self.max_mixed_step_ratio = check_mixed_step_ratio(self.max_mixed_step_ratio)
         self.device = _check_device(self.device)
         self.compilation_config = CompilationConfig.from_any(self.compilation_config)
         asked = self.compilation_config.cudagraph_mode

@@ -35,24 +35,12 @@ fitted, or where prompt tokens were measured to cost nothing; never under
 
 from __future__ import annotations
 
+from vllm.config import check_mixed_step_ratio
+
 DECODE_DECAY = 0.99  # per decode-only step: ~100 steps of memory
 MIXED_DECAY = 0.95  # per mixed step: ~20 steps
 MIN_DECODE_STEPS = 4
 MIN_MIXED_STEPS = 2
-
-
-def check_ratio(ratio) -> float:
-    """``max_mixed_step_ratio`` as a float, or ValueError naming the field: 0 (off) or
-    >= 1 (1: a mixed step as long as a decode step, so every cap is ``min_tokens``)."""
-    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or ratio != ratio:
-        raise ValueError(f"max_mixed_step_ratio must be a number, got {ratio!r}")
-    if ratio != 0 and not 1 <= ratio < float("inf"):
-        raise ValueError(
-            f"max_mixed_step_ratio must be 0 (off) or a finite number >= 1 (a step with "
-            f"prompt tokens beside decodes takes at most that many times a decode-only "
-            f"step), got {ratio!r}"
-        )
-    return float(ratio)
 
 
 class _Fit:
@@ -153,7 +141,7 @@ class MixedStepBudget:
     """``prefill_cap(D)`` for the scheduler (the module docstring), from ``times``."""
 
     def __init__(self, ratio: float, max_num_batched_tokens: int, times: StepTimes):
-        self.ratio = check_ratio(ratio)
+        self.ratio = check_mixed_step_ratio(ratio)
         self.min_tokens = max(1, max_num_batched_tokens // 16)
         self.times = times
         self.num_capped_steps = 0  # steps in which the cap cut a chunk (the scheduler)
