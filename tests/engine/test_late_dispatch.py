@@ -241,3 +241,32 @@ def test_served_with_late_dispatch_a_request_arrives_in_a_wait():
     on, seen = run(serve(True))
     assert [len(t) for t in on] == [len(t) for t in off] == [64] * len(prompts)
     assert seen["late_wait_s"] > 0 and seen["late_arrivals"] > 0, seen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; runs on the GPU box")
+def test_gpu_the_fitted_step_times_end_a_mixed_step():
+    """On CUDA the core fits its step times to device spans, so a step with a prompt chunk
+    in flight gets an end (the path the CPU cases reach only with spans set by hand)."""
+    config = EngineArgs(CONFIG, **{**OPTS, "late_dispatch": True}).create_engine_config()
+    client = InprocClient(config)
+    try:
+        core = client.engine_core
+        core.add_request(EngineCoreRequest("a", [5, 6, 7], GREEDY))
+        for _ in range(8):
+            client.get_output()
+        # 40 prompt tokens beside a's decode in a 16-token budget: three mixed steps.
+        core.add_request(EngineCoreRequest("b", list(range(1, 41)), GREEDY))
+        ends = []
+        for _ in range(6):
+            client.get_output()
+            step = core._in_flight
+            if step is not None and step.num_prefill_tokens:
+                end = late_dispatch.step_end_estimate(
+                    step, core._last_read, core._read_done_at, core.step_times)  # fmt: skip
+                ends.append(None if end is None else end - core._read_done_at)
+        times = core.step_times
+        assert times.on_device is True and times.decode.n >= 4 and times.mixed.n >= 2
+        assert len(ends) == 3 and ends[-1] is not None and ends[-1] > 0, ends
+    finally:
+        client.shutdown()
