@@ -26,7 +26,7 @@ where the cap binds (P = P(D)), so a closed loop settles where steps with one ca
 take R x t_dec(D). Few decodes (moderate load: short decode steps) make the cap tight;
 many (a saturated server: long decode steps) make it loose. Like the threshold it cuts
 each prompt, not the step's total: the budget a cut prompt leaves goes to the prompts
-queued behind it, so a short prompt does not wait behind a long one (a total cap measured
+queued behind it, so a short prompt does not wait behind a long one (a total cap came out
 worse in a step-time model of ShareGPT at rate 8 and inf: commit history). No cap without
 decodes, before ``MIN_DECODE_STEPS`` decode-only and ``MIN_MIXED_STEPS`` mixed steps are
 fitted, or where prompt tokens were measured to cost nothing; never under
