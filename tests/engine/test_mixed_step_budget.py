@@ -45,7 +45,7 @@ def _budget(ratio: float, max_tokens: int) -> MixedStepBudget:
 def test_no_cap_before_both_fits_have_steps_or_without_decodes():
     budget = _budget(2.0, 2048)
     assert budget.prefill_cap(10) is None
-    for _ in range(int(MIN_DECODE_STEPS) + 1):
+    for _ in range(MIN_DECODE_STEPS + 1):
         budget.times.observe(10, 0, _decode_time(10))
     assert budget.prefill_cap(10) is None  # no mixed step measured yet
     budget.times.observe(10, 500, _mixed_time(10, 500))
@@ -164,7 +164,6 @@ def test_scheduler_cuts_each_prompts_chunk_beside_decodes_only():
     sched.add(b)
     first = fake_step(sched)
     assert first.num_tokens == [30, 20] and not first.prefill_capped  # no decodes: no cap
-    assert budget.num_capped_steps == 0
     long, short = make_seq(2, 19, 3), make_seq(3, 2, 3)
     sched.add(long)
     sched.add(short)
@@ -180,7 +179,7 @@ def test_scheduler_cuts_each_prompts_chunk_beside_decodes_only():
         flags.append(batch.prefill_capped)
         chunks.append(batch.num_tokens[batch.seqs.index(long)])
     assert chunks == [8, 8, 3]
-    assert budget.num_capped_steps == 2 and flags == [True, True, False]  # the last: nothing
+    assert flags == [True, True, False]  # the last chunk: nothing cut
 
 
 def test_random_workload_rules_hold_with_the_cap():
@@ -190,13 +189,15 @@ def test_random_workload_rules_hold_with_the_cap():
     seqs = [make_seq(i, rng.randint(1, 40), rng.randint(1, 8)) for i in range(200)]
     for s in seqs:
         sched.add(s)
+    capped = 0
     while sched.has_unfinished():
         running_before = list(sched.running)
         batch = fake_step(sched)
         check_batch(sched, batch, running_before)
         if batch.num_decodes:
             assert all(n <= budget.min_tokens for n in batch.num_tokens)
-    assert budget.num_capped_steps > 20
+        capped += batch.prefill_capped
+    assert capped > 20
     assert all(len(s.output_token_ids) == s.params.max_tokens for s in seqs)
 
 
@@ -232,8 +233,9 @@ def test_cli_option():
 
 
 def _generate(ratio: float, prompts, params):
-    """Greedy tokens through ``LLM.generate``, the engine's budget (None when off), and the
-    largest prompt chunk of a step with decodes once the cap was on."""
+    """Greedy tokens through ``LLM.generate``, the engine's budget (None when off), the
+    steps the cap cut, and the largest prompt chunk of a step with decodes once the cap was
+    on."""
     opts = dict(load_format="dummy", dtype="float32", device="cpu", max_model_len=96)
     opts.update(max_num_seqs=3, max_num_batched_tokens=64, enforce_eager=True)
     llm = LLM(CONFIG, max_mixed_step_ratio=ratio, **opts)
@@ -250,7 +252,8 @@ def _generate(ratio: float, prompts, params):
 
     executor.execute_model = noting
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs], budget, biggest[0]
+    capped = llm.engine.step_totals.capped_steps  # the steps whose batch the cap cut
+    return [o.outputs[0].token_ids for o in outs], budget, capped, biggest[0]
 
 
 def test_greedy_outputs_equal_the_uncapped_engine():
@@ -261,8 +264,9 @@ def test_greedy_outputs_equal_the_uncapped_engine():
     prompts = [[(13 * i + 7 * n + 1) % 128 for i in range(n)] for n in (6, 9, 5, 60, 41, 52)]
     lens = (12, 16, 20, 6, 6, 6)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens]
-    ref, _, _ = _generate(0.0, prompts, params)
-    got, budget, biggest = _generate(1.0, prompts, params)
+    ref, _, uncut, _ = _generate(0.0, prompts, params)
+    got, budget, capped, biggest = _generate(1.0, prompts, params)
+    assert uncut == 0
     assert got == ref
-    assert budget.num_capped_steps > 0, "the cap never cut a step"
+    assert capped > 0, "the cap never cut a step (StepTotals.capped_steps)"
     assert 0 < biggest <= budget.min_tokens == 4

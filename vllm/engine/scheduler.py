@@ -177,10 +177,9 @@ class Scheduler:
                 back.append(seq)
                 back_counts.append(n)
             budget -= n
-        cut = self._capped
-        if cut:
-            self.step_budget.num_capped_steps += 1
-        batch = ScheduledBatch(seqs + back, counts + back_counts, len(seqs), prefill_capped=cut)
+        batch = ScheduledBatch(
+            seqs + back, counts + back_counts, len(seqs), prefill_capped=self._capped
+        )
         if self.kv is not None:
             # Within the reservation by construction, so this never runs out of blocks.
             batch.block_tables = [

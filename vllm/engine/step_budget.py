@@ -144,7 +144,6 @@ class MixedStepBudget:
         self.ratio = check_mixed_step_ratio(ratio)
         self.min_tokens = max(1, max_num_batched_tokens // 16)
         self.times = times
-        self.num_capped_steps = 0  # steps in which the cap cut a chunk (the scheduler)
 
     @classmethod
     def of(cls, config, times: StepTimes) -> MixedStepBudget | None:
