@@ -267,6 +267,9 @@ def test_gpu_the_fitted_step_times_end_a_mixed_step():
                 ends.append(None if end is None else end - core._read_done_at)
         times = core.step_times
         assert times.on_device is True and times.decode.n >= 4 and times.mixed.n >= 2
-        assert len(ends) == 3 and ends[-1] is not None and ends[-1] > 0, ends
+        # H100, the tree of 8478f04: [None, None, None], the tiny model's prompt tokens measured
+        # to cost nothing (c <= 0), which then gave no estimate at all.
+        fit = (times.decode_time(1), times.mixed.through_origin(), times.mixed.n)
+        assert len(ends) == 3 and ends[-1] is not None and ends[-1] > 0, (ends, fit)
     finally:
         client.shutdown()

@@ -143,6 +143,22 @@ def test_step_time_uses_the_mixed_line_where_p_varied():
     assert same.step_time(10, 800) > _mixed_time(10, 800)  # the fixed cost counted twice
 
 
+def test_prompt_tokens_that_cost_nothing_add_nothing():
+    """A small model's mixed steps measured no slower than its decode steps (c <= 0): a
+    step with prompt tokens is then expected to take a decode step's time (late dispatch
+    still waits beside it), and the cap stays off."""
+    times = StepTimes()
+    for d in (8, 12) * 4:
+        times.observe(d, 0, _decode_time(d))
+    times.observe(10, 300, _decode_time(10) - 1e-4)
+    assert times.step_time(10, 300) is None  # one mixed step fitted: too few
+    times.observe(10, 600, _decode_time(10) - 2e-4)
+    assert times.mixed.through_origin() < 0 and times.per_token() is None
+    assert times.step_time(10, 300) == pytest.approx(_decode_time(10))
+    budget = MixedStepBudget(2.0, 2048, times)
+    assert budget.prefill_cap(10) is None
+
+
 # -- the scheduler ---------------------------------------------------------------------
 
 

@@ -124,13 +124,15 @@ class StepTimes:
     def step_time(self, num_decodes: int, num_prefill: int) -> float | None:
         """A step's expected time (None: not fitted yet, or no decodes): t_dec(D), plus
         for prompt tokens the mixed fit's line (intercept and slope) where the fitted
-        steps' P varied by more than a quarter of its mean, else c * P."""
+        steps' P varied by more than a quarter of its mean, else c * P. Prompt tokens
+        measured to cost nothing (c <= 0: a small model, whose mixed graphs run as fast as
+        its decode graphs) add nothing: the step is then a decode step's time."""
         base = self.decode_time(num_decodes) if num_decodes > 0 else None
         if base is None or num_prefill == 0:
             return base
-        c = self.per_token()
-        if c is None:
+        if self.mixed.n < MIN_MIXED_STEPS:
             return None
+        c = self.per_token() or 0.0
         mean_p = self.mixed.x / self.mixed.w
         fit = self.mixed.line((0.25 * mean_p) ** 2)
         extra = c * num_prefill if fit is None else fit[0] + fit[1] * num_prefill
