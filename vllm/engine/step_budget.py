@@ -132,7 +132,7 @@ class StepTimes:
             return base
         if self.mixed.n < MIN_MIXED_STEPS:
             return None
-        c = self.per_token() or 0.0
+        c = max(self.mixed.through_origin(), 0.0)
         mean_p = self.mixed.x / self.mixed.w
         fit = self.mixed.line((0.25 * mean_p) ** 2)
         extra = c * num_prefill if fit is None else fit[0] + fit[1] * num_prefill
