@@ -1,7 +1,8 @@
 """The Triton norms (``layernorm_triton``) against the PyTorch references of ``layernorm``.
 
-On CPU the kernel runs under the interpreter (fp32 and fp16); the ``gpu`` cases add bf16
-and the Codestral-7B widths. Rows come as strided views where the model hands them so
+On CPU the kernel runs under the interpreter (fp32 and fp16), once with the interpreter's
+blocks of rows per program and once with the GPU's one row per program; the ``gpu`` cases
+add bf16 and the Codestral-7B widths. Rows come as strided views where the model hands them so
 (the gate is a column slice of the in_proj output).
 """
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from tests.models.mamba2_utils import BF16, FP16, FP32, gen_for
+from vllm.model_executor.layers import layernorm_triton
 from vllm.model_executor.layers.layernorm import (
     RMSNorm,
     RMSNormGated,
@@ -29,6 +31,7 @@ CPU_CASES = [
     (4, 8200, 2, FP32, FP32, FP32),  # groups of 4100 > one block: the two-pass walk
     (1, 40, 4, FP16, FP32, FP16),
     (0, 32, 1, FP32, FP32, FP32),
+    (37, 256, 2, FP32, FP32, FP16),  # the interpreter's row blocks: 32 rows, then 5
 ]
 GPU_CASES = [
     (2048, 4096, 1, BF16, BF16, FP32),  # the Codestral block norm: bf16 x, fp32 residual
@@ -76,8 +79,17 @@ def _check(case, device):
     _close(got, rms_norm_gated_ref(x, z, w, 1e-5, group), out_dtype)
 
 
+@pytest.mark.parametrize("rows_per_program", ["block", "one"])
 @pytest.mark.parametrize("case", CPU_CASES, ids=_id)
-def test_norms_match_reference(case, device, nan_poison):
+def test_norms_match_reference(case, rows_per_program, device, nan_poison, monkeypatch):
+    rows, hidden, groups, xd = case[:4]
+    if rows_per_program == "one":  # the GPU's launch: one row per program
+        monkeypatch.setattr(layernorm_triton, "_INTERPRETER_TILE", 1)
+    cfg = layernorm_triton._config(hidden // groups, xd.itemsize, rows, device.type == "cpu")
+    if device.type == "cuda" or rows_per_program == "one" or not cfg["SINGLE_PASS"]:
+        assert cfg["ROWS"] == 1
+    elif rows > 1:  # the blocks of rows are what this case runs
+        assert cfg["ROWS"] == min(1 << (rows - 1).bit_length(), 4096 // cfg["BLOCK"]) > 1
     _check(case, device)
 
 

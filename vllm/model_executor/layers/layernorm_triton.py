@@ -17,7 +17,10 @@ write fp32 copies of the rows about ten times: 25 ms of a 2048-token step of the
 Codestral-7B shape went to the gated norm alone.
 
 One program per (row, group); a group wider than ``BLOCK`` is walked twice (sum of
-squares, then the normalised store), its second read mostly from cache. The row count is
+squares, then the normalised store), its second read mostly from cache. Under Triton's
+interpreter (CPU tensors), whose cost is per operation whatever the tile, a program takes a
+block of rows instead (``ROWS``): the test suite's engines run their norms in a fraction of
+the programs. The row count is
 not specialised on (``do_not_specialize``), so one compiled variant serves every step.
 """
 
@@ -30,6 +33,7 @@ from vllm.triton_utils import HAS_TRITON, tl, triton
 from vllm.triton_utils.launch import CachedLauncher
 
 _MAX_BLOCK = 4096
+_INTERPRETER_TILE = 4096
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -49,55 +53,75 @@ def _rms_norm_kernel(
     HAS_GATE: tl.constexpr,
     BLOCK: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     # Gated: res_ptr is z (the gate), never written. Otherwise, with HAS_RESIDUAL,
     # res_ptr is the residual, read and overwritten with x + residual.
-    i_row = tl.program_id(0).to(tl.int64)
     i_g = tl.program_id(1).to(tl.int64)
     col0 = i_g * group_size
-    p_x = x_ptr + i_row * stride_x_row + col0
-    p_r = res_ptr + i_row * stride_res_row + col0
-    p_y = y_ptr + i_row * stride_y_row + col0
-    o = tl.arange(0, BLOCK)
-    b_sq = tl.zeros([BLOCK], dtype=tl.float32)
-    if SINGLE_PASS:
-        m = o < group_size
-        b_s = tl.load(p_x + o, mask=m, other=0.0).to(tl.float32)
+    if ROWS > 1:  # a block of rows per program, one pass (SINGLE_PASS): _config says when
+        o_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        o_c = tl.arange(0, BLOCK)
+        m2 = (o_r < num_rows)[:, None] & (o_c < group_size)[None, :]
+        b_s = tl.load(x_ptr + o_r[:, None] * stride_x_row + col0 + o_c[None, :], mask=m2,
+                      other=0.0).to(tl.float32)  # fmt: skip
+        p_r2 = res_ptr + o_r[:, None] * stride_res_row + col0 + o_c[None, :]
         if HAS_GATE:
-            b_z = tl.load(p_r + o, mask=m, other=0.0).to(tl.float32)
+            b_z = tl.load(p_r2, mask=m2, other=0.0).to(tl.float32)
             b_s = b_s * b_z * tl.sigmoid(b_z)
         elif HAS_RESIDUAL:
-            b_s += tl.load(p_r + o, mask=m, other=0.0).to(tl.float32)
-            tl.store(p_r + o, b_s.to(res_ptr.dtype.element_ty), mask=m)
-        b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=0) / group_size + eps)
-        b_w = tl.load(w_ptr + col0 + o, mask=m, other=0.0).to(tl.float32)
-        tl.store(p_y + o, (b_s * b_rstd * b_w).to(y_ptr.dtype.element_ty), mask=m)
+            b_s += tl.load(p_r2, mask=m2, other=0.0).to(tl.float32)
+            tl.store(p_r2, b_s.to(res_ptr.dtype.element_ty), mask=m2)
+        b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=1) / group_size + eps)
+        b_w = tl.load(w_ptr + col0 + o_c, mask=o_c < group_size, other=0.0).to(tl.float32)
+        b_y = b_s * b_rstd[:, None] * b_w[None, :]
+        p_y2 = y_ptr + o_r[:, None] * stride_y_row + col0 + o_c[None, :]
+        tl.store(p_y2, b_y.to(y_ptr.dtype.element_ty), mask=m2)
     else:
-        for start in range(0, group_size, BLOCK):
-            oc = start + o
-            m = oc < group_size
-            b_s = tl.load(p_x + oc, mask=m, other=0.0).to(tl.float32)
+        i_row = tl.program_id(0).to(tl.int64)
+        p_x = x_ptr + i_row * stride_x_row + col0
+        p_r = res_ptr + i_row * stride_res_row + col0
+        p_y = y_ptr + i_row * stride_y_row + col0
+        o = tl.arange(0, BLOCK)
+        b_sq = tl.zeros([BLOCK], dtype=tl.float32)
+        if SINGLE_PASS:
+            m = o < group_size
+            b_s = tl.load(p_x + o, mask=m, other=0.0).to(tl.float32)
             if HAS_GATE:
-                b_z = tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
+                b_z = tl.load(p_r + o, mask=m, other=0.0).to(tl.float32)
                 b_s = b_s * b_z * tl.sigmoid(b_z)
             elif HAS_RESIDUAL:
-                b_s += tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
-                tl.store(p_r + oc, b_s.to(res_ptr.dtype.element_ty), mask=m)
-            b_sq += b_s * b_s
-        b_rstd = tl.rsqrt(tl.sum(b_sq, axis=0) / group_size + eps)
-        for start in range(0, group_size, BLOCK):
-            oc = start + o
-            m = oc < group_size
-            if HAS_GATE:
+                b_s += tl.load(p_r + o, mask=m, other=0.0).to(tl.float32)
+                tl.store(p_r + o, b_s.to(res_ptr.dtype.element_ty), mask=m)
+            b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=0) / group_size + eps)
+            b_w = tl.load(w_ptr + col0 + o, mask=m, other=0.0).to(tl.float32)
+            tl.store(p_y + o, (b_s * b_rstd * b_w).to(y_ptr.dtype.element_ty), mask=m)
+        else:
+            for start in range(0, group_size, BLOCK):
+                oc = start + o
+                m = oc < group_size
                 b_s = tl.load(p_x + oc, mask=m, other=0.0).to(tl.float32)
-                b_z = tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
-                b_s = b_s * b_z * tl.sigmoid(b_z)
-            elif HAS_RESIDUAL:
-                b_s = tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
-            else:
-                b_s = tl.load(p_x + oc, mask=m, other=0.0).to(tl.float32)
-            b_w = tl.load(w_ptr + col0 + oc, mask=m, other=0.0).to(tl.float32)
-            tl.store(p_y + oc, (b_s * b_rstd * b_w).to(y_ptr.dtype.element_ty), mask=m)
+                if HAS_GATE:
+                    b_z = tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
+                    b_s = b_s * b_z * tl.sigmoid(b_z)
+                elif HAS_RESIDUAL:
+                    b_s += tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
+                    tl.store(p_r + oc, b_s.to(res_ptr.dtype.element_ty), mask=m)
+                b_sq += b_s * b_s
+            b_rstd = tl.rsqrt(tl.sum(b_sq, axis=0) / group_size + eps)
+            for start in range(0, group_size, BLOCK):
+                oc = start + o
+                m = oc < group_size
+                if HAS_GATE:
+                    b_s = tl.load(p_x + oc, mask=m, other=0.0).to(tl.float32)
+                    b_z = tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
+                    b_s = b_s * b_z * tl.sigmoid(b_z)
+                elif HAS_RESIDUAL:
+                    b_s = tl.load(p_r + oc, mask=m, other=0.0).to(tl.float32)
+                else:
+                    b_s = tl.load(p_x + oc, mask=m, other=0.0).to(tl.float32)
+                b_w = tl.load(w_ptr + col0 + oc, mask=m, other=0.0).to(tl.float32)
+                tl.store(p_y + oc, (b_s * b_rstd * b_w).to(y_ptr.dtype.element_ty), mask=m)
 
 
 _LAUNCH = CachedLauncher(_rms_norm_kernel)
@@ -108,11 +132,18 @@ def use_norm_kernel(x: torch.Tensor) -> bool:
     return HAS_TRITON and (x.is_cuda or (x.device.type == "cpu" and _LAUNCH.runs_cpu_tensors()))
 
 
-def _config(group_size: int, elem_size: int) -> dict:
+def _config(group_size: int, elem_size: int, rows: int, interpreted: bool) -> dict:
     # 16 bytes per thread per load; a 4096-channel bf16 row is one 8-warp pass.
     block = min(triton.next_power_of_2(group_size), _MAX_BLOCK)
     num_warps = max(1, min(8, block * elem_size // (16 * 32)))
-    return dict(BLOCK=block, SINGLE_PASS=group_size <= block, num_warps=num_warps)
+    single = group_size <= block
+    # Under the interpreter (CPU tensors) a program costs per operation, whatever its tile:
+    # there a program takes up to _INTERPRETER_TILE elements' rows. The GPU takes one row
+    # per program (ROWS = 1: the row count is not specialised on, so no variant per step).
+    n = 1
+    if interpreted and single:
+        n = min(triton.next_power_of_2(max(rows, 1)), max(1, _INTERPRETER_TILE // block))
+    return dict(BLOCK=block, SINGLE_PASS=single, ROWS=n, num_warps=num_warps)
 
 
 def _check(name, t, x, hidden) -> None:
@@ -154,7 +185,7 @@ def rms_norm_triton(
     if rows == 0:
         return y
     second = gate if gate is not None else residual
-    cfg = _config(group, x.element_size())
+    cfg = _config(group, x.element_size(), rows, not x.is_cuda)
     args = (
         x,
         x if second is None else second,
@@ -169,5 +200,5 @@ def rms_norm_triton(
         y.stride(0),
     )
     constexprs = dict(HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, **cfg)
-    _LAUNCH((rows, hidden // group), args, constexprs)
+    _LAUNCH((triton.cdiv(rows, cfg["ROWS"]), hidden // group), args, constexprs)
     return y
