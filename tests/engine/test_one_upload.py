@@ -82,18 +82,24 @@ def test_staged_views_are_aligned_and_in_one_buffer():
 
 @pytest.mark.gpu
 def test_one_upload_per_step_on_cuda_graphs_and_eager():
-    """On CUDA: decode-only steps replay graphs and the others run eagerly; either way one
-    staged copy per step (the graphs' own staging for replays)."""
+    """On CUDA under the default mode (FULL): decode-only steps replay the decode graphs and
+    steps with prompt tokens replay the mixed-step graphs, each through its graphs' own
+    staging, and a step outside both runs eagerly through the runner's: either way one staged
+    copy per step."""
     llm = LLM(BAMBA, load_format="dummy", dtype="float32", device="cuda", max_model_len=48,
               max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
               num_gpu_blocks_override=16)  # fmt: skip
     # (a fixed KV cache: sized from free GPU memory it would take what the suite's other
     # workers need on the same GPU)
     runner = llm.engine.runner
-    replays_before = runner.graphs.staging.num_uploads
+    assert runner.mixed_graphs is not None, "FULL (the default) captured no mixed-step graphs"
+    decode_before = runner.graphs.staging.num_uploads
+    mixed_before = runner.mixed_graphs.staging.num_uploads
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     steps, eager_uploads, own = _steps_and_uploads(llm, [[1, 2, 3], [4, 5, 6, 7]], params)
-    replays = runner.graphs.staging.num_uploads - replays_before
-    assert replays > 0, "no decode step replayed a graph"
-    assert eager_uploads + replays == steps
+    decode = runner.graphs.staging.num_uploads - decode_before
+    mixed = runner.mixed_graphs.staging.num_uploads - mixed_before
+    assert decode > 0, "no decode step replayed a graph"
+    assert mixed > 0, "no step with prompt tokens replayed a mixed-step graph"
+    assert eager_uploads + decode + mixed == steps
     assert own == (0, 0)
