@@ -20,8 +20,8 @@ One program per (row, group); a group wider than ``BLOCK`` is walked twice (sum 
 squares, then the normalised store), its second read mostly from cache. Under Triton's
 interpreter (CPU tensors), whose cost is per operation whatever the tile, a program takes a
 block of rows instead (``ROWS``): the test suite's engines run their norms in a fraction of
-the programs. The row count is
-not specialised on (``do_not_specialize``), so one compiled variant serves every step.
+the programs. The row count is not specialised on (``do_not_specialize``), so one compiled
+variant serves every step.
 """
 
 from __future__ import annotations
