@@ -132,18 +132,17 @@ def use_norm_kernel(x: torch.Tensor) -> bool:
     return HAS_TRITON and (x.is_cuda or (x.device.type == "cpu" and _LAUNCH.runs_cpu_tensors()))
 
 
-def _config(group_size: int, elem_size: int, rows: int, interpreted: bool) -> dict:
+def _config(group_size: int, elem_size: int, interpreted: bool) -> dict:
     # 16 bytes per thread per load; a 4096-channel bf16 row is one 8-warp pass.
     block = min(triton.next_power_of_2(group_size), _MAX_BLOCK)
     num_warps = max(1, min(8, block * elem_size // (16 * 32)))
     single = group_size <= block
     # Under the interpreter (CPU tensors) a program costs per operation, whatever its tile:
-    # there a program takes up to _INTERPRETER_TILE elements' rows. The GPU takes one row
-    # per program (ROWS = 1: the row count is not specialised on, so no variant per step).
-    n = 1
-    if interpreted and single:
-        n = min(triton.next_power_of_2(max(rows, 1)), max(1, _INTERPRETER_TILE // block))
-    return dict(BLOCK=block, SINGLE_PASS=single, ROWS=n, num_warps=num_warps)
+    # there a program takes _INTERPRETER_TILE elements' rows, a fixed count (the row count is
+    # not specialised on there either: the start-up's warm-up launches every variant). The
+    # GPU takes one row per program (ROWS = 1).
+    rows = max(1, _INTERPRETER_TILE // block) if interpreted and single else 1
+    return dict(BLOCK=block, SINGLE_PASS=single, ROWS=rows, num_warps=num_warps)
 
 
 def _check(name, t, x, hidden) -> None:
@@ -185,7 +184,7 @@ def rms_norm_triton(
     if rows == 0:
         return y
     second = gate if gate is not None else residual
-    cfg = _config(group, x.element_size(), rows, not x.is_cuda)
+    cfg = _config(group, x.element_size(), not x.is_cuda)
     args = (
         x,
         x if second is None else second,
