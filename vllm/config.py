@@ -115,19 +115,20 @@ class EngineConfig:
     ``enable_prefix_caching`` (vLLM's flag; off by default; for a hybrid a hit also shares
     the attention KV blocks, ``vllm/engine/kv_prefix.py``) keeps the state of every request that
     finishes (stop or length) in one of ``num_checkpoint_lines`` extra state-pool lines
-    (default ``max_num_seqs``, counted in the pool's memory), keyed by the hash chain of its
-    tokens in blocks of ``mamba_block_size``; a later prompt that extends it restores the
-    state and prefills only the rest (docs/prefix_caching.md). ``mamba_cache_mode``
-    (upstream's ``--mamba-cache-mode``) adds prompt checkpoints on the block grid:
-    ``align`` (default) at the end of prefill chunks the budget cuts anyway, rounded down to
-    the grid, and, with ``enable_mamba_shared_prefix_checkpoint`` (default True), at the
-    deepest block boundary a former prompt shared; ``all`` at every boundary (one step per
-    block); ``none`` caches no Mamba state at all. Align's chunk-end checkpoints are only
-    written for a prompt whose first block an earlier prompt had, unless
+    (in the pool's memory; None: the worker's ``cache_engine.auto_checkpoint_lines``,
+    ``max_num_seqs`` or fewer on a GPU where they would take over half what is left), keyed by
+    the hash chain of its tokens in blocks of ``mamba_block_size``; a later prompt that
+    extends it restores the state and prefills only the rest (docs/prefix_caching.md).
+    ``mamba_cache_mode`` (upstream's ``--mamba-cache-mode``) adds prompt checkpoints on the
+    block grid: ``align`` (default) at the end of prefill chunks the budget cuts anyway,
+    rounded down to the grid, and, with ``enable_mamba_shared_prefix_checkpoint`` (default
+    True), at the deepest block boundary a former prompt shared; ``all`` at every boundary
+    (one step per block); ``none`` caches no Mamba state at all. Align's chunk-end
+    checkpoints are only written for a prompt whose first block an earlier prompt had, unless
     ``enable_mamba_align_cold_checkpoint`` (default False): a prompt nobody sent before
-    rarely repays a whole state line's copy. ``enable_mamba_prompt_end_checkpoint``
-    (default False) also checkpoints each prompt's end, for chat turns whose history does not
-    hold the ids generated.
+    rarely repays a whole state line's copy. ``enable_mamba_prompt_end_checkpoint`` (default
+    False) also checkpoints each prompt's end, for chat turns whose history does not hold the
+    ids generated.
 
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
@@ -308,7 +309,7 @@ class EngineConfig:
             self.num_checkpoint_lines = 0
             return
         if lines is None:
-            lines = self.num_checkpoint_lines = self.max_num_seqs
+            return  # the worker sizes it (cache_engine.checkpoint_lines_for)
         if isinstance(lines, bool) or not isinstance(lines, int) or lines < 1:
             raise ValueError(f"num_checkpoint_lines must be an integer >= 1, got {lines!r}")
 

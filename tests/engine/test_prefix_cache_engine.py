@@ -55,7 +55,7 @@ def test_flags_parse_and_validate():
     ns.model = CONFIG
     config = EngineArgs.from_cli_args(ns).create_engine_config()
     assert config.enable_prefix_caching and config.mamba_block_size == 8
-    assert config.num_checkpoint_lines == config.max_num_seqs  # the default budget
+    assert config.num_checkpoint_lines is None  # the worker sizes it (cache_engine.py)
     off = EngineArgs(CONFIG, device="cpu").create_engine_config()
     assert off.enable_prefix_caching is False and off.num_checkpoint_lines == 0
     for name, bad in (
@@ -78,6 +78,8 @@ def test_next_turn_restores_the_finished_request(device, async_scheduling, repla
     on = make_llm(device, True, async_scheduling, enable_mamba_align_cold_checkpoint=True,
                   **replay_kw)  # fmt: skip
     core = on.llm_engine.engine_core
+    # No num_checkpoint_lines given: the worker made one line per sequence (a CPU device).
+    assert on.llm_engine.startup["num_checkpoint_lines"] == 2
     index = core.prefix.index
     out1, _ = run(on, first, 5)
     assert index.hits == 0 and index.queries == len(first)

@@ -148,6 +148,20 @@ def test_token_ids_outside_the_vocabulary(server):
     assert_serves(server)
 
 
+_ABORTED, _GENERATED = "vllm:request_success_total", "vllm:generation_tokens_total"
+
+
+def _counter(server, name: str, **labels: str) -> float:
+    """The series of /metrics counter ``name`` with this model's and these labels, in
+    whatever order they are printed (0 before it first counts)."""
+    want = {"model_name": MODEL_NAME, **labels}
+    for line in httpx.get(server.url_for("metrics"), timeout=30).text.splitlines():
+        found = re.fullmatch(rf"{re.escape(name)}{{(.*)}} (\S+)", line)
+        if found and dict(re.findall(r'(\w+)="([^"]*)"', found[1])) == want:
+            return float(found[2])
+    return 0.0
+
+
 def _queue_lengths(server) -> tuple[float, float]:
     text = httpx.get(server.url_for("metrics"), timeout=30).text
     return tuple(
@@ -163,13 +177,22 @@ def _queue_lengths(server) -> tuple[float, float]:
 def test_a_refused_prompt_of_a_batch_leaves_nothing_queued(server):
     """Admission is all or none: the good prompts before the bad one are aborted (long
     requests: had they been left queued, they would run for minutes)."""
+    aborted = _counter(server, _ABORTED, finished_reason="abort")
+    generated = _counter(server, _GENERATED)
     body = {**OK, "max_tokens": 200, "ignore_eos": True, "prompt": [[1, 2], [3, 4], [5, 9999]]}
     assert_error_body(post(server, "v1/completions", json=body), 400, "BadRequestError")
-    # The engine's loop applies the aborts in its next turn: allow it a moment.
-    deadline = time.monotonic() + 10
-    while _queue_lengths(server) != (0.0, 0.0) and time.monotonic() < deadline:
+    # The engine's loop applies the aborts in its next turn, after the step in flight (a
+    # loaded CPU machine runs one in seconds): allow it time. Both requests counted as
+    # aborted, and far from their 400 tokens, says they did not run to their end.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        _queue_lengths(server) != (0.0, 0.0)
+        or _counter(server, _ABORTED, finished_reason="abort") < aborted + 2
+    ):
         time.sleep(0.1)
     assert _queue_lengths(server) == (0.0, 0.0)
+    assert _counter(server, _ABORTED, finished_reason="abort") == aborted + 2
+    assert _counter(server, _GENERATED) - generated < 100
     assert_serves(server)
 
 

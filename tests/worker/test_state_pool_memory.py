@@ -7,12 +7,13 @@ Codestral-7B's 256 fp32 states met that one). ``CacheEngine`` runs the check on 
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from vllm.cache_spec import MambaStateSpec
-from vllm.worker.cache_engine import check_pool_fits
+from vllm.worker.cache_engine import auto_checkpoint_lines, check_pool_fits, checkpoint_lines_for
 
 GIB = 2**30
 
@@ -55,3 +56,46 @@ def test_checkpoint_lines_are_named_and_a_16_bit_state_gets_no_dtype_hint():
     assert "256 sequence slots (max_num_seqs) and 64 prefix-cache checkpoint lines" in text
     assert "Lower --max-num-seqs or --num-checkpoint-lines" in text
     assert "mamba-ssm-cache-dtype" not in text
+
+
+def test_auto_checkpoint_lines_take_at_most_half_of_what_is_left():
+    """Prefix caching with no ``num_checkpoint_lines``: one line per sequence where memory
+    allows, fewer where those would take over half of what the GPU has left after the
+    weights and the sequences' lines (within gpu_memory_utilization); a CPU: one per
+    sequence. Codestral's fp32 line is 259.8 MiB (SSM and conv state)."""
+    per_line = sum(s.bytes_per_slot for s in _codestral())
+    total = 80 * GIB
+    # 66 GiB free after the weights: 0.1 of 80 kept back, 65 lines (64 + null) used,
+    # ~41.5 GiB left: half of it holds 81 lines, so the 64 sequences get 64.
+    assert auto_checkpoint_lines(per_line, 64, 66 * GIB, total, 0.9) == 64
+    # 256 sequences (65.2 GiB of lines with the null line) on 141 GiB with 127 free:
+    # half of ~47.7 GiB, 94 lines.
+    free, total = 127 * GIB, 141 * GIB
+    left = free - total * 0.1 - 257 * per_line
+    want = int(0.5 * left // per_line)
+    assert want == 94
+    assert auto_checkpoint_lines(per_line, 256, free, total, 0.9) == want
+    # Nothing left after the sequences: no line (the caller refuses caching).
+    assert auto_checkpoint_lines(per_line, 256, 60 * GIB, 80 * GIB, 0.9) == 0
+    assert auto_checkpoint_lines(per_line, 256, None, 0, 0.9) == 256  # CPU
+
+
+def test_no_checkpoint_line_that_fits_is_an_error_naming_the_options(monkeypatch):
+    """The worker's side (``checkpoint_lines_for``) on a device with too little memory
+    left: ValueError naming the options, not an engine with caching silently off."""
+    config = SimpleNamespace(
+        num_checkpoint_lines=None, use_replayssm=False, replayssm_buffer_len=16, block_size=16,
+        ssm_state_dtype=torch.float32, max_num_seqs=256, gpu_memory_utilization=0.9,
+    )  # fmt: skip
+    model = SimpleNamespace(get_cache_specs=lambda *a: dict(enumerate(_codestral())))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * GIB, 80 * GIB))
+    with pytest.raises(ValueError) as err:
+        checkpoint_lines_for(model, config, torch.device("cuda:0"))
+    text = str(err.value)
+    per_line = sum(s.bytes_per_slot for s in _codestral())
+    assert f"no prefix-cache checkpoint line of {per_line / 2**20:.1f} MiB fits" in text
+    assert "256 sequence lines (max_num_seqs)" in text and "--num-checkpoint-lines" in text
+    # Given, a count is taken as it is; a CPU device gets one line per sequence.
+    assert checkpoint_lines_for(model, SimpleNamespace(num_checkpoint_lines=7), None) == 7
+    assert checkpoint_lines_for(model, config, torch.device("cpu")) == 256

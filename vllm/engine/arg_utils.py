@@ -220,7 +220,8 @@ class EngineArgs:
             "--num-checkpoint-lines",
             type=int,
             default=d["num_checkpoint_lines"],
-            help="state-pool lines for prefix-cache checkpoints (default: max_num_seqs)",
+            help="state-pool lines for prefix-cache checkpoints (default: max_num_seqs, "
+            "fewer on a GPU where they would take over half the memory left)",
         )
         g.add_argument(
             "--mamba-cache-mode",

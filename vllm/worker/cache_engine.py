@@ -62,6 +62,57 @@ def check_pool_fits(specs, num_slots: int, num_checkpoint_lines: int, free_bytes
     )
 
 
+# With prefix caching on and no ``num_checkpoint_lines`` given, the checkpoint lines take
+# at most this share of the GPU memory left, within ``gpu_memory_utilization``, after the
+# weights and the sequences' lines: the rest stays for the activations, the CUDA graphs
+# and, in a hybrid, the KV cache (sized after the pool).
+CHECKPOINT_SHARE = 0.5
+
+
+def auto_checkpoint_lines(per_line: int, num_seqs: int, free_bytes: int | None,
+                          total_bytes: int, utilization: float) -> int:  # fmt: skip
+    """Prefix-cache checkpoint lines when none are given: ``num_seqs`` (one per sequence),
+    or fewer where ``CHECKPOINT_SHARE`` of what the GPU has left (``free_bytes`` of
+    ``total_bytes`` less the share ``utilization`` keeps back, less the null line and
+    ``num_seqs`` lines of ``per_line`` bytes) holds fewer. ``free_bytes`` None (a CPU
+    device, whose state pool is not sized from memory): ``num_seqs``."""
+    if free_bytes is None:
+        return num_seqs
+    left = free_bytes - total_bytes * (1.0 - utilization) - (num_seqs + 1) * per_line
+    return max(0, min(num_seqs, math.floor(CHECKPOINT_SHARE * left / per_line)))
+
+
+def checkpoint_lines_for(model, config, device: torch.device) -> int:
+    """``config.num_checkpoint_lines``, or where it is None (caching on, no count given)
+    ``auto_checkpoint_lines`` of the model's state line; ValueError when none fits."""
+    lines = config.num_checkpoint_lines
+    if lines is not None:
+        return lines
+    replay = config.replayssm_buffer_len if config.use_replayssm else 0
+    specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
+    per_line = sum(
+        replace(s, replay_len=replay).bytes_per_slot for s in specs if isinstance(s, MambaStateSpec)
+    )
+    if per_line == 0:
+        return 0  # no Mamba state to checkpoint
+    free, total = None, 0
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+    lines = auto_checkpoint_lines(
+        per_line, config.max_num_seqs, free, total, config.gpu_memory_utilization
+    )
+    if lines < 1:
+        raise ValueError(
+            f"enable_prefix_caching: no prefix-cache checkpoint line of {per_line / 2**20:.1f} "
+            f"MiB fits in half of the GPU memory left after the weights and "
+            f"{config.max_num_seqs} sequence lines (max_num_seqs) within "
+            f"gpu_memory_utilization={config.gpu_memory_utilization}: lower --max-num-seqs, "
+            "give --num-checkpoint-lines, or turn prefix caching off"
+        )
+    return lines
+
+
 class CacheEngine:
     def __init__(
         self,

@@ -32,7 +32,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.staged_upload import StagedUpload
 from vllm.step_io import StepInputs
-from vllm.worker.cache_engine import CacheEngine
+from vllm.worker.cache_engine import CacheEngine, checkpoint_lines_for
 from vllm.worker.cuda_graph import DecodeGraphs
 from vllm.worker.mixed_graph import (
     MixedGraphs,
@@ -78,14 +78,16 @@ class ModelRunner:
         self._sync()
         t1 = time.perf_counter()
         self.builder = self.model.metadata_builder(self.device)
+        # Prefix-cache checkpoint lines: as given, or what memory allows (cache_engine.py).
+        self.num_checkpoint_lines = lines = checkpoint_lines_for(self.model, config, self.device)
         self.cache = CacheEngine(
             self.model,
-            num_slots=n_seq + config.num_checkpoint_lines,
+            num_slots=n_seq + lines,
             block_size=config.block_size,
             ssm_dtype=config.ssm_state_dtype,
             device=self.device,
             replayssm_buffer_len=config.replayssm_buffer_len if config.use_replayssm else 0,
-            num_checkpoint_lines=config.num_checkpoint_lines,
+            num_checkpoint_lines=lines,
         )
         self.pool = self.cache.mamba_pool
         self.attn_builder = None
@@ -186,13 +188,10 @@ class ModelRunner:
             "state_pool_gib": 0.0 if self.pool is None else self.pool.nbytes() / 2**30,
             "replayssm_buffer_len": 0 if self.pool is None else self.pool.replay_len,
             "replay_ring_gib": 0.0 if self.pool is None else self.pool.ring_nbytes() / 2**30,
-            "num_checkpoint_lines": config.num_checkpoint_lines,
+            "num_checkpoint_lines": self.num_checkpoint_lines,
             "checkpoint_gib": 0.0
             if self.pool is None
-            else self.pool.nbytes()
-            * config.num_checkpoint_lines
-            / (self.pool.num_slots + 1)
-            / 2**30,
+            else self.pool.nbytes() * self.num_checkpoint_lines / (self.pool.num_slots + 1) / 2**30,
             "num_kv_blocks": self.cache.num_blocks,
             "kv_cache_gib": self.cache.kv_nbytes() / 2**30,
         }
