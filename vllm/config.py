@@ -112,23 +112,23 @@ class EngineConfig:
     end-to-end decode step with it is not measured yet (docs/benchmarks/replayssm_h200.md).
     None is accepted and means off.
 
-    ``enable_prefix_caching`` (vLLM's flag; off by default; for a hybrid a hit also shares
-    the attention KV blocks, ``vllm/engine/kv_prefix.py``) keeps the state of every request that
-    finishes (stop or length) in one of ``num_checkpoint_lines`` extra state-pool lines
-    (in the pool's memory; None: the worker's ``cache_engine.auto_checkpoint_lines``,
-    ``max_num_seqs`` or fewer on a GPU where they would take over half what is left), keyed by
-    the hash chain of its tokens in blocks of ``mamba_block_size``; a later prompt that
-    extends it restores the state and prefills only the rest (docs/prefix_caching.md).
-    ``mamba_cache_mode`` (upstream's ``--mamba-cache-mode``) adds prompt checkpoints on the
-    block grid: ``align`` (default) at the end of prefill chunks the budget cuts anyway,
-    rounded down to the grid, and, with ``enable_mamba_shared_prefix_checkpoint`` (default
-    True), at the deepest block boundary a former prompt shared; ``all`` at every boundary
-    (one step per block); ``none`` caches no Mamba state at all. Align's chunk-end
-    checkpoints are only written for a prompt whose first block an earlier prompt had, unless
-    ``enable_mamba_align_cold_checkpoint`` (default False): a prompt nobody sent before
-    rarely repays a whole state line's copy. ``enable_mamba_prompt_end_checkpoint`` (default
-    False) also checkpoints each prompt's end, for chat turns whose history does not hold the
-    ids generated.
+    ``enable_prefix_caching`` (vLLM's flag; None, the default: on, as upstream's, where a
+    checkpoint line fits; for a hybrid a hit also shares the attention KV blocks,
+    ``vllm/engine/kv_prefix.py``) keeps the state of every request that finishes (stop or
+    length) in one of ``num_checkpoint_lines`` extra state-pool lines (None: the worker's
+    ``cache_engine.auto_checkpoint_lines``, ``max_num_seqs`` or fewer on a GPU where they would
+    take over half what is left), keyed by the hash chain of its tokens in blocks of
+    ``mamba_block_size``; a later prompt that extends it restores the state and prefills only
+    the rest (docs/prefix_caching.md). ``mamba_cache_mode`` (upstream's ``--mamba-cache-mode``)
+    adds prompt checkpoints on the block grid: ``align`` (default) at the end of prefill chunks
+    the budget cuts anyway, rounded down to the grid, and, with
+    ``enable_mamba_shared_prefix_checkpoint`` (default True), at the deepest block boundary a
+    former prompt shared; ``all`` at every boundary (one step per block); ``none`` caches no
+    Mamba state at all. Align's chunk-end checkpoints are only written for a prompt whose first
+    block an earlier prompt had, unless ``enable_mamba_align_cold_checkpoint`` (default False):
+    a prompt nobody sent before rarely repays a whole state line's copy.
+    ``enable_mamba_prompt_end_checkpoint`` (default False) also checkpoints each prompt's end,
+    for chat turns whose history does not hold the ids generated.
 
     ``tensor_parallel_size`` N > 1 shards the model over N processes (one per GPU, or CPU
     processes under gloo with ``device="cpu"``): checked here, before any process starts,
@@ -162,7 +162,7 @@ class EngineConfig:
     max_mixed_step_ratio: float = 0.0
     use_replayssm: bool = False
     replayssm_buffer_len: int = 16
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None
     mamba_block_size: int = 64
     num_checkpoint_lines: int | None = None
     mamba_cache_mode: str = "align"
@@ -282,12 +282,12 @@ class EngineConfig:
             )
 
     def _check_prefix_caching(self) -> None:
-        """Prefix caching (docs/prefix_caching.md, first slice: pure Mamba models):
-        ``num_checkpoint_lines`` extra state-pool lines (default ``max_num_seqs``; 0 when
-        off) hold checkpoints keyed by ``mamba_block_size``-token block hashes."""
-        if not isinstance(self.enable_prefix_caching, bool):
+        """Prefix caching (docs/prefix_caching.md): ``num_checkpoint_lines`` extra state-pool
+        lines (0 when off; None: the worker sizes them) hold checkpoints by block hash."""
+        if not isinstance(self.enable_prefix_caching, bool | None):
             raise ValueError(
-                f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}"
+                f"enable_prefix_caching must be True, False or None (the default: on where "
+                f"it fits), got {self.enable_prefix_caching!r}"
             )
         size = self.mamba_block_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -305,7 +305,7 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         lines = self.num_checkpoint_lines
-        if not self.enable_prefix_caching or self.mamba_cache_mode == "none":
+        if self.enable_prefix_caching is False or self.mamba_cache_mode == "none":
             self.num_checkpoint_lines = 0
             return
         if lines is None:

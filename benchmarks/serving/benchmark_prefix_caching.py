@@ -25,7 +25,8 @@ Workloads (vllm/benchmarks: workloads.py, multiturn.py, datasets.py), each ``NAM
   when nothing hits).
 
 Both servers get ``--enable-prompt-tokens-details`` (so both report cached tokens, 0 when
-off) and ``--server-args``; the "on" one also ``--enable-prefix-caching``. One server per
+off) and ``--server-args``; the "on" one also ``--enable-prefix-caching``, the "off" one
+``--no-enable-prefix-caching`` (the engine's default is on). One server per
 mode serves every workload in the order given (the "on" one keeps its cache across them;
 the workloads share no text). Each run writes ``OUT/<workload>-cache_<on|off>.json`` (`vllm
 bench serve`'s result) and its logs; ``OUT/prefix_caching.json`` and
@@ -158,6 +159,8 @@ def server_args(args, mode: str) -> str:
     extra = "--enable-prompt-tokens-details"
     if mode == "on":
         extra += f" --enable-prefix-caching {args.on_server_args}".rstrip()
+    else:  # said, not left to the default (on where a checkpoint line fits)
+        extra += " --no-enable-prefix-caching"
     return f"{args.server_args} {extra}".strip()
 
 

@@ -241,8 +241,10 @@ def test_driver_commands_parse_as_bench_serve_options(workload, tmp_path):
     assert parsed.metadata == ["prefix_caching=on", f"workload={workload}"]
     if workload == "prefix_repetition":
         assert parsed.prefix_repetition_prefix_len == args.prefix_len
-    assert "--enable-prefix-caching" in server_args(args, "on")
-    assert "--enable-prefix-caching" not in server_args(args, "off")
+    on, off = server_args(args, "on").split(), server_args(args, "off").split()
+    assert "--enable-prefix-caching" in on and "--no-enable-prefix-caching" not in on
+    # The engine's default is on: "off" must say so.
+    assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
     flag = "--enable-mamba-prompt-end-checkpoint"
     args = parse_args(["--model", "M", "--out", str(tmp_path), f"--on-server-args={flag}"])
     assert server_args(args, "on").endswith(f"--enable-prefix-caching {flag}")

@@ -56,7 +56,11 @@ def test_flags_parse_and_validate():
     config = EngineArgs.from_cli_args(ns).create_engine_config()
     assert config.enable_prefix_caching and config.mamba_block_size == 8
     assert config.num_checkpoint_lines is None  # the worker sizes it (cache_engine.py)
-    off = EngineArgs(CONFIG, device="cpu").create_engine_config()
+    default = EngineArgs(CONFIG, device="cpu").create_engine_config()
+    assert default.enable_prefix_caching is None and default.num_checkpoint_lines is None
+    ns = parser.parse_args(["--no-enable-prefix-caching"])
+    ns.model = CONFIG
+    off = EngineArgs.from_cli_args(ns).create_engine_config()
     assert off.enable_prefix_caching is False and off.num_checkpoint_lines == 0
     for name, bad in (
         ("mamba_block_size", 0),

@@ -82,10 +82,12 @@ def test_auto_checkpoint_lines_take_at_most_half_of_what_is_left():
 
 def test_no_checkpoint_line_that_fits_is_an_error_naming_the_options(monkeypatch):
     """The worker's side (``checkpoint_lines_for``) on a device with too little memory
-    left: ValueError naming the options, not an engine with caching silently off."""
+    left: where caching was asked for, ValueError naming the options, not an engine with
+    caching silently off; where it is only the default, off."""
     config = SimpleNamespace(
         num_checkpoint_lines=None, use_replayssm=False, replayssm_buffer_len=16, block_size=16,
         ssm_state_dtype=torch.float32, max_num_seqs=256, gpu_memory_utilization=0.9,
+        enable_prefix_caching=True,
     )  # fmt: skip
     model = SimpleNamespace(get_cache_specs=lambda *a: dict(enumerate(_codestral())))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -96,6 +98,9 @@ def test_no_checkpoint_line_that_fits_is_an_error_naming_the_options(monkeypatch
     per_line = sum(s.bytes_per_slot for s in _codestral())
     assert f"no prefix-cache checkpoint line of {per_line / 2**20:.1f} MiB fits" in text
     assert "256 sequence lines (max_num_seqs)" in text and "--num-checkpoint-lines" in text
+    # Not asked for (the default, None): caching is off, with a log line, not an error.
+    config.enable_prefix_caching = None
+    assert checkpoint_lines_for(model, config, torch.device("cuda:0")) == 0
     # Given, a count is taken as it is; a CPU device gets one line per sequence.
     assert checkpoint_lines_for(model, SimpleNamespace(num_checkpoint_lines=7), None) == 7
     assert checkpoint_lines_for(model, config, torch.device("cpu")) == 256

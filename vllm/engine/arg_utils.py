@@ -55,7 +55,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     use_replayssm: bool = False
     replayssm_buffer_len: int = 16
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None
     mamba_block_size: int = 64
     num_checkpoint_lines: int | None = None
     mamba_cache_mode: str = "align"
@@ -207,8 +207,8 @@ class EngineArgs:
             "--enable-prefix-caching",
             action=argparse.BooleanOptionalAction,
             default=d["enable_prefix_caching"],
-            help="restore cached Mamba state checkpoints of shared prefixes (pure Mamba "
-            "models for now; default off)",
+            help="restore cached Mamba state checkpoints of shared prefixes (default: on "
+            "where a checkpoint line fits in memory)",
         )
         g.add_argument(
             "--mamba-block-size",

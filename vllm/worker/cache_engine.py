@@ -28,8 +28,11 @@ from dataclasses import replace
 import torch
 
 from vllm.cache_spec import AttentionSpec, MambaStateSpec
+from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStatePool
 from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
+
+logger = init_logger(__name__)
 
 # CPU KV cache budget when neither the override nor a GPU sizes it (vLLM's CPU default).
 CPU_KV_CACHE_BYTES = 4 << 30
@@ -102,6 +105,14 @@ def checkpoint_lines_for(model, config, device: torch.device) -> int:
     lines = auto_checkpoint_lines(
         per_line, config.max_num_seqs, free, total, config.gpu_memory_utilization
     )
+    if lines < 1 and config.enable_prefix_caching is None:  # the default: off, and said
+        logger.info(
+            "prefix caching off: no checkpoint line of %.1f MiB fits in half of the GPU "
+            "memory left after %d sequence lines (give --num-checkpoint-lines to insist)",
+            per_line / 2**20,
+            config.max_num_seqs,
+        )
+        return 0
     if lines < 1:
         raise ValueError(
             f"enable_prefix_caching: no prefix-cache checkpoint line of {per_line / 2**20:.1f} "
