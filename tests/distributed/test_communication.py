@@ -3,11 +3,14 @@ two real gloo ranks (NCCL on two GPUs, marked gpu)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
 
 from tests.distributed.utils import GPU2_SKIP_REASON, run_ranks
+from tests.worker.test_state_pool_memory import GIB, _codestral
 from vllm.distributed import (
     broadcast,
     broadcast_object,
@@ -19,11 +22,13 @@ from vllm.distributed import (
     get_tp_group,
     init_distributed,
     is_initialized,
+    min_over_ranks,
     split_tensor_along_last_dim,
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
     tensor_model_parallel_gather,
 )
+from vllm.worker.cache_engine import auto_checkpoint_lines, checkpoint_lines_for
 
 
 @pytest.fixture
@@ -44,6 +49,7 @@ def test_single_rank_needs_no_process_group(single_rank):
     assert tensor_model_parallel_gather(x) is x
     assert broadcast(x) is x
     assert broadcast_object({"a": 1}) == {"a": 1}
+    assert min_over_ranks(7) == 7
     d = {"t": x, "n": 3}
     assert broadcast_tensor_dict(d) is d
     with pytest.raises(RuntimeError, match="already initialised"):
@@ -111,6 +117,8 @@ def _collectives() -> None:
     host = torch.full((2,), float(rank))  # a host tensor goes over gloo under NCCL too
     assert torch.equal(tensor_model_parallel_all_reduce(host), torch.full((2,), 1.0))
 
+    assert min_over_ranks(10 - rank) == 10 - (world - 1)  # every rank gets the least
+
     obj = broadcast_object({"step": 7, "ids": [1, 2]} if rank == 0 else None)
     assert obj == {"step": 7, "ids": [1, 2]}
     src = None
@@ -142,3 +150,30 @@ def test_collectives_two_ranks_gloo():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason=GPU2_SKIP_REASON)
 def test_collectives_two_ranks_nccl():
     run_ranks(_collectives, world_size=2, backend="nccl")
+
+
+def _checkpoint_lines_agree() -> None:
+    """Each rank sizes prefix-cache checkpoint lines from its own (here faked) free GPU
+    memory; the worker's count is the least over the ranks, or the engine core would index
+    lines a rank does not have."""
+    rank = get_tp_group().rank
+    free, total = (66 if rank == 0 else 50) * GIB, 80 * GIB
+    torch.cuda.empty_cache = lambda: None  # this spawned rank's process only
+    torch.cuda.mem_get_info = lambda device: (free, total)
+    specs = _codestral()
+    per_line = sum(s.bytes_per_slot for s in specs)
+    config = SimpleNamespace(
+        num_checkpoint_lines=None, use_replayssm=False, replayssm_buffer_len=16, block_size=16,
+        ssm_state_dtype=torch.float32, max_num_seqs=64, gpu_memory_utilization=0.9,
+        enable_prefix_caching=None,
+    )  # fmt: skip
+    model = SimpleNamespace(get_cache_specs=lambda *a: dict(enumerate(specs)))
+    mine = auto_checkpoint_lines(per_line, 64, free, total, 0.9)
+    least = auto_checkpoint_lines(per_line, 64, 50 * GIB, total, 0.9)
+    assert (mine == 64) if rank == 0 else (mine == least < 64)
+    assert checkpoint_lines_for(model, config, torch.device("cuda:0")) == least
+
+
+@pytest.mark.timeout(120)
+def test_sizes_measured_from_memory_agree_over_two_gloo_ranks():
+    run_ranks(_checkpoint_lines_agree, world_size=2, backend="gloo")

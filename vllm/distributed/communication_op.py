@@ -54,6 +54,17 @@ def tensor_model_parallel_gather(
     return torch.cat(parts, dim=dim) if parts is not None else None
 
 
+def min_over_ranks(value: int) -> int:
+    """The least of the ranks' ``value`` (over the gloo group): a size each rank measures
+    from its own free memory (KV blocks, checkpoint lines) that every rank must share."""
+    tp = get_tp_group()
+    if not tp.is_distributed:
+        return value
+    box = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=tp.cpu_group)
+    return int(box.item())
+
+
 def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
     """Rank ``src``'s ``x`` into every rank's ``x`` (in place; same shape and dtype)."""
     tp = get_tp_group()

@@ -13,7 +13,8 @@ in this process, and
 - ``apply(fn, *args)`` runs ``fn(worker, *args)`` on every rank and returns rank 0's result
   (vLLM's ``collective_rpc`` with a callable: tools that need each rank's runner);
 - ``vocab_size``, ``num_kv_blocks`` and ``startup`` are what the engine needs to know of
-  the model and its caches, from rank 0's worker (every rank sizes the same);
+  the model and its caches, from rank 0's worker (the ranks agree on the sizes measured
+  from memory: ``min_over_ranks``);
 - ``shutdown()`` stops the workers (idempotent).
 """
 

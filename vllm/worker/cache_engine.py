@@ -28,6 +28,7 @@ from dataclasses import replace
 import torch
 
 from vllm.cache_spec import AttentionSpec, MambaStateSpec
+from vllm.distributed import min_over_ranks
 from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStatePool
 from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
@@ -87,7 +88,8 @@ def auto_checkpoint_lines(per_line: int, num_seqs: int, free_bytes: int | None,
 
 def checkpoint_lines_for(model, config, device: torch.device) -> int:
     """``config.num_checkpoint_lines``, or where it is None (caching on, no count given)
-    ``auto_checkpoint_lines`` of the model's state line; ValueError when none fits."""
+    ``auto_checkpoint_lines`` of the model's state line, the least over the tensor-parallel
+    ranks (each measures its own memory); ValueError when none fits."""
     lines = config.num_checkpoint_lines
     if lines is not None:
         return lines
@@ -105,6 +107,7 @@ def checkpoint_lines_for(model, config, device: torch.device) -> int:
     lines = auto_checkpoint_lines(
         per_line, config.max_num_seqs, free, total, config.gpu_memory_utilization
     )
+    lines = min_over_ranks(lines)  # every rank holds the lines the engine core indexes
     if lines < 1 and config.enable_prefix_caching is None:  # the default: off, and said
         logger.info(
             "prefix caching off: no checkpoint line of %.1f MiB fits in half of the GPU "
@@ -219,7 +222,10 @@ class CacheEngine:
             num = override
             source = f"num_gpu_blocks_override={override}"
         elif self.device.type == "cuda":
-            num = self._blocks_from_gpu_memory(gpu_memory_utilization, peak_activation_bytes)
+            # Each rank measures its own memory; the ranks' caches must be the same size.
+            num = min_over_ranks(
+                self._blocks_from_gpu_memory(gpu_memory_utilization, peak_activation_bytes)
+            )
             source = f"gpu_memory_utilization={gpu_memory_utilization}"
         else:
             cap = max(CPU_KV_CACHE_BYTES // self.bytes_per_block, need)
