@@ -3,14 +3,12 @@ two real gloo ranks (NCCL on two GPUs, marked gpu)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.distributed as dist
 
 from tests.distributed.utils import GPU2_SKIP_REASON, run_ranks
-from tests.worker.test_state_pool_memory import GIB, _codestral
+from tests.worker.state_specs import GIB, codestral_model, codestral_specs, sizing_config
 from vllm.distributed import (
     broadcast,
     broadcast_object,
@@ -160,14 +158,8 @@ def _checkpoint_lines_agree() -> None:
     free, total = (66 if rank == 0 else 50) * GIB, 80 * GIB
     torch.cuda.empty_cache = lambda: None  # this spawned rank's process only
     torch.cuda.mem_get_info = lambda device: (free, total)
-    specs = _codestral()
-    per_line = sum(s.bytes_per_slot for s in specs)
-    config = SimpleNamespace(
-        num_checkpoint_lines=None, use_replayssm=False, replayssm_buffer_len=16, block_size=16,
-        ssm_state_dtype=torch.float32, max_num_seqs=64, gpu_memory_utilization=0.9,
-        enable_prefix_caching=None,
-    )  # fmt: skip
-    model = SimpleNamespace(get_cache_specs=lambda *a: dict(enumerate(specs)))
+    per_line = sum(s.bytes_per_slot for s in codestral_specs())
+    config, model = sizing_config(64, None), codestral_model()
     mine = auto_checkpoint_lines(per_line, 64, free, total, 0.9)
     least = auto_checkpoint_lines(per_line, 64, 50 * GIB, total, 0.9)
     assert (mine == 64) if rank == 0 else (mine == least < 64)

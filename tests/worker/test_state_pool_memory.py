@@ -7,31 +7,22 @@ Codestral-7B's 256 fp32 states met that one). ``CacheEngine`` runs the check on 
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from vllm.cache_spec import MambaStateSpec
+from tests.worker.state_specs import GIB, codestral_model, codestral_specs, sizing_config
 from vllm.worker.cache_engine import auto_checkpoint_lines, check_pool_fits, checkpoint_lines_for
-
-GIB = 2**30
-
-
-def _codestral(ssm_dtype=torch.float32, layers=64) -> list[MambaStateSpec]:
-    # conv over x | B | C (8192 + 2 * 8 groups * 128), width 4; SSM 128 heads x 64 x 128.
-    spec = MambaStateSpec((8192 + 2 * 8 * 128, 3), torch.bfloat16, (128, 64, 128), ssm_dtype)
-    return [spec] * layers
 
 
 def test_a_pool_that_fits_passes():
-    specs = _codestral()
+    specs = codestral_specs()
     need = 257 * sum(s.bytes_per_slot for s in specs)
     check_pool_fits(specs, 256, 0, need, "cuda:0")  # exactly enough
 
 
 def test_a_pool_too_large_names_the_options_and_what_fits():
-    specs = _codestral()
+    specs = codestral_specs()
     per_line = sum(s.bytes_per_slot for s in specs)
     free = 64 * GIB
     with pytest.raises(ValueError) as err:
@@ -49,7 +40,7 @@ def test_a_pool_too_large_names_the_options_and_what_fits():
 
 
 def test_checkpoint_lines_are_named_and_a_16_bit_state_gets_no_dtype_hint():
-    specs = _codestral(torch.bfloat16)
+    specs = codestral_specs(torch.bfloat16)
     with pytest.raises(ValueError) as err:
         check_pool_fits(specs, 256 + 64, 64, 8 * GIB, "cuda:1")
     text = str(err.value)
@@ -63,7 +54,7 @@ def test_auto_checkpoint_lines_take_at_most_half_of_what_is_left():
     allows, fewer where those would take over half of what the GPU has left after the
     weights and the sequences' lines (within gpu_memory_utilization); a CPU: one per
     sequence. Codestral's fp32 line is 259.8 MiB (SSM and conv state)."""
-    per_line = sum(s.bytes_per_slot for s in _codestral())
+    per_line = sum(s.bytes_per_slot for s in codestral_specs())
     total = 80 * GIB
     # 66 GiB free after the weights: 0.1 of 80 kept back, 65 lines (64 + null) used,
     # ~41.5 GiB left: half of it holds 81 lines, so the 64 sequences get 64.
@@ -84,23 +75,21 @@ def test_no_checkpoint_line_that_fits_is_an_error_naming_the_options(monkeypatch
     """The worker's side (``checkpoint_lines_for``) on a device with too little memory
     left: where caching was asked for, ValueError naming the options, not an engine with
     caching silently off; where it is only the default, off."""
-    config = SimpleNamespace(
-        num_checkpoint_lines=None, use_replayssm=False, replayssm_buffer_len=16, block_size=16,
-        ssm_state_dtype=torch.float32, max_num_seqs=256, gpu_memory_utilization=0.9,
-        enable_prefix_caching=True,
-    )  # fmt: skip
-    model = SimpleNamespace(get_cache_specs=lambda *a: dict(enumerate(_codestral())))
+    config = sizing_config(256, True)
+    model = codestral_model()
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * GIB, 80 * GIB))
     with pytest.raises(ValueError) as err:
         checkpoint_lines_for(model, config, torch.device("cuda:0"))
     text = str(err.value)
-    per_line = sum(s.bytes_per_slot for s in _codestral())
+    per_line = sum(s.bytes_per_slot for s in codestral_specs())
     assert f"no prefix-cache checkpoint line of {per_line / 2**20:.1f} MiB fits" in text
     assert "256 sequence lines (max_num_seqs)" in text and "--num-checkpoint-lines" in text
     # Not asked for (the default, None): caching is off, with a log line, not an error.
     config.enable_prefix_caching = None
     assert checkpoint_lines_for(model, config, torch.device("cuda:0")) == 0
     # Given, a count is taken as it is; a CPU device gets one line per sequence.
-    assert checkpoint_lines_for(model, SimpleNamespace(num_checkpoint_lines=7), None) == 7
+    given = sizing_config(256, True)
+    given.num_checkpoint_lines = 7
+    assert checkpoint_lines_for(model, given, None) == 7
     assert checkpoint_lines_for(model, config, torch.device("cpu")) == 256
