@@ -151,27 +151,26 @@ def test_token_ids_outside_the_vocabulary(server):
 _ABORTED, _GENERATED = "vllm:request_success_total", "vllm:generation_tokens_total"
 
 
-def _counter(server, name: str, **labels: str) -> float:
-    """The series of /metrics counter ``name`` with this model's and these labels, in
-    whatever order they are printed (0 before it first counts)."""
+def _series(server, name: str, **labels: str) -> float | None:
+    """The value of /metrics series ``name`` with this model's and these labels, in whatever
+    order they are printed; None where it is not there."""
     want = {"model_name": MODEL_NAME, **labels}
     for line in httpx.get(server.url_for("metrics"), timeout=30).text.splitlines():
         found = re.fullmatch(rf"{re.escape(name)}{{(.*)}} (\S+)", line)
         if found and dict(re.findall(r'(\w+)="([^"]*)"', found[1])) == want:
             return float(found[2])
-    return 0.0
+    return None
 
 
-def _queue_lengths(server) -> tuple[float, float]:
-    text = httpx.get(server.url_for("metrics"), timeout=30).text
-    return tuple(
-        float(
-            re.search(
-                rf'^vllm:num_requests_{kind}{{model_name="{MODEL_NAME}"}} (\S+)$', text, re.M
-            )[1]
-        )
-        for kind in ("running", "waiting")
-    )
+def _counter(server, name: str, **labels: str) -> float:
+    """A counter's series (0 before it first counts)."""
+    value = _series(server, name, **labels)
+    return 0.0 if value is None else value
+
+
+def _queue_lengths(server) -> tuple[float | None, float | None]:
+    """The running and waiting gauges (None where missing, which no wait accepts)."""
+    return tuple(_series(server, f"vllm:num_requests_{kind}") for kind in ("running", "waiting"))
 
 
 def test_a_refused_prompt_of_a_batch_leaves_nothing_queued(server):

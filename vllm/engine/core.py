@@ -104,8 +104,8 @@ class EngineCore:
         weakref.finalize(self, self.executor.shutdown)
         self.dead: BaseException | None = None  # a failed tensor-parallel step
         self.vocab_size = self.executor.vocab_size
-        kv, lines = None, self.executor.startup["num_checkpoint_lines"]  # as given, or sized
-        caching = lines > 0  # by memory; 0: caching off, or mamba_cache_mode "none"
+        kv, num_lines = None, self.executor.startup["num_checkpoint_lines"]  # worker-sized
+        caching = num_lines > 0  # 0: caching off, or mamba_cache_mode "none"
         if self.executor.num_kv_blocks:
             from vllm.engine.kv_cache_manager import KVCacheManager
             from vllm.engine.kv_prefix import PrefixKVCacheManager
@@ -125,7 +125,7 @@ class EngineCore:
             from vllm.engine.prefix_policy import PromptCheckpoints
 
             first = config.max_num_seqs + 1  # checkpoint lines follow the sequences' lines
-            lines = range(first, first + lines)
+            lines = range(first, first + num_lines)
             if kv is None:
                 self.prefix = StatePrefixCache(lines, config.mamba_block_size)
             else:  # a hit also shares the attention KV blocks (kv_prefix.py)

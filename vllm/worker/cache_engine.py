@@ -39,13 +39,18 @@ logger = init_logger(__name__)
 CPU_KV_CACHE_BYTES = 4 << 30
 
 
+def line_bytes(specs) -> int:
+    """One state-pool line: every Mamba spec's slot (conv, SSM, replay ring)."""
+    return sum(spec.bytes_per_slot for spec in specs)
+
+
 def check_pool_fits(specs, num_slots: int, num_checkpoint_lines: int, free_bytes: int,
                     device) -> None:  # fmt: skip
     """ValueError, naming the options that size it, when the Mamba state pool of ``specs``
     (``num_slots`` slots, ``num_checkpoint_lines`` of them prefix-cache checkpoint lines,
     plus the null line) cannot fit in ``free_bytes``: the allocation would fail with an
     out-of-memory error that names neither."""
-    per_line = sum(spec.bytes_per_slot for spec in specs)
+    per_line = line_bytes(specs)
     need = (num_slots + 1) * per_line
     if need <= free_bytes:
         return
@@ -95,8 +100,8 @@ def checkpoint_lines_for(model, config, device: torch.device) -> int:
         return lines
     replay = config.replayssm_buffer_len if config.use_replayssm else 0
     specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
-    per_line = sum(
-        replace(s, replay_len=replay).bytes_per_slot for s in specs if isinstance(s, MambaStateSpec)
+    per_line = line_bytes(
+        replace(s, replay_len=replay) for s in specs if isinstance(s, MambaStateSpec)
     )
     if per_line == 0:
         return 0  # no Mamba state to checkpoint
@@ -108,7 +113,9 @@ def checkpoint_lines_for(model, config, device: torch.device) -> int:
         per_line, config.max_num_seqs, free, total, config.gpu_memory_utilization
     )
     lines = min_over_ranks(lines)  # every rank holds the lines the engine core indexes
-    if lines < 1 and config.enable_prefix_caching is None:  # the default: off, and said
+    if lines >= 1:
+        return lines
+    if config.enable_prefix_caching is None:  # the default: off, and said
         logger.info(
             "prefix caching off: no checkpoint line of %.1f MiB fits in half of the GPU "
             "memory left after %d sequence lines (give --num-checkpoint-lines to insist)",
@@ -116,15 +123,13 @@ def checkpoint_lines_for(model, config, device: torch.device) -> int:
             config.max_num_seqs,
         )
         return 0
-    if lines < 1:
-        raise ValueError(
-            f"enable_prefix_caching: no prefix-cache checkpoint line of {per_line / 2**20:.1f} "
-            f"MiB fits in half of the GPU memory left after the weights and "
-            f"{config.max_num_seqs} sequence lines (max_num_seqs) within "
-            f"gpu_memory_utilization={config.gpu_memory_utilization}: lower --max-num-seqs, "
-            "give --num-checkpoint-lines, or turn prefix caching off"
-        )
-    return lines
+    raise ValueError(
+        f"enable_prefix_caching: no prefix-cache checkpoint line of {per_line / 2**20:.1f} "
+        f"MiB fits in half of the GPU memory left after the weights and "
+        f"{config.max_num_seqs} sequence lines (max_num_seqs) within "
+        f"gpu_memory_utilization={config.gpu_memory_utilization}: lower --max-num-seqs, "
+        "give --num-checkpoint-lines, or turn prefix caching off"
+    )
 
 
 class CacheEngine:
