@@ -14,13 +14,14 @@ top 6, SwiGLU; ``GRANITE_4_0_H_TINY``), the MoE model of the end-to-end benchmar
 Per (shape, bucket), starting from the entry the op reads now (``launch_config``): first
 BLOCK_M (shared by the alignment and both GEMMs) with the gate/up tile, each of
 ``GATE_UP[bucket]`` at each of ``BLOCK_M[bucket]`` (down as the entry has it); then the
-down tile, each of ``DOWN[bucket]`` at the winner; then, each from that winner, every
+down tile, each of ``DOWN[bucket]`` at the winner; then the whole entries of
+``WHOLE[bucket]`` (BLOCK_M and both tiles at once); then, each from the best so far, every
 other ``GROUP_SIZE_M`` of ``GROUPS`` for gate/up and for down (the grid order: 1, a row
 block's column blocks side by side, upstream's order; 1024, every row block per column
 block, the order before the swizzle) and the other side of ``MASK_ROWS`` (padding rows
 load nothing) in both GEMMs; last, where the step has at most E pairs, the other side of
 the unsorted path at the best so far (``align.max_unsorted_pairs``: 0 if the step skips
-the alignment now, else its pairs). These two stages compile their candidates together
+the alignment now, else its pairs). These last stages compile their candidates together
 just before timing them. The lists come from the compile report
 (``moe_compile_report``, docs/fused_moe.md): BLOCK_M >= 64 where tokens allow (wgmma; 16
 and 32 compile to mma.sync), 8 warps with the large tiles, no spilling variant. Every
@@ -33,7 +34,7 @@ with a ``meta`` block (command, commit, device, date, Triton, the default's and 
 winner's time per case).
 
 Budget (the two benchmark shapes on an H200, the default arguments): per case at most
-2 x 5 + 4 + 2 x 2 + 1 + 1 = 20 candidates (6 buckets x 2 shapes: at most 240 timings of
+2 x 5 + 4 + 2 + 2 x 2 + 1 + 1 = 22 candidates (6 buckets x 2 shapes: at most 240 timings of
 10 cold calls, each ~0.5 ms of flush and sleep plus the call, under 15 s in all, and 12
 fp32 references, seconds). Compiles dominate: about 50 distinct kernel variants per shape
 at ~3 s each, over 16 cores in parallel threads, ~30 s per shape, then up to 6 per case
@@ -82,8 +83,16 @@ GATE_UP = {1: _SMALL_UP, 16: _SMALL_UP, 64: _SMALL_UP, 256: _LARGE_UP, 1024: _LA
            4096: _LARGE_UP}  # fmt: skip
 DOWN = {1: _SMALL_DOWN, 16: _SMALL_DOWN, 64: _SMALL_DOWN, 256: _LARGE_DOWN,
         1024: _LARGE_DOWN, 4096: _LARGE_DOWN}  # fmt: skip
+# Whole entries (BLOCK_M, gate/up tile, down tile) timed after the two greedy stages: a
+# large tile pays only with BLOCK_M 128 and both GEMMs at it together, which the greedy
+# stages (BLOCK_M with the old down tile first) never reach. Upstream's H100 table for
+# Nemotron-3-Nano takes M 128, N 256, K 64, 8 warps, 4 stages from 2048 tokens on.
+_WIDE = (128, _tile(256, 64, 8, 4), _tile(256, 64, 8, 4))
+WHOLE = {1024: (_WIDE, (64, _tile(256, 64, 8, 4), _tile(256, 64, 8, 4))),
+         4096: (_WIDE, (128, _tile(128, 64, 8, 4), _tile(256, 64, 8, 4)))}  # fmt: skip
 SMOKE_LISTS = ({1: (16,), 16: (16, 32)}, [_tile(16, 32, 1, 1), _tile(32, 16, 1, 1)],
                [_tile(16, 16, 1, 1), _tile(32, 32, 1, 1)])  # fmt: skip
+SMOKE_WHOLE = {16: ((32, _tile(32, 32, 1, 1), _tile(16, 32, 1, 1)),)}
 # GROUP_SIZE_M: upstream's order (1), groups of 8 row blocks, the old column-major order.
 GROUPS = (1, 8, 1024)
 SMOKE_GROUPS = (1, 3)
@@ -174,7 +183,7 @@ def unsorted_candidates(entry: dict, tokens: int, shape) -> list[dict]:
 
 def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
     block_ms, ups, downs = (lst[tokens] if isinstance(lst, dict) else lst for lst in lists[:3])
-    groups = lists[3]
+    groups, wholes = lists[3], lists[4].get(tokens, ())
     base = sweep.fm.launch_config(tokens, *_shape_args(sweep.shape), args.dtype)
 
     def timed(entry):
@@ -197,6 +206,11 @@ def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
     for down in downs if winner is not None else ():  # none passed: nothing to build on
         entry = candidate(base, winner["BLOCK_M"], winner["gate_up"], down)
         best = min(best, (timed(entry), entry), key=lambda r: r[0])
+    if wholes and winner is not None:
+        entries = [candidate(base, bm, up, down) for bm, up, down in wholes]
+        sweep.precompile([(tokens, e) for e in entries])
+        for entry in entries:
+            best = min(best, (timed(entry), entry), key=lambda r: r[0])
     # Each stage's candidates come from the best entry so far and compile together.
     stages = (lambda e: [*order_candidates(e, "gate_up", groups),
                          *order_candidates(e, "down", groups), *mask_candidates(e)],
@@ -295,7 +309,8 @@ def main(argv=None) -> dict:
         if args.out is None:
             raise ValueError("--smoke needs --out DIR (the table goes to a temporary folder)")
         args.shape_table, args.device, args.dtype = SMOKE_SHAPES, "cpu", torch.float32
-        lists, timer, device = (*SMOKE_LISTS, SMOKE_GROUPS), None, "cpu (smoke)"
+        lists, timer = (*SMOKE_LISTS, SMOKE_GROUPS, SMOKE_WHOLE), None
+        device = "cpu (smoke)"
         default_tokens = "1,16"
     else:
         if not torch.cuda.is_available():
@@ -303,7 +318,7 @@ def main(argv=None) -> dict:
         from benchmarks.kernels.benchmark_utils import ColdTimer
 
         args.shape_table, args.device, args.dtype = SHAPES, "cuda", torch.bfloat16
-        lists, device = (BLOCK_M, GATE_UP, DOWN, GROUPS), torch.cuda.get_device_name()
+        lists, device = (BLOCK_M, GATE_UP, DOWN, GROUPS, WHOLE), torch.cuda.get_device_name()
         timer = ColdTimer()
         default_tokens = ",".join(map(str, BUCKETS))
     names = args.shapes or ",".join(args.shape_table if args.smoke else DEFAULT_SHAPES.split(","))

@@ -67,6 +67,28 @@ def test_candidate_lists_follow_the_compile_findings():
     for b in tune.BUCKETS:
         assert len(tune.BLOCK_M[b]) * len(tune.GATE_UP[b]) + len(tune.DOWN[b]) <= 14
     assert 1 in tune.GROUPS and 2 * (len(tune.GROUPS) - 1) + 1 + 1 <= 6
+    for bucket, wholes in tune.WHOLE.items():  # whole entries: wgmma tiles, two a case
+        assert bucket in tune.BUCKETS and len(wholes) <= 2
+        for block_m, up, down in wholes:
+            assert block_m >= 64 and min(up["BLOCK_K"], down["BLOCK_K"]) >= 64
+
+
+def test_whole_entries_are_timed(tmp_path, monkeypatch):
+    seen = []
+    real = tune.Sweep.check
+
+    def check(self, tokens, entry):
+        seen.append((tokens, entry))
+        return real(self, tokens, entry)
+
+    monkeypatch.setattr(tune.Sweep, "check", check)
+    tune.main(["--smoke", "--shapes", "smoke-relu2", "--out", str(tmp_path)])
+    [(block_m, up, down)] = tune.SMOKE_WHOLE[16]
+    whole = [e for t, e in seen if t == 16 and e and e["BLOCK_M"] == block_m
+             and e["gate_up"] == up and e["down"] == down]  # fmt: skip
+    assert whole, "the whole-entry stage timed nothing"
+    assert not [e for t, e in seen if t == 1 and e and e["gate_up"] == up and e["down"] == down
+                and e["BLOCK_M"] == block_m]  # fmt: skip
 
 
 def test_order_and_unsorted_candidates():
