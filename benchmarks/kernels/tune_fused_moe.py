@@ -55,6 +55,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from benchmarks.kernels.benchmark_fused_moe import SHAPES as BENCH_SHAPES
 from benchmarks.kernels.benchmark_fused_moe import TOL, Case, measure, rel
@@ -187,7 +188,13 @@ def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
     base = sweep.fm.launch_config(tokens, *_shape_args(sweep.shape), args.dtype)
 
     def timed(entry):
-        err = sweep.check(tokens, entry)
+        try:
+            err = sweep.check(tokens, entry)
+        except OutOfResources as e:  # e.g. a whole entry's N 256 gate/up tile, gated
+            if entry is None:
+                raise
+            log(f"    {_short(entry)}: does not fit the device ({e})")
+            return math.inf
         if not (math.isfinite(err) and err < TOL[args.dtype]):
             log(f"    {_short(entry) if entry else 'table'}: FAILED check, rel {err:.2e}")
             return math.inf
@@ -208,7 +215,10 @@ def tune_case(sweep: Sweep, tokens: int, lists, args, timer, log) -> dict:
         best = min(best, (timed(entry), entry), key=lambda r: r[0])
     if wholes and winner is not None:
         entries = [candidate(base, bm, up, down) for bm, up, down in wholes]
-        sweep.precompile([(tokens, e) for e in entries])
+        try:
+            sweep.precompile([(tokens, e) for e in entries])
+        except OutOfResources:  # one does not fit: each compiles when timed, and is skipped
+            pass
         for entry in entries:
             best = min(best, (timed(entry), entry), key=lambda r: r[0])
     # Each stage's candidates come from the best entry so far and compile together.

@@ -73,6 +73,24 @@ def test_candidate_lists_follow_the_compile_findings():
             assert block_m >= 64 and min(up["BLOCK_K"], down["BLOCK_K"]) >= 64
 
 
+def test_a_whole_entry_that_does_not_fit_is_skipped(tmp_path, monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    [(block_m, up, down)] = tune.SMOKE_WHOLE[16]
+    real = tune.Sweep.check
+
+    def check(self, tokens, entry):  # the whole entry asks for more shared memory than exists
+        if entry and entry["BLOCK_M"] == block_m and entry["gate_up"] == up:
+            raise OutOfResources(327680, 232448, "shared memory")
+        return real(self, tokens, entry)
+
+    monkeypatch.setattr(tune.Sweep, "check", check)
+    results = tune.main(["--smoke", "--shapes", "smoke-relu2", "--out", str(tmp_path)])
+    row = results["smoke-relu2"][1]
+    assert row["tokens"] == 16 and math.isfinite(row["us"])
+    assert row["entry"].get("gate_up") != up
+
+
 def test_whole_entries_are_timed(tmp_path, monkeypatch):
     seen = []
     real = tune.Sweep.check
