@@ -56,3 +56,33 @@ def test_shape_dir_is_the_named_shape_with_the_tokenizers_vocabulary(tmp_path):
     config = config_class("BambaForCausalLM").from_dict(raw)
     assert config.vocab_size == vocab and config.num_hidden_layers == raw["num_hidden_layers"]
     assert len(AutoTokenizer.from_pretrained(out)) == vocab
+
+
+@pytest.mark.parametrize("shape", ["nemotron-3-nano-cpu", "granite-4.0-h-cpu"])
+def test_shape_dir_keeps_the_layer_kinds(tmp_path, shape):
+    # Before, every shape's layer_types was dropped: the MoE hybrids' directories loaded as
+    # all-Mamba models (Granite's default) or not at all (NemotronH names no layers).
+    from benchmarks.common.model_shapes import named_config
+    from vllm.model_executor.models.registry import load_model_config
+
+    tok_dir = make_tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / shape
+    shape_main([str(out), "--shape", shape, "--tokenizer-from", str(tok_dir)])
+    want = named_config(shape).layer_types
+    assert len(set(want)) > 1 and "mamba" in want  # a hybrid: the check below can fail
+    assert load_model_config(str(out)).layer_types == want
+
+
+def test_shape_dir_refuses_a_directory_that_loads_as_another_model(tmp_path, monkeypatch):
+    from benchmarks.common import shape_model_dir
+
+    monkeypatch.setattr(shape_model_dir, "LAYER_KEYS", {"nemotron_h": "no_such_key"})
+    tok_dir = make_tiny_model_dir(tmp_path / "tiny")
+    with pytest.raises(ValueError, match="names no layers"):
+        shape_main([str(tmp_path / "n"), "--shape", "nemotron-3-nano-cpu",
+                    "--tokenizer-from", str(tok_dir)])  # fmt: skip
+    # Granite without its kinds loads, as an all-Mamba model: the round trip refuses it.
+    monkeypatch.setattr(shape_model_dir, "_init_field", lambda config, name: False)
+    with pytest.raises(ValueError, match="not the shape's"):
+        shape_main([str(tmp_path / "g"), "--shape", "granite-4.0-h-cpu",
+                    "--tokenizer-from", str(tok_dir)])  # fmt: skip
