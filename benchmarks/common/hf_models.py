@@ -74,13 +74,18 @@ def hf_config(config):
     return hf
 
 
-def check_round_trip(config, hf) -> None:
-    back = type(config).from_dict(hf.to_dict())
+def config_differences(config, back) -> dict:
+    """{field: (ours, read back)} for the fields where ``back`` (our config read from
+    transformers' keys) is not ``config``; dtype and the fields transformers drops apart."""
     ours, theirs = asdict(config), asdict(back)
     for name in ("dtype", *_NOT_READ_BACK.get(config.architecture, ())):
         ours.pop(name, None)
         theirs.pop(name, None)
-    wrong = {k: (v, theirs.get(k)) for k, v in ours.items() if theirs.get(k) != v}
+    return {k: (v, theirs.get(k)) for k, v in ours.items() if theirs.get(k) != v}
+
+
+def check_round_trip(config, hf) -> None:
+    wrong = config_differences(config, type(config).from_dict(hf.to_dict()))
     if wrong:
         raise ValueError(
             f"transformers' {type(hf).__name__} does not carry {config.architecture}'s shape: "

@@ -5,12 +5,13 @@ tokenizer of another directory (make_model_dir.py's Mistral v3), for `vllm serve
     python -m benchmarks.common.shape_model_dir /tmp/bamba9b --shape bamba-9b \
         --tokenizer-from /tmp/codestral
 
-``config.json`` holds the architecture, its model type and the config class's fields, with
+``config.json`` holds the architecture, its model type and the config's fields as
+transformers names them (``hf_models.hf_config_kwargs``), with
 ``vocab_size`` set to the tokenizer's (a model with more ids than its tokenizer would sample
 ids that detokenize to nothing: Bamba-9B's 128,256 becomes the v3 tokenizer's 32,768, which
-shrinks only the embedding and the LM head). The layer kinds go where the architecture's
-config.json has them (``layer_types``; NemotronH's ``layers_block_type``; Bamba's
-``attn_layer_indices``), and the directory is loaded back and must give the shape's layers. Needs no network and no mistral-common: the
+shrinks only the embedding and the LM head). The directory is loaded back and must give
+the shape's layers (NemotronH's are ``layers_block_type`` there, Bamba's
+``attn_layer_indices``). Needs no network and no mistral-common: the
 GPU box makes its hybrid directories this way from the carried Codestral one.
 """
 
@@ -19,8 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import asdict
 from pathlib import Path
+
+from benchmarks.common.hf_models import config_differences, hf_config_kwargs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -37,38 +39,29 @@ def write_shape_dir(out, shape: str, tokenizer_from) -> dict:
             shutil.copyfile(source / name, out / name)
     vocab = len(AutoTokenizer.from_pretrained(str(source)))
     config = named_config(shape)
-    fields = {k: v for k, v in asdict(config).items() if v is not None}
-    kinds = fields.pop("layer_types", None)
-    if kinds is not None and _init_field(config, "layer_types"):
-        # Bamba derives its kinds from attn_layer_indices (not a field of its own there);
-        # the others list them, NemotronH under transformers' name.
-        fields[LAYER_KEYS.get(config.model_type, "layer_types")] = list(kinds)
+    # transformers' own keys (hf_models: NemotronH's layers_block_type, RoPE's parameters),
+    # which is what a checkpoint's config.json holds and our loader reads.
+    fields = hf_config_kwargs(config)
     fields["vocab_size"] = vocab
-    raw = {"architectures": [config.architecture], "model_type": config.model_type, **fields}
+    raw = {"model_type": config.model_type, **fields}
     (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    check_round_trip(out, config)
+    check_loads_as(out, config)
     return raw
 
 
-# The config.json key of the layer kinds where it is not ``layer_types``.
-LAYER_KEYS = {"nemotron_h": "layers_block_type"}
+def check_loads_as(out: Path, config) -> None:
+    """The written directory must load as the shape's config with the tokenizer's vocabulary
+    (the layer kinds above all: a dropped key would serve an all-Mamba model under the
+    shape's name)."""
+    from dataclasses import replace
 
-
-def _init_field(config, name: str) -> bool:
-    from dataclasses import fields
-
-    return any(f.name == name and f.init for f in fields(config))
-
-
-def check_round_trip(out: Path, config) -> None:
-    """The written directory must load as the shape's config (the layer kinds above all: a
-    dropped key would serve an all-Mamba model under the shape's name)."""
     from vllm.model_executor.models.registry import load_model_config
 
     loaded = load_model_config(str(out))
-    got, want = getattr(loaded, "layer_types", None), getattr(config, "layer_types", None)
-    if got != want or loaded.num_hidden_layers != config.num_hidden_layers:
-        raise ValueError(f"{out}/config.json loads as layers {got}, not the shape's {want}")
+    wrong = config_differences(replace(config, vocab_size=loaded.vocab_size), loaded)
+    if wrong:
+        raise ValueError(f"{out}/config.json does not load as the shape: " + "; ".join(
+            f"{k}: {a!r} read back as {b!r}" for k, (a, b) in wrong.items()))  # fmt: skip
 
 
 def main(argv=None) -> None:

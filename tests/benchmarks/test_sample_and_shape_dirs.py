@@ -60,8 +60,8 @@ def test_shape_dir_is_the_named_shape_with_the_tokenizers_vocabulary(tmp_path):
 
 @pytest.mark.parametrize("shape", ["nemotron-3-nano-cpu", "granite-4.0-h-cpu"])
 def test_shape_dir_keeps_the_layer_kinds(tmp_path, shape):
-    # Before, every shape's layer_types was dropped: the MoE hybrids' directories loaded as
-    # all-Mamba models (Granite's default) or not at all (NemotronH names no layers).
+    # Before 2026-12-06 every shape's layer_types was dropped: the MoE hybrids' directories
+    # loaded as all-Mamba models (Granite's default) or not at all (NemotronH).
     from benchmarks.common.model_shapes import named_config
     from vllm.model_executor.models.registry import load_model_config
 
@@ -74,15 +74,17 @@ def test_shape_dir_keeps_the_layer_kinds(tmp_path, shape):
 
 
 def test_shape_dir_refuses_a_directory_that_loads_as_another_model(tmp_path, monkeypatch):
-    from benchmarks.common import shape_model_dir
+    from benchmarks.common import hf_models, shape_model_dir
 
-    monkeypatch.setattr(shape_model_dir, "LAYER_KEYS", {"nemotron_h": "no_such_key"})
     tok_dir = make_tiny_model_dir(tmp_path / "tiny")
+    monkeypatch.setattr(hf_models, "_RENAMES", {})  # NemotronH's kinds under our own name
     with pytest.raises(ValueError, match="names no layers"):
         shape_main([str(tmp_path / "n"), "--shape", "nemotron-3-nano-cpu",
                     "--tokenizer-from", str(tok_dir)])  # fmt: skip
-    # Granite without its kinds loads, as an all-Mamba model: the round trip refuses it.
-    monkeypatch.setattr(shape_model_dir, "_init_field", lambda config, name: False)
-    with pytest.raises(ValueError, match="not the shape's"):
+    # Granite without its kinds loads, as an all-Mamba model: the check refuses it.
+    real = shape_model_dir.hf_config_kwargs
+    drop = lambda c: {k: v for k, v in real(c).items() if k != "layer_types"}  # noqa: E731
+    monkeypatch.setattr(shape_model_dir, "hf_config_kwargs", drop)
+    with pytest.raises(ValueError, match="layer_types: .* read back as"):
         shape_main([str(tmp_path / "g"), "--shape", "granite-4.0-h-cpu",
                     "--tokenizer-from", str(tok_dir)])  # fmt: skip
