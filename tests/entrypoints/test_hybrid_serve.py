@@ -1,5 +1,6 @@
-"""`vllm serve` on each hybrid architecture (Bamba, NemotronH, Zamba2, LFM2) and on the
-Mamba1 family (FalconMamba; Jamba: Mamba1 + attention + MoE experts): the console
+"""`vllm serve` on each hybrid architecture (Bamba, NemotronH, Zamba2, LFM2), on the
+Mamba1 family (FalconMamba; Jamba: Mamba1 + attention + MoE experts) and on the MoE
+hybrids (Granite-4.0-H, NemotronH with MoE layers, Falcon-H1): the console
 script in a real process per tiny checkpoint (saved by transformers' own classes), real
 HTTP. On the CPU here and, marked ``gpu``, on the GPU box (the tiny checkpoints in fp32 on
 CUDA: the Triton kernels, CUDA graphs for decode steps).
@@ -19,11 +20,14 @@ import httpx
 import pytest
 
 from tests.entrypoints.utils import RemoteServer
+from tests.models.falcon_h1_utils import make_falcon_h1_hf
+from tests.models.granitemoehybrid_utils import make_granite_hf
 from tests.models.hf_builders import make_bamba_hf, make_nemotron_h_hf, make_zamba2_hf
 from tests.models.hybrid_utils import save_checkpoint, tokens
 from tests.models.jamba_utils import make_jamba_hf
 from tests.models.lfm2_utils import make_lfm2_hf
 from tests.models.mamba1_utils import make_hf as make_mamba1_hf
+from tests.models.nemotron_h_moe_utils import make_nemotron_h_moe_hf
 from vllm import LLM, SamplingParams
 
 MAKERS = {
@@ -33,6 +37,10 @@ MAKERS = {
     "lfm2": make_lfm2_hf,
     "falcon_mamba": lambda: make_mamba1_hf("falcon_mamba"),
     "jamba": make_jamba_hf,
+    # The MoE hybrids of issue 34 (Jamba above is the fourth).
+    "granitemoehybrid": make_granite_hf,
+    "nemotron_h_moe": make_nemotron_h_moe_hf,
+    "falcon_h1": make_falcon_h1_hf,
 }
 # Small limits, as the model tests use: a 16-token step budget and 4-token blocks.
 # A fixed KV cache (not a share of GPU memory, which other test processes on the box hold).
