@@ -1,5 +1,5 @@
 """The replayed decode kernel (``_replay_ssm_kernel``) compiled for sm_90 on a CPU, per state
-dtype, flush ("loop" or "tf32x3") and tile: registers, stack (spills) and shared memory,
+dtype, flush ("loop", "tf32x3" or "unroll") and tile: registers, stack (spills) and shared memory,
 as cuobjdump reads them off the cubin (Triton's own ptxas; no GPU).
 
     python -m benchmarks.kernels.replay_compile_report [--tiles 32x32x1 64x64x2] [--json F]
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiles", nargs="*", default=list(TILES), help="BLOCK_PxBLOCK_Nxwarps")
     p.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
-    p.add_argument("--flushes", nargs="*", default=["loop", "tf32x3"])
+    p.add_argument("--flushes", nargs="*", default=["loop", "tf32x3", "unroll"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     rows = []
@@ -77,7 +77,8 @@ def main(argv=None) -> int:
                 res = resources(compiled)
                 row = dict(state_dtype=dtype, flush=flush, tile=tile, compile_s=seconds,
                            regs=res["regs"], stack=res["stack"], shared=res["shared"],
-                           dot=bool(constexprs["FLUSH_DOT"]))  # fmt: skip
+                           dot=bool(constexprs["FLUSH_DOT"]),
+                           unroll=bool(constexprs["FLUSH_UNROLL"]))  # fmt: skip
                 rows.append(row)
                 print(f"{dtype} {flush:6s} {tile:8s}: regs {row['regs']:3d} stack "
                       f"{row['stack']:5d} shared {row['shared']:5d}  ({seconds:.1f} s)",

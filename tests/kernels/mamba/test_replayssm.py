@@ -179,7 +179,7 @@ def test_replayed_equals_every_step_cuda(case):
 # Launch configurations other than the default table's: several row blocks per head (with
 # a tail), the state streamed in several dstate tiles (the last one partly masked), warps.
 # The flush as one tl.dot ("tf32x3") where both tiles are >= 16; an 8-row tile with a dot
-# flush falls back to the loop.
+# flush falls back to the loop. The loop unrolled over the ring ("unroll"), any tile.
 CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2),
@@ -187,6 +187,8 @@ CONFIGS = [
     dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush="tf32x3"),
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="tf32x3"),
     dict(BLOCK_P=8, BLOCK_N=32, num_warps=1, flush="tf32x3"),
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll"),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="unroll"),
 ]
 
 
@@ -199,8 +201,19 @@ def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
     assert blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
     assert not blocks(dict(BLOCK_P=8, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
     assert not blocks(dict(BLOCK_P=32, BLOCK_N=32), 64, 128)["FLUSH_DOT"]
+    assert blocks(dict(BLOCK_P=8, BLOCK_N=16, flush="unroll"), 64, 128)["FLUSH_UNROLL"]
+    assert not blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_UNROLL"]
     with pytest.raises(ValueError, match="flush"):
         blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
+
+
+def test_unrolled_flush_over_a_longer_ring(device, monkeypatch):
+    """The unrolled flush with 5 ring entries: rows flush with every count of entries
+    (staggered starts), each entry's weight its own decays (a wrong order or a missing
+    entry fails against the every-step update)."""
+    cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll")
+    monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
+    run_against_every_step(Case(batch=3, heads=2, headdim=8, dstate=16, groups=1, L=6), device)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)

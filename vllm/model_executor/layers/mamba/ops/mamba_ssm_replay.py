@@ -114,6 +114,7 @@ def _replay_ssm_kernel(
     BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr,
     FLUSH_DOT: tl.constexpr,
+    FLUSH_UNROLL: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
     # adjacent in launch order, so its ring entries come from memory once. The state is
@@ -214,6 +215,24 @@ def _replay_ssm_kernel(
                 b_Bt = tl.load(p_Bt, mask=m_k[:, None] & m_n[None, :], other=0.0)
                 b_XW = b_X * b_w[None, :]
                 b_h += tl.dot(b_XW, b_Bt.to(tl.float32), input_precision="tf32x3")
+            elif FLUSH_UNROLL:
+                # The ring's RING entries unrolled, those past n weighing 0 (their dt loads
+                # as 0), newest first: each weight a scalar from the entry's dt and the
+                # decays of the entries after it (summed term by term, as in _ring_weights),
+                # so no weight is picked out of a vector across the lanes and the entries'
+                # loads need not wait on a loop.
+                b_later = b_a * 0.0
+                for kk in tl.static_range(RING):
+                    k = RING - 1 - kk
+                    valid = k < b_n
+                    r_dt = tl.load(p_rdt + k * stride_rdt_k, mask=valid, other=0.0)
+                    w_k = tl.exp(b_later + b_now) * r_dt
+                    b_later += r_dt * b_a
+                    p_xk = p_rx + k * stride_rx_k + o_p * stride_rx_p
+                    b_xk = tl.load(p_xk, mask=m_p & valid, other=0.0)
+                    p_Bk = p_rB + k * stride_rB_k + o_n * stride_rB_n
+                    b_Bk = tl.load(p_Bk, mask=m_n & valid, other=0.0)
+                    b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
             else:
                 # One rank-1 fp32 update per valid entry (plain fp32 FMAs, no operand tiles
                 # held in registers; each entry's loads wait on the loop).
@@ -276,14 +295,15 @@ def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) ->
     return configs.lookup(CONFIG_DIR, key)
 
 
-FLUSHES = ("loop", "tf32x3")
+FLUSHES = ("loop", "tf32x3", "unroll")
 
 
 def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     """The constexprs a configuration gives at this shape (tiles are powers of two).
     ``flush``: how a flush folds the ring into the state, "loop" (default: a rank-1 fp32
-    update per entry) or "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
-    are at least 16, ``tl.dot``'s least; else the loop)."""
+    update per entry), "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
+    are at least 16, ``tl.dot``'s least; else the loop) or "unroll" (the loop's updates
+    unrolled over the ring's entries, each weight a scalar)."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
     block_n = min(int(cfg.get("BLOCK_N", full_n)), full_n)
     block_p = min(int(cfg["BLOCK_P"]), full_p)
@@ -297,6 +317,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         N_TILES=triton.cdiv(full_n, block_n),
         num_warps=int(cfg.get("num_warps", 1)),
         FLUSH_DOT=dot,
+        FLUSH_UNROLL=flush == "unroll",
     )
     if "num_stages" in cfg:
         out["num_stages"] = int(cfg["num_stages"])
