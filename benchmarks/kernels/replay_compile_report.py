@@ -1,5 +1,6 @@
 """The replayed decode kernel (``_replay_ssm_kernel``) compiled for sm_90 on a CPU, per state
-dtype, flush ("loop", "tf32x3" or "unroll") and tile: registers, stack (spills) and shared memory,
+dtype, flush ("loop", "tf32x3", "unroll"; "loop/split": a split step's first launch, which
+holds no flush code) and tile: registers, stack (spills) and shared memory,
 as cuobjdump reads them off the cubin (Triton's own ptxas; no GPU).
 
     python -m benchmarks.kernels.replay_compile_report [--tiles 32x32x1 64x64x2] [--json F]
@@ -55,7 +56,7 @@ def record(state_dtype: torch.dtype, cfg: dict):
     finally:
         launch._SESSION = None
         rp.launch_config = real
-    ((_, args, constexprs),) = recorder.launches
+    _, args, constexprs = recorder.launches[0]  # a split step: its first launch
     return rp._replay_ssm_kernel, args, constexprs
 
 
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiles", nargs="*", default=list(TILES), help="BLOCK_PxBLOCK_Nxwarps")
     p.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
-    p.add_argument("--flushes", nargs="*", default=["loop", "tf32x3", "unroll"])
+    p.add_argument("--flushes", nargs="*", default=["loop", "tf32x3", "unroll", "loop/split"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     rows = []
@@ -71,16 +72,21 @@ def main(argv=None) -> int:
         for flush in args.flushes:
             for tile in args.tiles:
                 bp, bn, nw = (int(v) for v in tile.split("x"))
-                cfg = dict(BLOCK_P=bp, BLOCK_N=bn, num_warps=nw, flush=flush)
+                # "<flush>/split": the step in two launches; the first (outputs and
+                # appends, no flush code) is the one compiled here.
+                method, _, split = flush.partition("/")
+                cfg = dict(BLOCK_P=bp, BLOCK_N=bn, num_warps=nw, flush=method,
+                           split_flush=split == "split")  # fmt: skip
                 kernel, largs, constexprs = record(DTYPES[dtype], cfg)
                 compiled, seconds = compile_cold(kernel, largs, constexprs)
                 res = resources(compiled)
                 row = dict(state_dtype=dtype, flush=flush, tile=tile, compile_s=seconds,
                            regs=res["regs"], stack=res["stack"], shared=res["shared"],
                            dot=bool(constexprs["FLUSH_DOT"]),
-                           unroll=bool(constexprs["FLUSH_UNROLL"]))  # fmt: skip
+                           unroll=bool(constexprs["FLUSH_UNROLL"]),
+                           part=constexprs["PART"])  # fmt: skip
                 rows.append(row)
-                print(f"{dtype} {flush:6s} {tile:8s}: regs {row['regs']:3d} stack "
+                print(f"{dtype} {flush:10s} {tile:8s}: regs {row['regs']:3d} stack "
                       f"{row['stack']:5d} shared {row['shared']:5d}  ({seconds:.1f} s)",
                       flush=True)  # fmt: skip
     if args.json:

@@ -31,8 +31,9 @@ def test_step_bytes_and_smoke_run(tmp_path, monkeypatch):
 
 def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     """--tune times each (BLOCK_P, BLOCK_N, num_warps) as given (it once forced BLOCK_N 128,
-    so the table's 32/64 tiles were never measured), then the fastest's flush as a tl.dot
-    and unrolled, and writes the fastest exact one, BLOCK_N and flush too."""
+    so the table's 32/64 tiles were never measured), then the fastest's other flushes (a
+    tl.dot, unrolled, split in two launches), and writes the fastest exact one, BLOCK_N and
+    flush too."""
     monkeypatch.setattr(sys, "argv", ["benchmark_replayssm.py"])
     monkeypatch.setattr(bench, "TUNE", ((16, 128, 1), (16, 32, 1), (16, 64, 1)))
     real, seen = bench.replay.launch_config, []
@@ -48,8 +49,9 @@ def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "time_provider", fake_time)
     args = ["--smoke", "--batches", "1", "--buffer-len", "3", "--state-dtypes", "float32"]
     (row,) = bench.main([*args, "--tune", "--out", str(tmp_path)])
-    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64, 32, 32]
-    assert [t.get("flush") for t in row["tune"][3:]] == ["tf32x3", "unroll"]
+    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64, 32, 32, 32, 32]
+    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][3:]] == [
+        ("tf32x3", None), ("unroll", None), (None, True), ("unroll", True)]  # fmt: skip
     assert all(t["exact"] for t in row["tune"][3:])  # checked against the loop's states
     assert seen[:3] == [("ours_replay", 128), ("ours_replay", 32), ("ours_replay", 64)]
     assert ("ours_replay", 32) in seen[4:]  # the providers then run the chosen entry

@@ -3,6 +3,7 @@ own ptxas), in a child process (the report turns the interpreter off for its imp
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +19,15 @@ def test_loop_and_dot_flushes_compile_at_the_h200_fp32_tile(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {(r["flush"], r["tile"]): r for r in json.loads(out.read_text())["rows"]}
-    flushes = ("loop", "tf32x3", "unroll")
+    flushes = ("loop", "tf32x3", "unroll", "loop/split")
     assert set(rows) == {(f, t) for f in flushes for t in ("32x32x1", "8x32x1")}
     assert all(r["regs"] > 0 and r["stack"] >= 0 for r in rows.values())
     # The dot is taken at the H200 table's tile, not below tl.dot's 16 rows.
     assert rows["tf32x3", "32x32x1"]["dot"] and not rows["tf32x3", "8x32x1"]["dot"]
     assert not rows["loop", "32x32x1"]["dot"] and not rows["loop", "32x32x1"]["unroll"]
     assert rows["unroll", "8x32x1"]["unroll"] and not rows["unroll", "8x32x1"]["dot"]
-    assert "fp32 tf32x3 32x32x1" in proc.stdout
+    for tile in ("32x32x1", "8x32x1"):  # a split step's first launch: no flush code
+        split, whole = rows["loop/split", tile], rows["loop", tile]
+        assert split["part"] == 1 and whole["part"] == 0
+        assert split["stack"] == 0, (tile, split)
+    assert re.search(r"^fp32 tf32x3 +32x32x1 *: regs", proc.stdout, re.M), proc.stdout

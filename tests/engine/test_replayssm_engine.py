@@ -17,6 +17,7 @@ from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.stats import startup_line
 from vllm.model_executor.layers.mamba import mamba_mixer2
+from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay
 from vllm.triton_utils.launch import launch_misses
 
 pytestmark = pytest.mark.timeout(900)
@@ -90,8 +91,10 @@ def test_outputs_equal_every_step(device, monkeypatch):
             return _fn(*a, **k)
 
         monkeypatch.setattr(mamba_mixer2, f"replay_ssm_{name}", counted)
-    prompts, params = workload(5)  # 9 requests on 4 slots: slots reused, rings mid-way
-    kw = dict(long_prefill_token_threshold=5)  # prompts of up to 30 tokens: chunked
+    # 9 requests on 4 slots: slots reused, rings mid-way; prompts of up to 16 tokens,
+    # prefilled in chunks of at most 5 (up to 4 chunks each).
+    prompts, params = workload(5, max_prompt_len=16)
+    kw = dict(long_prefill_token_threshold=5)
     want = run(make_llm(device, False, False, **kw), prompts, params)
     assert calls == {"update": 0, "materialise": 0}
     got = run(make_llm(device, True, True, **kw), prompts, params)
@@ -99,10 +102,24 @@ def test_outputs_equal_every_step(device, monkeypatch):
     assert calls["update"] > 0 and calls["materialise"] > 0
 
 
-def test_flushed_and_hooked_states_equal_every_step(device):
+@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split-flush"])
+def test_flushed_and_hooked_states_equal_every_step(device, monkeypatch, split):
     """One request alone (slot 1, the first: line 0 is the null line): 2L decode steps end
     on a flush; then a second request's L + 1 decodes end one step into the ring, and the
-    hook folds it in."""
+    hook folds it in. Also with every launch configuration's step split in two launches
+    (split_flush), which the warm-up must compile too."""
+    if split:
+        real = mamba_ssm_replay.launch_config
+        monkeypatch.setattr(mamba_ssm_replay, "launch_config",
+                            lambda *a: {**real(*a), "split_flush": True})  # fmt: skip
+    parts, launch = set(), mamba_ssm_replay._LAUNCH
+
+    def recorded(grid, args, constexprs, *rest):
+        parts.add((constexprs["STEP"], constexprs["PART"]))
+        return launch(grid, args, constexprs, *rest)
+
+    recorded.runs_cpu_tensors = launch.runs_cpu_tensors
+    monkeypatch.setattr(mamba_ssm_replay, "_LAUNCH", recorded)
     engines = {r: make_llm(device, r) for r in (False, True)}
     misses = launch_misses()
     for tokens, want_count in ((2 * L + 1, 0), (L + 2, 1)):
@@ -121,6 +138,8 @@ def test_flushed_and_hooked_states_equal_every_step(device):
             pools[True].ssm_state[:, 1], pools[False].ssm_state[:, 1], atol=2e-5, rtol=2e-5
         )
     assert launch_misses() == misses, "the warm-up missed a replayed kernel variant"
+    # steps in two launches when split, else one; a materialisation is always one
+    assert parts == ({(True, 1), (True, 2)} if split else {(True, 0)}) | {(False, 0)}
 
 
 def test_hybrid_mamba2_layers_replayed():

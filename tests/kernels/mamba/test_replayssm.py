@@ -179,7 +179,8 @@ def test_replayed_equals_every_step_cuda(case):
 # Launch configurations other than the default table's: several row blocks per head (with
 # a tail), the state streamed in several dstate tiles (the last one partly masked), warps.
 # The flush as one tl.dot ("tf32x3") where both tiles are >= 16; an 8-row tile with a dot
-# flush falls back to the loop. The loop unrolled over the ring ("unroll"), any tile.
+# flush falls back to the loop. The loop unrolled over the ring ("unroll"), any tile. A
+# step split in two launches (split_flush: outputs and appends, then the full rings' flushes).
 CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2),
@@ -189,11 +190,14 @@ CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=32, num_warps=1, flush="tf32x3"),
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll"),
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="unroll"),
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, split_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="unroll", split_flush=True),
 ]
 
 
 def _cfg_id(c: dict) -> str:
-    return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}"
+    split = "_split" if c.get("split_flush") else ""
+    return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}{split}"
 
 
 def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
@@ -203,15 +207,18 @@ def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
     assert not blocks(dict(BLOCK_P=32, BLOCK_N=32), 64, 128)["FLUSH_DOT"]
     assert blocks(dict(BLOCK_P=8, BLOCK_N=16, flush="unroll"), 64, 128)["FLUSH_UNROLL"]
     assert not blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_UNROLL"]
+    assert blocks(dict(BLOCK_P=8, split_flush=True), 64, 128)["SPLIT"]
+    assert not blocks(dict(BLOCK_P=8), 64, 128)["SPLIT"]
     with pytest.raises(ValueError, match="flush"):
         blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
 
 
-def test_unrolled_flush_over_a_longer_ring(device, monkeypatch):
+@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])
+def test_unrolled_flush_over_a_longer_ring(device, monkeypatch, split):
     """The unrolled flush with 5 ring entries: rows flush with every count of entries
     (staggered starts), each entry's weight its own decays (a wrong order or a missing
-    entry fails against the every-step update)."""
-    cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll")
+    entry fails against the every-step update); also as a split step's second launch."""
+    cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll", split_flush=split)
     monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
     run_against_every_step(Case(batch=3, heads=2, headdim=8, dstate=16, groups=1, L=6), device)
 

@@ -115,11 +115,16 @@ def _replay_ssm_kernel(
     N_TILES: tl.constexpr,
     FLUSH_DOT: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr,
+    PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
     # adjacent in launch order, so its ring entries come from memory once. The state is
     # streamed in N_TILES tiles of (BLOCK_P, BLOCK_N) along dstate. STEP: a decode step
-    # (output, then append or flush); else materialise (flush, no output).
+    # (output, then append or flush); else materialise (flush, no output). PART 0: the
+    # whole step; a step split in two launches: PART 1 the output and the appends (a full
+    # ring's row is marked with a count of -1: a row its append just filled must not
+    # flush), then PART 2 the marked rows' flushes (other rows return at once), so the
+    # ordinary steps' kernel holds no flush code.
     # Addressing: a line's and a head's offsets are int64 scalars, a tile's are int32.
     i_p = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -132,7 +137,7 @@ def _replay_ssm_kernel(
     line = tl.load(idx_ptr + i_b * stride_idx_b).to(tl.int64)
     if line == pad_slot_id:
         # A padded row reads and writes nothing but its output: zeros.
-        if STEP:
+        if STEP and PART != 2:
             p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
             tl.store(
                 p_out + o_p * stride_out_p,
@@ -143,6 +148,10 @@ def _replay_ssm_kernel(
 
     p_cnt = count_ptr + line * stride_cnt_line + i_h.to(tl.int64) * stride_cnt_head
     b_n = tl.load(p_cnt + i_p * BLOCK_P * stride_cnt_p).to(tl.int32)
+    if PART == 2:  # only the rows PART 1 marked full (count -1), with their RING entries
+        if b_n >= 0:
+            return
+        b_n = b_n * 0 + RING
     m_k = (o_k < b_n) & (o_k < RING)
     p_s = state_ptr + line * stride_state_line + i_h.to(tl.int64) * stride_state_head
     p_rx = ring_x_ptr + line * stride_rx_line + i_h.to(tl.int64) * stride_rx_head
@@ -170,8 +179,12 @@ def _replay_ssm_kernel(
         if HAS_INIT:
             flush = flush & (tl.load(init_ptr + i_b * stride_init_b) != 0)
     b_w, b_decay = _ring_weights(p_rdt, stride_rdt_k, b_n, b_a, b_now, RING, BLOCK_K)
+    keep = False  # PART 1: a full ring is left for PART 2, marked by a count of -1
+    if PART == 1:
+        keep = flush
+        flush = False
 
-    if STEP:
+    if STEP and PART != 2:
         # y from h0 and the ring, whether or not this step flushes (so the state's loads
         # wait for the line only, not for its counter; a flush's y is the same h_now C):
         #   y = exp(sum s) (h0 . C) + sum_k w_k (B_k . C) x_k + dt (B . C) x.
@@ -248,6 +261,8 @@ def _replay_ssm_kernel(
                 b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
             tl.store(p_st, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
         b_n_new = b_n * 0
+    elif keep:
+        b_n_new = b_n * 0 - 1
     else:
         if STEP:
             # Append this step at entry n: x by every program (its rows), dt by the head's
@@ -303,7 +318,9 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     ``flush``: how a flush folds the ring into the state, "loop" (default: a rank-1 fp32
     update per entry), "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
     are at least 16, ``tl.dot``'s least; else the loop) or "unroll" (the loop's updates
-    unrolled over the ring's entries, each weight a scalar)."""
+    unrolled over the ring's entries, each weight a scalar). ``split_flush``: a decode
+    step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
+    whose kernel then holds no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
     block_n = min(int(cfg.get("BLOCK_N", full_n)), full_n)
     block_p = min(int(cfg["BLOCK_P"]), full_p)
@@ -318,6 +335,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         num_warps=int(cfg.get("num_warps", 1)),
         FLUSH_DOT=dot,
         FLUSH_UNROLL=flush == "unroll",
+        SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
         out["num_stages"] = int(cfg["num_stages"])
@@ -370,6 +388,7 @@ def _launch(
         return
     step = x is not None
     cfg = _blocks(launch_config(batch, headdim, dstate, state.dtype), headdim, dstate)
+    parts = (1, 2) if cfg.pop("SPLIT") and step else (0,)
     grid = (triton.cdiv(headdim, cfg["BLOCK_P"]), nheads, batch)
     # Absent tensors pass ``state`` (never read: their flag compiles the load away) and
     # stride 0; a materialisation has no step tensors.
@@ -412,12 +431,14 @@ def _launch(
     def variants() -> list[dict]:
         seen = {}
         for b in BATCH_BUCKETS:
-            c = launch_config(b, headdim, dstate, state.dtype)
-            c = {**constexprs, **_blocks(c, headdim, dstate)}
-            seen[tuple(sorted(c.items()))] = c
+            blocks = _blocks(launch_config(b, headdim, dstate, state.dtype), headdim, dstate)
+            for part in (1, 2) if blocks.pop("SPLIT") and step else (0,):
+                c = {**constexprs, **blocks, "PART": part}
+                seen[tuple(sorted(c.items()))] = c
         return list(seen.values())
 
-    _LAUNCH(grid, args, constexprs, variants)
+    for part in parts:  # a split step: outputs and appends, then the full rings' flushes
+        _LAUNCH(grid, args, {**constexprs, "PART": part}, variants)
 
 
 def replay_ssm_update(
