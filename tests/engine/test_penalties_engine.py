@@ -49,13 +49,15 @@ def test_min_tokens_holds_a_stop_token_back_as_hf_does(bamba):
     before the 5th token; HF's min_new_tokens does the same with it as EOS."""
     hf, path = bamba
     llm = engine(path)
-    for prompt in PROMPTS:
-        plain = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8,
-                             ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids  # fmt: skip
-        stop = plain[1]
-        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                                stop_token_ids=[stop], min_tokens=4)  # fmt: skip
-        got = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    # Every prompt in one batch (as test_repetition_penalty_equals_hf's, equal to HF's).
+    plain = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=2,
+                         ignore_eos=True), use_tqdm=False)  # fmt: skip
+    stops = [out.outputs[0].token_ids[1] for out in plain]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                             stop_token_ids=[stop], min_tokens=4) for stop in stops]  # fmt: skip
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, stop, out in zip(PROMPTS, stops, outs, strict=True):
+        got = out.outputs[0].token_ids
         assert stop not in got[:4]
         assert got == hf_greedy(hf, prompt, 12, eos_token_id=stop, min_new_tokens=4)
 
@@ -65,17 +67,19 @@ def _check_presence_and_frequency(llm) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, logprobs=20,
                             presence_penalty=pres, frequency_penalty=freq)  # fmt: skip
     plain = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
-    changed = False
-    for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False), strict=True):
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
         got = out.outputs[0]
         for i, (token, top) in enumerate(zip(got.token_ids, got.logprobs, strict=True)):
             before = got.token_ids[:i]
             score = {t: lp.logprob - freq * before.count(t) - pres * (t in before)
                      for t, lp in top.items()}  # fmt: skip
             assert token == max(score, key=score.get), (len(prompt), i)
-        base = llm.generate([prompt], plain, use_tqdm=False)[0].outputs[0].token_ids
-        changed |= base != got.token_ids
-    assert changed, "the penalties changed no output: the test proves nothing"
+    # The plain runs in one batch (one generate, not one per prompt: the same greedy tokens).
+    base = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, plain, use_tqdm=False)]
+    assert base != [o.outputs[0].token_ids for o in outs], (
+        "the penalties changed no output: the test proves nothing"
+    )
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])

@@ -78,9 +78,9 @@ ASYNC_SCHED_CONFIG = Mamba2ModelConfig(
 )
 
 
-def workload(seed: int):
+def workload(seed: int, max_prompt_len: int = 30):
     rng = random.Random(seed)
-    prompts = [[rng.randrange(96) for _ in range(rng.randint(1, 30))] for _ in range(9)]
+    prompts = [[rng.randrange(96) for _ in range(rng.randint(1, max_prompt_len))] for _ in range(9)]
     params = []
     for i in range(9):
         seeded = i % 3 == 0
