@@ -342,6 +342,12 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     return out
 
 
+def _parts(blocks: dict, step: bool) -> tuple[int, ...]:
+    """The launches' PART values for ``_blocks``' constexprs (``SPLIT`` taken off them): a
+    split decode step's two, else the whole step or materialisation in one."""
+    return (1, 2) if blocks.pop("SPLIT") and step else (0,)
+
+
 def _check(rs: ReplayedSSMState, x: torch.Tensor, tensors: dict) -> None:
     device = x.device
     check_tensor("state", rs.state, device, 4, FLOAT_DTYPES)
@@ -388,7 +394,7 @@ def _launch(
         return
     step = x is not None
     cfg = _blocks(launch_config(batch, headdim, dstate, state.dtype), headdim, dstate)
-    parts = (1, 2) if cfg.pop("SPLIT") and step else (0,)
+    parts = _parts(cfg, step)
     grid = (triton.cdiv(headdim, cfg["BLOCK_P"]), nheads, batch)
     # Absent tensors pass ``state`` (never read: their flag compiles the load away) and
     # stride 0; a materialisation has no step tensors.
@@ -432,7 +438,7 @@ def _launch(
         seen = {}
         for b in BATCH_BUCKETS:
             blocks = _blocks(launch_config(b, headdim, dstate, state.dtype), headdim, dstate)
-            for part in (1, 2) if blocks.pop("SPLIT") and step else (0,):
+            for part in _parts(blocks, step):
                 c = {**constexprs, **blocks, "PART": part}
                 seen[tuple(sorted(c.items()))] = c
         return list(seen.values())
