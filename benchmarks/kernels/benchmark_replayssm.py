@@ -1,7 +1,7 @@
 """Replayed decode (ReplaySSM) against the every-step state update, ours and upstream's.
 
     python -m benchmarks.kernels.benchmark_replayssm [--batches 1,8,32,128,256,512]
-        [--state-dtypes float32,bfloat16] [--buffer-len 16] [--tune] [--out DIR]
+        [--state-dtypes float32,bfloat16] [--buffer-len 16] [--tune | --tune-flush] [--out DIR]
 
 One Codestral-7B layer shape (128 heads x 64 x 128 state, 8 groups, bf16 activations),
 state lines drawn at random from the pool. Providers, side by side in one run:
@@ -23,7 +23,8 @@ Bytes per step: every-step, each state line read and written; replayed, read eve
 written every L-th, plus the ring's mean (L-1)/2 entries read and one written (x, B, dt);
 plus x, B, C, dt and out. % of copy: of the device-to-device copy measured in the same run.
 ``--tune`` sweeps the replayed kernel's launch configurations per batch bucket and writes
-the winners as a launch table (``NVIDIA_H200.json`` form, into --out). ``--smoke``: a tiny
+the winners as a launch table (``NVIDIA_H200.json`` form, into --out); ``--tune-flush`` keeps
+the table's tiles and tries only the other flushes and the split step on them. ``--smoke``: a tiny
 shape on the CPU under the Triton interpreter (checks only; times are meaningless).
 """
 
@@ -274,9 +275,12 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
     row = {"batch": batch, "state_dtype": str(dtype).removeprefix("torch."), "layers": layers}
     original = replay.launch_config
     # Batches between buckets (256) run the next bucket's entry: only the buckets are tuned.
-    if args.tune and replay.batch_bucket(batch) == batch:
+    if (args.tune or args.tune_flush) and replay.batch_bucket(batch) == batch:
         best, chosen = None, None
-        for cfg in tune_configs():
+        # --tune-flush: the table's own tiles (its flush choices dropped: the loop) only.
+        entry = replay.launch_config(batch, P, N, dtype)
+        entry = {k: v for k, v in entry.items() if k not in ("flush", "split_flush")}
+        for cfg in [entry] if args.tune_flush else tune_configs():
             try:
                 us = time_with(cfg, case, up)
             except Exception as err:  # noqa: BLE001 - a config that fails is skipped, noted
@@ -355,6 +359,7 @@ def main(argv=None):
     p.add_argument("--state-dtypes", default="float32,bfloat16")
     p.add_argument("--buffer-len", type=int, default=16)
     p.add_argument("--tune", action="store_true")
+    p.add_argument("--tune-flush", action="store_true", help="--tune on the table's tiles only")
     p.add_argument("--out", default=None, help="folder for replayssm.json (+ the table)")
     p.add_argument("--smoke", action="store_true", help="tiny shape, CPU, interpreter")
     args = p.parse_args(argv)

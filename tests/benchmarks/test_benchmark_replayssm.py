@@ -59,3 +59,26 @@ def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     (entry,) = json.loads(table.read_text())["entries"].values()
     assert entry == {"BLOCK_P": 16, "BLOCK_N": 32, "num_warps": 1, "flush": "tf32x3"}
     assert bench.replay.launch_config is real
+
+
+def test_tune_flush_keeps_the_table_tiles(tmp_path, monkeypatch):
+    """--tune-flush sweeps no tiles: it starts from the table's entry with its flush dropped
+    (the loop), then the other flushes and the split step on those tiles; the split wins."""
+    monkeypatch.setattr(sys, "argv", ["benchmark_replayssm.py"])
+    table_entry = {"BLOCK_P": 8, "BLOCK_N": 16, "num_warps": 1, "flush": "tf32x3"}
+    monkeypatch.setattr(bench.replay, "launch_config", lambda *a: dict(table_entry))
+
+    def fake_time(name, case, up):
+        cfg = bench.replay.launch_config(1, 64, 128, torch.float32)
+        return [0.5 if cfg.get("split_flush") and "flush" not in cfg else 1.0] * 3
+
+    monkeypatch.setattr(bench, "time_provider", fake_time)
+    args = ["--smoke", "--batches", "1", "--buffer-len", "3", "--state-dtypes", "float32"]
+    (row,) = bench.main([*args, "--tune-flush", "--out", str(tmp_path)])
+    tiles = {"BLOCK_P": 8, "BLOCK_N": 16, "num_warps": 1}
+    assert row["tune"][0] == {**tiles, "us": 1.0}  # the loop on the table's tiles, alone
+    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][1:]] == [
+        ("tf32x3", None), ("unroll", None), (None, True), ("unroll", True)]  # fmt: skip
+    (table,) = [p for p in tmp_path.glob("*.json") if p.name != "replayssm.json"]
+    (entry,) = json.loads(table.read_text())["entries"].values()
+    assert entry == {**tiles, "split_flush": True}
