@@ -38,11 +38,11 @@ def pytest_configure(config):
 LONGEST_FILES = (
     "tests/entrypoints/test_hybrid_serve.py",
     "tests/worker/test_mixed_graph_models_a.py",
-    "tests/worker/test_mixed_graph_models_b.py",
-    "tests/engine/test_replayssm_engine.py",
     "tests/worker/test_mixed_graph.py",
+    "tests/engine/test_replayssm_engine.py",
     "tests/lm_eval/test_local_completions.py",
     "tests/lm_eval/test_vllm_backend.py",
+    "tests/worker/test_mixed_graph_models_b.py",
 )
 
 

@@ -25,13 +25,22 @@ PROMPTS = [tokens(n, "pen", n) for n in (3, 21, 9)]
 
 @pytest.fixture(scope="module")
 def bamba(tmp_path_factory):
-    hf = make_bamba_hf(seed=3)
+    # Two layers (a Mamba2 and an attention one): the penalties are the sampler's, after
+    # the model; a deeper checkpoint adds interpreted work to every step and no check.
+    hf = make_bamba_hf(seed=3, num_hidden_layers=2, attn_layer_indices=[1])
     return hf, save_checkpoint(hf, tmp_path_factory.mktemp("bamba"))
 
 
-def test_repetition_penalty_equals_hf(bamba):
-    hf, path = bamba
-    llm = engine(path)
+@pytest.fixture(scope="module")
+def llm(bamba):
+    """One engine (default options: async scheduling) for the tests that generate on it:
+    each generate's requests are independent of those before, and the engine's start-up
+    (its warm-up) is paid once."""
+    return engine(bamba[1])
+
+
+def test_repetition_penalty_equals_hf(bamba, llm):
+    hf, _ = bamba
     for penalty in (1.6, 0.6):
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
                                 repetition_penalty=penalty)  # fmt: skip
@@ -44,11 +53,10 @@ def test_repetition_penalty_equals_hf(bamba):
     assert [o.outputs[0].token_ids for o in plain] != [o.outputs[0].token_ids for o in outs]
 
 
-def test_min_tokens_holds_a_stop_token_back_as_hf_does(bamba):
+def test_min_tokens_holds_a_stop_token_back_as_hf_does(bamba, llm):
     """The stop token is the plain run's second token: with min_tokens 4 it cannot come
     before the 5th token; HF's min_new_tokens does the same with it as EOS."""
-    hf, path = bamba
-    llm = engine(path)
+    hf, _ = bamba
     # Every prompt in one batch (as test_repetition_penalty_equals_hf's, equal to HF's).
     plain = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=2,
                          ignore_eos=True), use_tqdm=False)  # fmt: skip
@@ -83,8 +91,11 @@ def _check_presence_and_frequency(llm) -> None:
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
-def test_presence_and_frequency_penalties_follow_the_raw_logprobs(bamba, async_scheduling):
-    _check_presence_and_frequency(engine(bamba[1], async_scheduling=async_scheduling))
+def test_presence_and_frequency_penalties_follow_the_raw_logprobs(bamba, llm, async_scheduling):
+    assert llm.engine.config.async_scheduling  # the shared engine is the async one
+    _check_presence_and_frequency(
+        llm if async_scheduling else engine(bamba[1], async_scheduling=False)
+    )
 
 
 @pytest.mark.gpu
@@ -103,9 +114,7 @@ def test_penalties_on_the_gpu(bamba):
     assert stop not in llm.generate([PROMPTS[0]], held, use_tqdm=False)[0].outputs[0].token_ids[:4]
 
 
-def test_logit_bias_wins_or_forbids_and_names_a_bad_id(bamba):
-    _, path = bamba
-    llm = engine(path)
+def test_logit_bias_wins_or_forbids_and_names_a_bad_id(llm):
     prompt = PROMPTS[1]
     plain = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     base = llm.generate([prompt], plain, use_tqdm=False)[0].outputs[0].token_ids

@@ -15,6 +15,7 @@ gives the same text; a prompt over the limit is a 400 and the server carries on.
 from __future__ import annotations
 
 import concurrent.futures
+from functools import partial
 
 import httpx
 import pytest
@@ -30,16 +31,28 @@ from tests.models.mamba1_utils import make_hf as make_mamba1_hf
 from tests.models.nemotron_h_moe_utils import make_nemotron_h_moe_hf
 from vllm import LLM, SamplingParams
 
+# Each checkpoint with every layer kind of its architecture once (twice for Zamba2's one
+# shared block, two uses of its weights), fewer layers than the model tests' checkpoints:
+# what is compared is the server against the offline engine on the same directory, and
+# each layer is a second of interpreted work per step on the CPU, in both.
 MAKERS = {
-    "bamba": make_bamba_hf,
-    "nemotron_h": make_nemotron_h_hf,
-    "zamba2": make_zamba2_hf,
-    "lfm2": make_lfm2_hf,
+    "bamba": partial(make_bamba_hf, num_hidden_layers=2, attn_layer_indices=[1]),
+    "nemotron_h": make_nemotron_h_hf,  # on the GPU box only (GPU_ONLY)
+    "zamba2": partial(
+        make_zamba2_hf,
+        num_hidden_layers=3,
+        num_mem_blocks=1,
+        layers_block_type=["mamba", "hybrid", "hybrid"],
+    ),
+    "lfm2": partial(make_lfm2_hf, num_hidden_layers=2, layer_types=["conv", "full_attention"]),
     "falcon_mamba": lambda: make_mamba1_hf("falcon_mamba"),
-    "jamba": make_jamba_hf,
+    # Mamba with a dense MLP, then attention with experts
+    "jamba": partial(make_jamba_hf, num_hidden_layers=2),
     # The MoE hybrids of issue 34 (Jamba above is the fourth).
-    "granitemoehybrid": make_granite_hf,
-    "nemotron_h_moe": make_nemotron_h_moe_hf,
+    "granitemoehybrid": partial(
+        make_granite_hf, num_hidden_layers=2, layer_types=["mamba", "attention"]
+    ),
+    "nemotron_h_moe": partial(make_nemotron_h_moe_hf, pattern="ME*-"),  # Mamba2 MoE attn MLP
     "falcon_h1": make_falcon_h1_hf,
 }
 # Small limits, as the model tests use: a 16-token step budget and 4-token blocks.
@@ -66,7 +79,16 @@ def _cli_args(device: str) -> list[str]:
     return args
 
 
-@pytest.fixture(scope="module", params=list(MAKERS))
+# nemotron_h is the same NemotronHForCausalLM (config, loader, layers) as nemotron_h_moe,
+# whose pattern holds each of its layer kinds (Mamba2, attention, MLP): on the CPU it would
+# serve the same code a second time, so it runs on the GPU box only.
+GPU_ONLY = {"nemotron_h"}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(n, marks=pytest.mark.gpu) if n in GPU_ONLY else n for n in MAKERS],
+)
 def model_dir(request, tmp_path_factory):
     hf = MAKERS[request.param]()
     return save_checkpoint(hf, tmp_path_factory.mktemp(request.param))
