@@ -29,6 +29,10 @@ def test_step_bytes_and_smoke_run(tmp_path, monkeypatch):
     assert (tmp_path / "replayssm.json").is_file()
 
 
+# The flushes the tune tries after the tiles: dot, unrolled, then split with each flush.
+VARIANTS = [("tf32x3", None), ("unroll", None), (None, True), ("unroll", True), ("tf32x3", True)]
+
+
 def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     """--tune times each (BLOCK_P, BLOCK_N, num_warps) as given (it once forced BLOCK_N 128,
     so the table's 32/64 tiles were never measured), then the fastest's other flushes (a
@@ -49,9 +53,8 @@ def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "time_provider", fake_time)
     args = ["--smoke", "--batches", "1", "--buffer-len", "3", "--state-dtypes", "float32"]
     (row,) = bench.main([*args, "--tune", "--out", str(tmp_path)])
-    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64, 32, 32, 32, 32]
-    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][3:]] == [
-        ("tf32x3", None), ("unroll", None), (None, True), ("unroll", True)]  # fmt: skip
+    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64, 32, 32, 32, 32, 32]
+    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][3:]] == VARIANTS
     assert all(t["exact"] for t in row["tune"][3:])  # checked against the loop's states
     assert seen[:3] == [("ours_replay", 128), ("ours_replay", 32), ("ours_replay", 64)]
     assert ("ours_replay", 32) in seen[4:]  # the providers then run the chosen entry
@@ -77,8 +80,7 @@ def test_tune_flush_keeps_the_table_tiles(tmp_path, monkeypatch):
     (row,) = bench.main([*args, "--tune-flush", "--out", str(tmp_path)])
     tiles = {"BLOCK_P": 8, "BLOCK_N": 16, "num_warps": 1}
     assert row["tune"][0] == {**tiles, "us": 1.0}  # the loop on the table's tiles, alone
-    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][1:]] == [
-        ("tf32x3", None), ("unroll", None), (None, True), ("unroll", True)]  # fmt: skip
+    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][1:]] == VARIANTS
     (table,) = [p for p in tmp_path.glob("*.json") if p.name != "replayssm.json"]
     (entry,) = json.loads(table.read_text())["entries"].values()
     assert entry == {**tiles, "split_flush": True}

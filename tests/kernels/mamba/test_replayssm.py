@@ -192,6 +192,7 @@ CONFIGS = [
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="unroll"),
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, split_flush=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="unroll", split_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="tf32x3", split_flush=True),
 ]
 
 
