@@ -107,10 +107,10 @@ class EngineConfig:
     read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
     128); the rings are part of the state pool (counted in its memory and so in what
     ``gpu_memory_utilization`` leaves for the KV cache). Off by default, as upstream's
-    ``use_replayssm``: on the H200 the replayed kernel beats the every-step update from
-    batch 32 (fp32 state 1.58x at batch 128) but not at batch 1 (bf16 0.74x), and the
-    end-to-end decode step with it is not measured yet (docs/benchmarks/replayssm_h200.md).
-    None is accepted and means off.
+    ``use_replayssm``: end to end it wins at batch 128 (H100: 1.34x output tok/s with an
+    fp32 state, 1.17x bf16), but the decode step at batch 1 and serving with it are not
+    measured yet (docs/benchmarks/replayssm_h200.md), and it serves Mamba2 layers only (a
+    default would have to depend on the model). None is accepted and means off.
 
     ``enable_prefix_caching`` (vLLM's flag; None, the default: on, as upstream's, where a
     checkpoint line fits; for a hybrid a hit also shares the attention KV blocks,
