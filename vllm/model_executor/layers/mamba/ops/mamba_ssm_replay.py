@@ -115,6 +115,7 @@ def _replay_ssm_kernel(
     N_TILES: tl.constexpr,
     FLUSH_DOT: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr,
+    FLUSH_PREFETCH: tl.constexpr,
     PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
@@ -246,6 +247,23 @@ def _replay_ssm_kernel(
                     p_Bk = p_rB + k * stride_rB_k + o_n * stride_rB_n
                     b_Bk = tl.load(p_Bk, mask=m_n & valid, other=0.0)
                     b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
+            elif FLUSH_PREFETCH:
+                # The loop below with each entry's x and B loaded one trip ahead (masked off
+                # past the last), so a trip's loads land while the previous trip's update
+                # runs: the same updates in the same order, two vectors more in registers.
+                first = b_n > 0
+                b_xk = tl.load(p_rx + o_p * stride_rx_p, mask=m_p & first, other=0.0)
+                b_Bk = tl.load(p_rB + o_n * stride_rB_n, mask=m_n & first, other=0.0)
+                for k in range(0, b_n):
+                    ahead = k + 1 < b_n
+                    p_xk = p_rx + (k + 1) * stride_rx_k + o_p * stride_rx_p
+                    b_xnext = tl.load(p_xk, mask=m_p & ahead, other=0.0)
+                    p_Bk = p_rB + (k + 1) * stride_rB_k + o_n * stride_rB_n
+                    b_Bnext = tl.load(p_Bk, mask=m_n & ahead, other=0.0)
+                    w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
+                    b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
+                    b_xk = b_xnext
+                    b_Bk = b_Bnext
             else:
                 # One rank-1 fp32 update per valid entry (plain fp32 FMAs, no operand tiles
                 # held in registers; each entry's loads wait on the loop).
@@ -310,15 +328,16 @@ def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) ->
     return configs.lookup(CONFIG_DIR, key)
 
 
-FLUSHES = ("loop", "tf32x3", "unroll")
+FLUSHES = ("loop", "tf32x3", "unroll", "prefetch")
 
 
 def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     """The constexprs a configuration gives at this shape (tiles are powers of two).
     ``flush``: how a flush folds the ring into the state, "loop" (default: a rank-1 fp32
     update per entry), "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
-    are at least 16, ``tl.dot``'s least; else the loop) or "unroll" (the loop's updates
-    unrolled over the ring's entries, each weight a scalar). ``split_flush``: a decode
+    are at least 16, ``tl.dot``'s least; else the loop), "unroll" (the loop's updates
+    unrolled over the ring's entries, each weight a scalar) or "prefetch" (the loop, each
+    entry's loads issued a trip ahead). ``split_flush``: a decode
     step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
     whose kernel then holds no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
@@ -327,7 +346,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     flush = cfg.get("flush", "loop")
     if flush not in FLUSHES:
         raise ValueError(f"replayssm launch table: flush must be one of {FLUSHES}, got {flush!r}")
-    dot = flush != "loop" and block_p >= 16 and block_n >= 16
+    dot = flush == "tf32x3" and block_p >= 16 and block_n >= 16
     out = dict(
         BLOCK_P=block_p,
         BLOCK_N=block_n,
@@ -335,6 +354,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         num_warps=int(cfg.get("num_warps", 1)),
         FLUSH_DOT=dot,
         FLUSH_UNROLL=flush == "unroll",
+        FLUSH_PREFETCH=flush == "prefetch",
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
