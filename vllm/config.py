@@ -106,12 +106,11 @@ class EngineConfig:
     ring of its last ``replayssm_buffer_len`` - 1 decode steps' inputs, so a slot's state is
     read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
     128); the rings are part of the state pool (counted in its memory and so in what
-    ``gpu_memory_utilization`` leaves for the KV cache). Off by default, as upstream's
-    ``use_replayssm``: on the H100 it wins end to end (1.34x output tok/s with an fp32
-    state, 1.17x bf16), served (1.25x) and at batch 1 loses nothing, but on the H200 its
-    kernel lost at bf16 batch 8, the GPU suite has not run with it on, and it serves Mamba2
-    layers only, so a default would depend on the model (docs/benchmarks/replayssm_h200.md).
-    None is accepted and means off.
+    ``gpu_memory_utilization`` leaves for the KV cache). Off by default, as upstream's: on
+    the H100 it wins end to end (fp32 state 1.34x, bf16 1.17x), served (1.25x) and loses
+    nothing at batch 1, but its H200 kernel lost at bf16 batch 8, the GPU suite has not run
+    with it on, and it serves Mamba2 layers only (docs/benchmarks/replayssm_h200.md). None
+    is accepted and means off.
 
     ``enable_prefix_caching`` (vLLM's flag; None, the default: on, as upstream's, where a
     checkpoint line fits; for a hybrid a hit also shares the attention KV blocks,

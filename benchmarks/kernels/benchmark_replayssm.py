@@ -244,10 +244,9 @@ TUNE = tuple(
 )  # fmt: skip
 
 
-# The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): one
-# tl.dot, unrolled, the loop with its loads a trip ahead, and a step in two launches (the
-# ordinary kernel then holds no flush code, so the flush's registers cost the ordinary
-# steps nothing) with the loop, unrolled or the dot.
+# The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): the
+# dot, unrolled, prefetched, and a step in two launches (the ordinary kernel then holds no
+# flush code, so the flush's registers cost the ordinary steps nothing).
 FLUSH_VARIANTS = ({"flush": "tf32x3"}, {"flush": "unroll"}, {"flush": "prefetch"},
                   {"split_flush": True}, {"flush": "unroll", "split_flush": True},
                   {"flush": "tf32x3", "split_flush": True})  # fmt: skip
@@ -278,10 +277,9 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
     original = replay.launch_config
     # Batches between buckets (256) run the next bucket's entry: only the buckets are tuned.
     if (args.tune or args.tune_flush) and replay.batch_bucket(batch) == batch:
-        best, chosen = None, None
-        # --tune-flush: the table's own tiles (its flush choices dropped: the loop) only.
-        entry = replay.launch_config(batch, P, N, dtype)
-        entry = {k: v for k, v in entry.items() if k not in ("flush", "split_flush")}
+        best, chosen = None, None  # --tune-flush: the table's tiles only, with the loop
+        entry = {k: v for k, v in replay.launch_config(batch, P, N, dtype).items()
+                 if k not in ("flush", "split_flush")}  # fmt: skip
         for cfg in [entry] if args.tune_flush else tune_configs():
             try:
                 us = time_with(cfg, case, up)
