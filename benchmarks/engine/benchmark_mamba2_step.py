@@ -20,7 +20,7 @@ Steps (rows in the engine's order: decodes first, then the prefill):
   to the bucket's tokens within ``--max-num-batched-tokens``), its host packing and upload
   included.
 
-``--use-replayssm`` (default: on for CUDA, as the engine) gives the pool the replay rings of
+``--use-replayssm`` (default: off, as the engine) gives the pool the replay rings of
 ``--replayssm-buffer-len`` steps, so decode rows take the replayed update; each decode
 slot's counter starts at its slot number mod L (its ring entries zero, a valid state), so
 every step flushes the share of rows a long-running engine does, not all or none of them.
@@ -84,8 +84,9 @@ def parse_args(argv):
     p.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=2048,
-        help="the engine limit the mixed step's graph bucket is chosen within",
+        default=None,
+        help="the engine limit the mixed step's graph bucket is chosen within (default: the "
+        "mixed step's own tokens, so a bucket holds it)",
     )
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps per kind")
@@ -111,6 +112,8 @@ def parse_args(argv):
         p.error(f"unknown backends {sorted(unknown)}: use triton and/or cuda")
     if args.prefill_len < 1 or args.num_decodes < 0 or args.decode_batch < 1 or args.iters < 1:
         p.error("need --prefill-len >= 1, --num-decodes >= 0, --decode-batch >= 1, --iters >= 1")
+    if args.max_num_batched_tokens is None:  # a fixed 2,048 left the default step outside
+        args.max_num_batched_tokens = args.num_decodes + args.prefill_len
     return args
 
 

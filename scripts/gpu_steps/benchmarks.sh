@@ -58,8 +58,6 @@ wheels() {
 # Replayed decode (docs/replayssm.md): the kernel table against upstream 0.33's kernels when
 # a carried .upstream/ holds them (~1 minute), then the CUDA-graph decode step at batch 128,
 # fp32 and bf16 state, replay on and off (~2 minutes). REPLAY_BENCH_ARGS adds kernel options.
-# The step benchmark's mixed step (127 decodes + a 1,024-token prefill) must fit a mixed-graph
-# bucket (max_num_batched_tokens 2,048): its default 2,048-token prefill fits none.
 replay_bench() {
     local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     [ -d .upstream ] && path="$path:$PWD/.upstream"
@@ -70,7 +68,7 @@ replay_bench() {
     for dtype in float32 bfloat16; do
         for flag in --use-replayssm --no-use-replayssm; do
             python3 -m benchmarks.engine.benchmark_mamba2_step --backends triton --decode-batch 128 \
-                --num-decodes 127 --prefill-len 1024 --iters 16 --mamba-ssm-cache-dtype $dtype $flag \
+                --num-decodes 127 --iters 16 --mamba-ssm-cache-dtype $dtype $flag \
                 --out "$out/replay/step_${dtype}${flag}.json" 2>&1 | tee -a "$out/replay_step.log"
         done
     done

@@ -48,3 +48,12 @@ def test_tiny_step_on_cpu(tmp_path, capsys, monkeypatch):
 def test_rejects_unknown_backend():
     with pytest.raises(SystemExit):
         bench.main([*SMALL, "--backends", "triton,rocm"])
+
+
+def test_the_default_limit_holds_the_mixed_step():
+    """Without --max-num-batched-tokens the limit is the mixed step's own tokens, so its
+    graph bucket exists (a fixed 2,048 left the default 255 decodes + 2,048 prompt tokens
+    outside every bucket, ending the run before its decode step); a given limit is kept."""
+    assert bench.parse_args([]).max_num_batched_tokens == 255 + 2048
+    assert bench.parse_args(["--num-decodes", "127"]).max_num_batched_tokens == 127 + 2048
+    assert bench.parse_args(["--max-num-batched-tokens", "4096"]).max_num_batched_tokens == 4096

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.models.hf_builders import make_bamba_hf
-from tests.models.hybrid_utils import engine, hf_greedy, save_checkpoint, tokens
+from tests.models.hybrid_utils import FEW_LAYERS, engine, hf_greedy, save_checkpoint, tokens
 from vllm import SamplingParams
 
 PROMPTS = [tokens(n, "pen", n) for n in (3, 21, 9)]
@@ -27,7 +27,7 @@ PROMPTS = [tokens(n, "pen", n) for n in (3, 21, 9)]
 def bamba(tmp_path_factory):
     # Two layers (a Mamba2 and an attention one): the penalties are the sampler's, after
     # the model; a deeper checkpoint adds interpreted work to every step and no check.
-    hf = make_bamba_hf(seed=3, num_hidden_layers=2, attn_layer_indices=[1])
+    hf = make_bamba_hf(seed=3, **FEW_LAYERS["bamba"])
     return hf, save_checkpoint(hf, tmp_path_factory.mktemp("bamba"))
 
 

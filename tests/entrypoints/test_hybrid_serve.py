@@ -24,35 +24,25 @@ from tests.entrypoints.utils import RemoteServer
 from tests.models.falcon_h1_utils import make_falcon_h1_hf
 from tests.models.granitemoehybrid_utils import make_granite_hf
 from tests.models.hf_builders import make_bamba_hf, make_nemotron_h_hf, make_zamba2_hf
-from tests.models.hybrid_utils import save_checkpoint, tokens
+from tests.models.hybrid_utils import FEW_LAYERS, save_checkpoint, tokens
 from tests.models.jamba_utils import make_jamba_hf
 from tests.models.lfm2_utils import make_lfm2_hf
 from tests.models.mamba1_utils import make_hf as make_mamba1_hf
 from tests.models.nemotron_h_moe_utils import make_nemotron_h_moe_hf
 from vllm import LLM, SamplingParams
 
-# Each checkpoint with every layer kind of its architecture once (twice for Zamba2's one
-# shared block, two uses of its weights), fewer layers than the model tests' checkpoints:
-# what is compared is the server against the offline engine on the same directory, and
-# each layer is a second of interpreted work per step on the CPU, in both.
+# Every layer kind once in the fewest layers (FEW_LAYERS): what is compared is the server
+# against the offline engine on the same directory.
 MAKERS = {
-    "bamba": partial(make_bamba_hf, num_hidden_layers=2, attn_layer_indices=[1]),
+    "bamba": partial(make_bamba_hf, **FEW_LAYERS["bamba"]),
     "nemotron_h": make_nemotron_h_hf,  # on the GPU box only (GPU_ONLY)
-    "zamba2": partial(
-        make_zamba2_hf,
-        num_hidden_layers=3,
-        num_mem_blocks=1,
-        layers_block_type=["mamba", "hybrid", "hybrid"],
-    ),
-    "lfm2": partial(make_lfm2_hf, num_hidden_layers=2, layer_types=["conv", "full_attention"]),
+    "zamba2": partial(make_zamba2_hf, **FEW_LAYERS["zamba2"]),
+    "lfm2": partial(make_lfm2_hf, **FEW_LAYERS["lfm2"]),
     "falcon_mamba": lambda: make_mamba1_hf("falcon_mamba"),
-    # Mamba with a dense MLP, then attention with experts
-    "jamba": partial(make_jamba_hf, num_hidden_layers=2),
+    "jamba": partial(make_jamba_hf, **FEW_LAYERS["jamba"]),
     # The MoE hybrids of issue 34 (Jamba above is the fourth).
-    "granitemoehybrid": partial(
-        make_granite_hf, num_hidden_layers=2, layer_types=["mamba", "attention"]
-    ),
-    "nemotron_h_moe": partial(make_nemotron_h_moe_hf, pattern="ME*-"),  # Mamba2 MoE attn MLP
+    "granitemoehybrid": partial(make_granite_hf, **FEW_LAYERS["granite"]),
+    "nemotron_h_moe": partial(make_nemotron_h_moe_hf, **FEW_LAYERS["nemotron_h_moe"]),
     "falcon_h1": make_falcon_h1_hf,
 }
 # Small limits, as the model tests use: a 16-token step budget and 4-token blocks.

@@ -24,6 +24,21 @@ from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
 from vllm.worker.cache_engine import CacheEngine
 
 VOCAB = 320  # the tiny tokenizer's size: every id the model can sample decodes
+# The builders' overrides for the engine and server tests' checkpoints (the mixed graphs',
+# the served hybrids', the penalties'): every layer kind once in the fewest layers, as each
+# layer is a second of interpreted work per step on the CPU. Zamba2's one shared block is
+# used twice (two KV caches on one block's weights); NemotronH-MoE: Mamba2, MoE, attention,
+# MLP; Jamba: Mamba1 with a dense MLP, then attention with experts.
+FEW_LAYERS = {
+    "bamba": dict(num_hidden_layers=2, attn_layer_indices=[1]),
+    "zamba2": dict(
+        num_hidden_layers=3, num_mem_blocks=1, layers_block_type=["mamba", "hybrid", "hybrid"]
+    ),  # fmt: skip
+    "granite": dict(num_hidden_layers=2, layer_types=["mamba", "attention"]),
+    "nemotron_h_moe": dict(pattern="ME*-"),
+    "lfm2": dict(num_hidden_layers=2, layer_types=["conv", "full_attention"]),
+    "jamba": dict(num_hidden_layers=2),
+}
 
 
 @torch.no_grad()

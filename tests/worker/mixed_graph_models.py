@@ -10,7 +10,7 @@ from dataclasses import replace
 from tests.engine.utils import ASYNC_SCHED_CONFIG, BAMBA
 from tests.models.granitemoehybrid_utils import make_granite_hf
 from tests.models.hf_builders import make_nemotron_h_hf, make_zamba2_hf
-from tests.models.hybrid_utils import save_checkpoint
+from tests.models.hybrid_utils import FEW_LAYERS, save_checkpoint
 from tests.models.jamba_utils import dummy_config as jamba_config
 from tests.models.lfm2_utils import make_lfm2_hf
 from tests.models.mamba1_utils import dummy_config as mamba1_config
@@ -21,18 +21,9 @@ def _hf_dir(make, tmp_path, **overrides) -> str:
     return str(save_checkpoint(make(**overrides), tmp_path / "hf"))
 
 
-# Fewer layers than the model tests' checkpoints (each layer is a second of interpreted
-# work per padded step on the CPU), every layer kind kept: Bamba's Mamba2 and attention
-# layers, Zamba2's Mamba2 layer and its one shared block used twice (two KV caches on one
-# block's weights), Granite's Mamba2 and attention layers (each with its experts),
-# NemotronH's Mamba2, MoE, attention and MLP, LFM2's short conv and attention, Jamba's
-# Mamba1 with a dense MLP and attention with experts.
+# Fewer layers than the model tests' checkpoints, every layer kind kept (FEW_LAYERS); Bamba's
+# is this engine config's Mamba2 layer then its attention layer.
 BAMBA_SMALL = replace(BAMBA, num_hidden_layers=2, attn_layer_indices=(1,))
-ZAMBA2_SMALL = dict(num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "hybrid"],
-                    num_mem_blocks=1)  # fmt: skip
-GRANITE_SMALL = dict(num_hidden_layers=2, layer_types=["mamba", "attention"])
-NEMOTRON_H_MOE_SMALL = dict(pattern="ME*-")
-LFM2_SMALL = dict(num_hidden_layers=2, layer_types=["conv", "full_attention"])
 
 
 MODELS = {
@@ -41,13 +32,15 @@ MODELS = {
     # NemotronH (Mamba2, attention and MLP blocks) and Zamba2 (a shared attention block
     # beside its Mamba2 layers), from tiny transformers checkpoints.
     "nemotron_h": lambda tmp: _hf_dir(make_nemotron_h_hf, tmp),
-    "zamba2": lambda tmp: _hf_dir(make_zamba2_hf, tmp, **ZAMBA2_SMALL),
+    "zamba2": lambda tmp: _hf_dir(make_zamba2_hf, tmp, **FEW_LAYERS["zamba2"]),
     # Routed experts (FusedMoE: Granite's softmax top-k, NemotronH's grouped sigmoid with
     # relu^2 experts) and LFM2's short conv beside attention.
-    "granite_moe": lambda tmp: _hf_dir(make_granite_hf, tmp, **GRANITE_SMALL),
-    "nemotron_h_moe": lambda tmp: _hf_dir(make_nemotron_h_moe_hf, tmp, **NEMOTRON_H_MOE_SMALL),
-    "lfm2": lambda tmp: _hf_dir(make_lfm2_hf, tmp, **LFM2_SMALL),
+    "granite_moe": lambda tmp: _hf_dir(make_granite_hf, tmp, **FEW_LAYERS["granite"]),
+    "nemotron_h_moe": lambda tmp: _hf_dir(
+        make_nemotron_h_moe_hf, tmp, **FEW_LAYERS["nemotron_h_moe"]
+    ),
+    "lfm2": lambda tmp: _hf_dir(make_lfm2_hf, tmp, **FEW_LAYERS["lfm2"]),
     # Mamba1's selective scan: FalconMamba alone, and Jamba beside attention and experts.
     "falcon_mamba": lambda tmp: mamba1_config("falcon_mamba"),
-    "jamba": lambda tmp: jamba_config(num_hidden_layers=2),
+    "jamba": lambda tmp: jamba_config(**FEW_LAYERS["jamba"]),
 }
