@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from vllm import envs
 from vllm.compilation_config import CUDAGRAPH_MODES, CompilationConfig  # noqa: F401
 from vllm.executor.tp_checks import check_tp_divisibility
 from vllm.logger import init_logger
@@ -106,11 +107,10 @@ class EngineConfig:
     ring of its last ``replayssm_buffer_len`` - 1 decode steps' inputs, so a slot's state is
     read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
     128); the rings are part of the state pool (counted in its memory and so in what
-    ``gpu_memory_utilization`` leaves for the KV cache). Off by default, as upstream's: on
-    the H100 it wins end to end (fp32 state 1.34x, bf16 1.17x), served (1.25x) and loses
-    nothing at batch 1, but its H200 kernel lost at bf16 batch 8, the GPU suite has not run
-    with it on, and it serves Mamba2 layers only (docs/benchmarks/replayssm_h200.md). None
-    is accepted and means off.
+    ``gpu_memory_utilization`` leaves for the KV cache). None (the default) takes
+    ``VLLM_USE_REPLAYSSM`` (vllm/envs.py; unset: off, as upstream). It wins on the H100 (1.34x
+    end to end at fp32, 1.17x bf16, none lost at batch 1), but serves Mamba2 layers only and
+    its H200 kernel lost at bf16 batch 8 (docs/benchmarks/replayssm_h200.md).
 
     ``enable_prefix_caching`` (vLLM's flag; None, the default: on, as upstream's, where a
     checkpoint line fits; for a hybrid a hit also shares the attention KV blocks,
@@ -160,7 +160,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     long_prefill_token_threshold: int = 0
     max_mixed_step_ratio: float = 0.0
-    use_replayssm: bool = False
+    use_replayssm: bool | None = None
     replayssm_buffer_len: int = 16
     enable_prefix_caching: bool | None = None
     mamba_block_size: int = 64
@@ -251,7 +251,7 @@ class EngineConfig:
                 "used (no CUDA graphs)", asked,
             )  # fmt: skip
         if self.use_replayssm is None:
-            self.use_replayssm = False
+            self.use_replayssm = bool(envs.VLLM_USE_REPLAYSSM)
         if not isinstance(self.use_replayssm, bool):
             raise ValueError(f"use_replayssm must be True or False, got {self.use_replayssm!r}")
         self._check_prefix_caching()

@@ -30,6 +30,12 @@ VLLM_ENABLE_V1_MULTIPROCESSING (bool, default True)
     for the GIL while the server's event loop streams; "0": it runs on a thread of the
     server's process. ``LLM`` (offline) always runs the core in the calling thread.
 
+VLLM_USE_REPLAYSSM (optional bool, default unset)
+    The default of ``use_replayssm`` (``--use-replayssm``) when neither the command line nor
+    ``LLM(...)`` gives it: "1" turns replayed decode on for every engine this process and
+    its children start, "0" or unset leaves it off (upstream's default). An explicit value
+    wins. For running whole suites with it on (``scripts/gpu_check.sh``'s gpu_tests step).
+
 HF_HUB_OFFLINE (bool, default False)
     huggingface_hub's own variable (``TRANSFORMERS_OFFLINE`` too), read with its reading
     ("1", "true", "yes", "on", any case): a Hugging Face Hub id (``vllm serve ORG/NAME``)
@@ -109,6 +115,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_LOGGING_LEVEL": lambda: _level("VLLM_LOGGING_LEVEL", "INFO"),
     "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
     "VLLM_ENABLE_V1_MULTIPROCESSING": lambda: _flag("VLLM_ENABLE_V1_MULTIPROCESSING", True),
+    "VLLM_USE_REPLAYSSM": lambda: _optional_flag("VLLM_USE_REPLAYSSM"),
     "HF_HUB_OFFLINE": _hf_offline,
     "TRITON_INTERPRET": lambda: _triton_flag("TRITON_INTERPRET"),
 }

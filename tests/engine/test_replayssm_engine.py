@@ -39,7 +39,8 @@ def make_llm(device, replay: bool, async_scheduling: bool = True, **kw) -> LLM:
     )
 
 
-def test_flags_parse_and_validate():
+def test_flags_parse_and_validate(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_REPLAYSSM", raising=False)
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
 
     def args(*argv):
@@ -47,15 +48,26 @@ def test_flags_parse_and_validate():
         ns.model = CONFIG
         return EngineArgs.from_cli_args(ns)
 
-    assert args().use_replayssm is False and args().replayssm_buffer_len == 16
+    def resolved(**kw):
+        return EngineArgs(CONFIG, device="cpu", **kw).create_engine_config().use_replayssm
+
+    assert args().use_replayssm is None and args().replayssm_buffer_len == 16
+    assert args().create_engine_config().use_replayssm is False
     assert args("--use-replayssm", "--replayssm-buffer-len", "8").use_replayssm is True
     assert args("--no-use-replayssm").use_replayssm is False
-    # Off unless asked for, as upstream's use_replayssm; None (accepted) is off too.
-    assert EngineArgs(CONFIG, device="cpu").create_engine_config().use_replayssm is False
-    assert (
-        EngineArgs(CONFIG, device="cpu", use_replayssm=None).create_engine_config().use_replayssm
-        is False
-    )
+    # Off unless asked for, as upstream's use_replayssm (None: VLLM_USE_REPLAYSSM, unset).
+    assert resolved() is False and resolved(use_replayssm=None) is False
+    # The variable sets the default only: a value given wins, a bad value names it.
+    monkeypatch.setenv("VLLM_USE_REPLAYSSM", "1")
+    assert resolved() is True and args().create_engine_config().use_replayssm is True
+    assert resolved(use_replayssm=False) is False
+    assert args("--no-use-replayssm").create_engine_config().use_replayssm is False
+    monkeypatch.setenv("VLLM_USE_REPLAYSSM", "0")
+    assert resolved() is False
+    monkeypatch.setenv("VLLM_USE_REPLAYSSM", "sometimes")
+    with pytest.raises(ValueError, match="VLLM_USE_REPLAYSSM"):
+        resolved()
+    monkeypatch.delenv("VLLM_USE_REPLAYSSM")
     for bad in (1, 129, 2.0, True):
         with pytest.raises(ValueError, match="--replayssm-buffer-len"):
             EngineArgs(CONFIG, device="cpu", replayssm_buffer_len=bad).create_engine_config()

@@ -53,7 +53,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
-    use_replayssm: bool = False
+    use_replayssm: bool | None = None
     replayssm_buffer_len: int = 16
     enable_prefix_caching: bool | None = None
     mamba_block_size: int = 64
@@ -195,7 +195,8 @@ class EngineArgs:
             default=d["use_replayssm"],
             help="replayed decode for the Mamba2 layers: a state slot is written every "
             "--replayssm-buffer-len steps, its last steps' inputs kept in a ring "
-            "(default off, as upstream; --no-use-replayssm: every step)",
+            "(default off, as upstream, unless VLLM_USE_REPLAYSSM=1; --no-use-replayssm: "
+            "every step)",
         )
         g.add_argument(
             "--replayssm-buffer-len",
