@@ -108,9 +108,8 @@ class EngineConfig:
     read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
     128); the rings are part of the state pool (counted in its memory and so in what
     ``gpu_memory_utilization`` leaves for the KV cache). None (the default) takes
-    ``VLLM_USE_REPLAYSSM`` (vllm/envs.py; unset: off, as upstream). It wins on the H100 (1.34x
-    end to end at fp32, 1.17x bf16, none lost at batch 1), but serves Mamba2 layers only and
-    its H200 kernel lost at bf16 batch 8 (docs/benchmarks/replayssm_h200.md).
+    ``VLLM_USE_REPLAYSSM`` (vllm/envs.py; unset: off, as upstream; models with Mamba1 layers
+    stay off). Why off: replayssm_h200.md (H100: 1.34x end to end at fp32, 1.17x bf16).
 
     ``enable_prefix_caching`` (vLLM's flag; None, the default: on, as upstream's, where a
     checkpoint line fits; for a hybrid a hit also shares the attention KV blocks,
@@ -170,9 +169,10 @@ class EngineConfig:
     enable_mamba_prompt_end_checkpoint: bool = False
     enable_mamba_align_cold_checkpoint: bool = False
     compilation_config: CompilationConfig | dict | str | None = None
-    # Set from the fields above: where the model's and the tokenizer's files are.
+    # Set from the fields above: the model's and tokenizer's files; replay from the variable.
     model_dir: Any = field(init=False, default=None, repr=False)
     tokenizer_dir: Any = field(init=False, default=None, repr=False)
+    replayssm_by_default: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self):
         model = self.model
@@ -250,8 +250,8 @@ class EngineConfig:
                 "enforce_eager wins over compilation_config: cudagraph_mode %s ignored, NONE "
                 "used (no CUDA graphs)", asked,
             )  # fmt: skip
-        if self.use_replayssm is None:
-            self.use_replayssm = bool(envs.VLLM_USE_REPLAYSSM)
+        if self.use_replayssm is None:  # a default: Mamba2 layers only (cache_engine.py)
+            self.use_replayssm = self.replayssm_by_default = bool(envs.VLLM_USE_REPLAYSSM)
         if not isinstance(self.use_replayssm, bool):
             raise ValueError(f"use_replayssm must be True or False, got {self.use_replayssm!r}")
         self._check_prefix_caching()

@@ -13,6 +13,7 @@ import torch
 from tests.engine.utils import ASYNC_SCHED_CONFIG as CONFIG
 from tests.engine.utils import bamba_llm, workload
 from tests.engine.utils import generate_outcomes as run
+from tests.models.mamba1_utils import dummy_config as mamba1_config
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.stats import startup_line
@@ -71,6 +72,24 @@ def test_flags_parse_and_validate(monkeypatch):
     for bad in (1, 129, 2.0, True):
         with pytest.raises(ValueError, match="--replayssm-buffer-len"):
             EngineArgs(CONFIG, device="cpu", replayssm_buffer_len=bad).create_engine_config()
+
+
+def test_default_from_the_variable_skips_mamba1_models(monkeypatch):
+    """VLLM_USE_REPLAYSSM=1 turns replay on where it applies: a Mamba2 model's pool gets
+    the rings, a Mamba1 model starts (and generates) without; asked for explicitly, the
+    Mamba1 model refuses it by name."""
+    monkeypatch.setenv("VLLM_USE_REPLAYSSM", "1")
+    opts = dict(load_format="dummy", dtype="float32", device="cpu", max_num_seqs=2)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    mamba2 = LLM(CONFIG, **opts)
+    assert mamba2.engine.runner.pool.replay_len == 16
+    falcon = LLM(mamba1_config("falcon_mamba"), **opts)
+    assert falcon.engine.config.use_replayssm is True  # the default asked, the model declined
+    assert falcon.engine.runner.pool.replay_len == 0
+    out = falcon.generate([{"prompt_token_ids": [3, 5, 7]}], greedy, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+    with pytest.raises(ValueError, match="Mamba2 layers only"):
+        LLM(mamba1_config("falcon_mamba"), use_replayssm=True, **opts)
 
 
 def test_pool_memory_counts_the_ring(device):

@@ -91,6 +91,20 @@ def auto_checkpoint_lines(per_line: int, num_seqs: int, free_bytes: int | None,
     return max(0, min(num_seqs, math.floor(CHECKPOINT_SHARE * left / per_line)))
 
 
+def replay_len_for(model, config) -> int:
+    """The ring length L every Mamba spec of ``model`` gets: ``replayssm_buffer_len`` under
+    ``use_replayssm``, else 0. Replay taken by default (``VLLM_USE_REPLAYSSM``) stays off
+    for a model with a Mamba1 layer; asked for there, the layer's spec refuses it."""
+    if not config.use_replayssm:
+        return 0
+    if getattr(config, "replayssm_by_default", False):
+        specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
+        if any(isinstance(s, MambaStateSpec) and len(s.ssm_shape) != 3 for s in specs):
+            logger.info("VLLM_USE_REPLAYSSM: replayed decode off, this model has Mamba1 layers")
+            return 0
+    return config.replayssm_buffer_len
+
+
 def checkpoint_lines_for(model, config, device: torch.device) -> int:
     """``config.num_checkpoint_lines``, or where it is None (caching on, no count given)
     ``auto_checkpoint_lines`` of the model's state line, the least over the tensor-parallel
@@ -98,7 +112,7 @@ def checkpoint_lines_for(model, config, device: torch.device) -> int:
     lines = config.num_checkpoint_lines
     if lines is not None:
         return lines
-    replay = config.replayssm_buffer_len if config.use_replayssm else 0
+    replay = replay_len_for(model, config)
     specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
     per_line = line_bytes(
         replace(s, replay_len=replay) for s in specs if isinstance(s, MambaStateSpec)

@@ -32,7 +32,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.staged_upload import StagedUpload
 from vllm.step_io import StepInputs
-from vllm.worker.cache_engine import CacheEngine, checkpoint_lines_for
+from vllm.worker.cache_engine import CacheEngine, checkpoint_lines_for, replay_len_for
 from vllm.worker.cuda_graph import DecodeGraphs
 from vllm.worker.mixed_graph import (
     MixedGraphs,
@@ -86,7 +86,7 @@ class ModelRunner:
             block_size=config.block_size,
             ssm_dtype=config.ssm_state_dtype,
             device=self.device,
-            replayssm_buffer_len=config.replayssm_buffer_len if config.use_replayssm else 0,
+            replayssm_buffer_len=replay_len_for(self.model, config),
             num_checkpoint_lines=lines,
         )
         self.pool = self.cache.mamba_pool
