@@ -59,11 +59,22 @@ _MAMBA1_FUNCS = (
 _CONV_FUNCS = ("causal_conv1d_fn", "causal_conv1d_update")
 
 
-def prepare_kernels(choice: str, on_cuda: bool) -> str | None:
+# transformers' models whose scan is mamba_ssm's selective_scan_fn: a CUDA op, absent from
+# the pure-Python wheel, so a module that only imports would be taken and fail when called.
+_MAMBA1_ARCHITECTURES = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM")
+
+
+def prepare_kernels(choice: str, on_cuda: bool, architecture: str | None = None) -> str | None:
     """Put mamba_ssm's Triton modules in place as ``choice`` asks (before transformers
-    imports its Mamba2 model); returns why they were not, or None when they were."""
+    imports its Mamba2 model); returns why they were not, or None when they were. For a
+    Mamba1 ``architecture`` they never are (HF's PyTorch scan; SystemExit if asked)."""
     if choice == "torch":
         return "--hf-kernels torch"
+    if architecture in _MAMBA1_ARCHITECTURES:
+        why = f"{architecture}'s scan is mamba_ssm's CUDA op, not in its pure-Python wheel"
+        if choice == "mamba_ssm":
+            raise SystemExit(f"--hf-kernels mamba_ssm: {why}")
+        return why
     if choice == "auto" and not on_cuda:
         return "not on CUDA (auto)"
     from benchmarks.common.mamba_ssm_import import import_mamba_ssm_triton
@@ -190,7 +201,7 @@ def run_hf(args, model, config, requests, t_start: float) -> dict:
 
     on_cuda = args.device == "cuda"
     device = torch.device(args.device)
-    not_fast = prepare_kernels(args.hf_kernels, on_cuda)
+    not_fast = prepare_kernels(args.hf_kernels, on_cuda, config.architecture)
 
     def sync():
         if on_cuda:

@@ -57,3 +57,20 @@ def test_lfm2_shape_ours_and_hf(tmp_path):
 def test_bad_systems():
     with pytest.raises(SystemExit):
         vs_hf.parse_args(["--systems", "ours-4096-fp32"])
+
+
+@pytest.mark.parametrize("arch", ["FalconMambaForCausalLM", "MambaForCausalLM", "JambaForCausalLM"])
+def test_mamba1_hf_keeps_its_pytorch_scan(arch, monkeypatch):
+    """mamba_ssm's Mamba1 scan is a CUDA op its pure-Python wheel lacks: HF must not be
+    handed the package (it would take the scan and fail calling it, as on the box)."""
+    import sys
+
+    from benchmarks.common import hf_generate
+
+    monkeypatch.delitem(sys.modules, "selective_scan_cuda", raising=False)
+    why = hf_generate.prepare_kernels("auto", True, arch)
+    assert arch in why and "CUDA op" in why
+    assert "selective_scan_cuda" not in sys.modules  # nothing was put in place
+    with pytest.raises(SystemExit, match="--hf-kernels mamba_ssm"):
+        hf_generate.prepare_kernels("mamba_ssm", True, arch)
+    assert hf_generate.prepare_kernels("torch", True, arch) == "--hf-kernels torch"
