@@ -107,9 +107,9 @@ class EngineConfig:
     ring of its last ``replayssm_buffer_len`` - 1 decode steps' inputs, so a slot's state is
     read every step but written every ``replayssm_buffer_len``-th (default 16, from 2 to
     128); the rings are part of the state pool (counted in its memory and so in what
-    ``gpu_memory_utilization`` leaves for the KV cache). None (the default) takes
-    ``VLLM_USE_REPLAYSSM`` (vllm/envs.py; unset: off, as upstream; models with Mamba1 layers
-    stay off). Why off: replayssm_h200.md (H100: 1.34x end to end at fp32, 1.17x bf16).
+    ``gpu_memory_utilization`` leaves for the KV cache). None (the default): the workers take
+    ``VLLM_USE_REPLAYSSM`` (vllm/envs.py), else the GPU's measured default (ops/configs/
+    replayssm/engine_default.json: on for the H100, off elsewhere), never for Mamba1 layers.
 
     ``enable_prefix_caching`` (vLLM's flag; None, the default: on, as upstream's, where a
     checkpoint line fits; for a hybrid a hit also shares the attention KV blocks,
@@ -250,9 +250,9 @@ class EngineConfig:
                 "enforce_eager wins over compilation_config: cudagraph_mode %s ignored, NONE "
                 "used (no CUDA graphs)", asked,
             )  # fmt: skip
-        if self.use_replayssm is None:  # a default: Mamba2 layers only (cache_engine.py)
-            self.use_replayssm = self.replayssm_by_default = bool(envs.VLLM_USE_REPLAYSSM)
-        if not isinstance(self.use_replayssm, bool):
+        if self.use_replayssm is None:  # the variable's, else the device's (cache_engine.py)
+            self.use_replayssm, self.replayssm_by_default = envs.VLLM_USE_REPLAYSSM, True
+        if self.use_replayssm is not None and not isinstance(self.use_replayssm, bool):
             raise ValueError(f"use_replayssm must be True or False, got {self.use_replayssm!r}")
         self._check_prefix_caching()
         # After the checks above: resolving may download the model.

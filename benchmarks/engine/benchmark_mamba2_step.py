@@ -20,10 +20,11 @@ Steps (rows in the engine's order: decodes first, then the prefill):
   to the bucket's tokens within ``--max-num-batched-tokens``), its host packing and upload
   included.
 
-``--use-replayssm`` (default: off, as the engine) gives the pool the replay rings of
-``--replayssm-buffer-len`` steps, so decode rows take the replayed update; each decode
-slot's counter starts at its slot number mod L (its ring entries zero, a valid state), so
-every step flushes the share of rows a long-running engine does, not all or none of them.
+``--use-replayssm`` (default: off; the engine's own default is the GPU's, docs/replayssm.md)
+gives the pool the replay rings of ``--replayssm-buffer-len`` steps, so decode rows take the
+replayed update; each decode slot's counter starts at its slot number mod L (its ring
+entries zero, a valid state), so every step flushes the share of rows a long-running engine
+does, not all or none of them.
 
 A step is the model forward plus the logits of the rows the engine samples (each decode and
 the prefill's last token); the metadata is built once per step kind, outside the timing.
@@ -100,7 +101,7 @@ def parse_args(argv):
         "--use-replayssm",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="replayed decode (default off, as the engine)",
+        help="replayed decode (default off; the engine's default is the GPU's)",
     )
     p.add_argument("--replayssm-buffer-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)

@@ -103,7 +103,7 @@ def parse_args(argv):
         "--use-replayssm",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="replayed decode (default: the engine's, off)",
+        help="replayed decode (default: the engine's, the GPU's: docs/replayssm.md)",
     )
     p.add_argument("--replayssm-buffer-len", type=int, default=None, help="default: the engine's")
     p.add_argument(
@@ -311,7 +311,9 @@ def run_vllm(args, model, t_start: float):
         "model_config": asdict(config),
         "dtype": str(runner.model.dtype),
         "mamba_ssm_cache_dtype": str(getattr(llm.engine.config, "mamba_ssm_cache_dtype", None)),
-        "use_replayssm": getattr(llm.engine.config, "use_replayssm", None),
+        # in effect (None given: the variable's or the device's default, cache_engine.py)
+        "use_replayssm": bool(runner.pool is not None and runner.pool.replay_len),
+        "use_replayssm_given": getattr(llm.engine.config, "use_replayssm", None),
         "replayssm_buffer_len": getattr(llm.engine.config, "replayssm_buffer_len", None),
         "ssm_state_dtype": state_dtype(runner),
         "conv_backend": runner.model.conv_backend.value,

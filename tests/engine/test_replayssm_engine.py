@@ -53,11 +53,10 @@ def test_flags_parse_and_validate(monkeypatch):
         return EngineArgs(CONFIG, device="cpu", **kw).create_engine_config().use_replayssm
 
     assert args().use_replayssm is None and args().replayssm_buffer_len == 16
-    assert args().create_engine_config().use_replayssm is False
+    assert args().create_engine_config().use_replayssm is None  # the workers' device default
     assert args("--use-replayssm", "--replayssm-buffer-len", "8").use_replayssm is True
     assert args("--no-use-replayssm").use_replayssm is False
-    # Off unless asked for, as upstream's use_replayssm (None: VLLM_USE_REPLAYSSM, unset).
-    assert resolved() is False and resolved(use_replayssm=None) is False
+    assert resolved() is None and resolved(use_replayssm=None) is None
     # The variable sets the default only: a value given wins, a bad value names it.
     monkeypatch.setenv("VLLM_USE_REPLAYSSM", "1")
     assert resolved() is True and args().create_engine_config().use_replayssm is True
@@ -90,6 +89,22 @@ def test_default_from_the_variable_skips_mamba1_models(monkeypatch):
     assert len(out[0].outputs[0].token_ids) == 3
     with pytest.raises(ValueError, match="Mamba2 layers only"):
         LLM(mamba1_config("falcon_mamba"), use_replayssm=True, **opts)
+
+
+def test_unset_takes_the_devices_measured_default(device, monkeypatch):
+    """Nothing given: replay is on where engine_default.json says it won (the H100), off
+    elsewhere and on the CPU; each device listed there is spelled as its launch table."""
+    monkeypatch.delenv("VLLM_USE_REPLAYSSM", raising=False)
+    llm = LLM(CONFIG, load_format="dummy", dtype="float32", device=device.type, max_num_seqs=2)
+    on = mamba_ssm_replay.default_on(llm.engine.runner.device)
+    assert llm.engine.runner.pool.replay_len == (16 if on else 0)
+    assert llm.engine.config.use_replayssm is None
+    assert mamba_ssm_replay.default_on(torch.device("cpu")) is False
+    listed = mamba_ssm_replay._engine_defaults()
+    assert listed["NVIDIA_H100_80GB_HBM3"]["use_replayssm"] is True
+    for name, entry in listed.items():
+        assert (mamba_ssm_replay.CONFIG_DIR / f"{name}.json").is_file(), name
+        assert isinstance(entry["use_replayssm"], bool) and entry["measured"]
 
 
 def test_pool_memory_counts_the_ring(device):

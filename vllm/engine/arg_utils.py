@@ -195,8 +195,8 @@ class EngineArgs:
             default=d["use_replayssm"],
             help="replayed decode for the Mamba2 layers: a state slot is written every "
             "--replayssm-buffer-len steps, its last steps' inputs kept in a ring "
-            "(default off, as upstream, unless VLLM_USE_REPLAYSSM=1; --no-use-replayssm: "
-            "every step)",
+            "(default: VLLM_USE_REPLAYSSM if set, else the GPU's measured default, on for "
+            "the H100, off elsewhere as upstream; --no-use-replayssm: every step)",
         )
         g.add_argument(
             "--replayssm-buffer-len",

@@ -31,6 +31,7 @@ from vllm.cache_spec import AttentionSpec, MambaStateSpec
 from vllm.distributed import min_over_ranks
 from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStatePool
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay import default_on
 from vllm.model_executor.models.utils import bind_kv_cache, bind_state_pool
 
 logger = init_logger(__name__)
@@ -91,16 +92,20 @@ def auto_checkpoint_lines(per_line: int, num_seqs: int, free_bytes: int | None,
     return max(0, min(num_seqs, math.floor(CHECKPOINT_SHARE * left / per_line)))
 
 
-def replay_len_for(model, config) -> int:
-    """The ring length L every Mamba spec of ``model`` gets: ``replayssm_buffer_len`` under
-    ``use_replayssm``, else 0. Replay taken by default (``VLLM_USE_REPLAYSSM``) stays off
-    for a model with a Mamba1 layer; asked for there, the layer's spec refuses it."""
-    if not config.use_replayssm:
+def replay_len_for(model, config, device: torch.device) -> int:
+    """The ring length L every Mamba spec of ``model`` gets (0: no replay). ``use_replayssm``
+    True: ``replayssm_buffer_len`` (a Mamba1 layer's spec then refuses it); False: 0; not
+    given: ``VLLM_USE_REPLAYSSM`` if set, else the device's measured default
+    (``mamba_ssm_replay.default_on``), and never for a model with Mamba1 layers."""
+    on = config.use_replayssm
+    if on is None:
+        on = default_on(device)
+    if not on:
         return 0
     if getattr(config, "replayssm_by_default", False):
         specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
         if any(isinstance(s, MambaStateSpec) and len(s.ssm_shape) != 3 for s in specs):
-            logger.info("VLLM_USE_REPLAYSSM: replayed decode off, this model has Mamba1 layers")
+            logger.info("replayed decode off by default: this model has Mamba1 layers")
             return 0
     return config.replayssm_buffer_len
 
@@ -112,7 +117,7 @@ def checkpoint_lines_for(model, config, device: torch.device) -> int:
     lines = config.num_checkpoint_lines
     if lines is not None:
         return lines
-    replay = replay_len_for(model, config)
+    replay = replay_len_for(model, config, device)
     specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
     per_line = line_bytes(
         replace(s, replay_len=replay) for s in specs if isinstance(s, MambaStateSpec)

@@ -86,7 +86,7 @@ class ModelRunner:
             block_size=config.block_size,
             ssm_dtype=config.ssm_state_dtype,
             device=self.device,
-            replayssm_buffer_len=replay_len_for(self.model, config),
+            replayssm_buffer_len=replay_len_for(self.model, config, self.device),
             num_checkpoint_lines=lines,
         )
         self.pool = self.cache.mamba_pool

@@ -45,6 +45,7 @@ reference (``mamba_ssm_replay_ref``) otherwise.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from pathlib import Path
 
@@ -303,6 +304,22 @@ def _replay_ssm_kernel(
 
 # Launch with the compiled kernel cached by its specialisation (host cost).
 _LAUNCH = CachedLauncher(_replay_ssm_kernel)
+
+
+@functools.cache
+def _engine_defaults() -> dict:
+    with (CONFIG_DIR / "engine_default.json").open() as f:
+        return json.load(f)["devices"]
+
+
+def default_on(device: torch.device) -> bool:
+    """Whether ``use_replayssm`` left unset turns replayed decode on for ``device``: only on
+    the GPUs ``configs/replayssm/engine_default.json`` lists as on, where replay measured
+    faster at every batch from 8 and no slower at 1 (issue 30's rule); off elsewhere."""
+    if device.type != "cuda":
+        return False
+    entry = _engine_defaults().get(configs.device_file_name(device), {})
+    return entry.get("use_replayssm") is True
 
 
 def use_replay_kernel(x: torch.Tensor) -> bool:
