@@ -169,7 +169,7 @@ class EngineConfig:
     enable_mamba_prompt_end_checkpoint: bool = False
     enable_mamba_align_cold_checkpoint: bool = False
     compilation_config: CompilationConfig | dict | str | None = None
-    # Set from the fields above: the model's and tokenizer's files; replay from the variable.
+    # Set from the fields above: the model's and tokenizer's files; use_replayssm not given.
     model_dir: Any = field(init=False, default=None, repr=False)
     tokenizer_dir: Any = field(init=False, default=None, repr=False)
     replayssm_by_default: bool = field(init=False, default=False, repr=False)

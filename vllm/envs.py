@@ -33,8 +33,10 @@ VLLM_ENABLE_V1_MULTIPROCESSING (bool, default True)
 VLLM_USE_REPLAYSSM (optional bool, default unset)
     The default of ``use_replayssm`` (``--use-replayssm``) when neither the command line nor
     ``LLM(...)`` gives it: "1" turns replayed decode on for every engine this process and
-    its children start, "0" or unset leaves it off (upstream's default). An explicit value
-    wins. For running whole suites with it on (``scripts/gpu_check.sh``'s gpu_tests step).
+    its children start, "0" off; unset, the GPU's measured default decides
+    (``ops/configs/replayssm/engine_default.json``; off on the CPU). An explicit value wins;
+    a model with Mamba1 layers takes no default. For running whole suites with it on or off
+    (``scripts/gpu_check.sh``'s gpu_tests step).
 
 HF_HUB_OFFLINE (bool, default False)
     huggingface_hub's own variable (``TRANSFORMERS_OFFLINE`` too), read with its reading
