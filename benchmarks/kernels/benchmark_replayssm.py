@@ -245,11 +245,11 @@ TUNE = tuple(
 
 
 # The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): the
-# dot, unrolled, prefetched, and a step in two launches (the ordinary kernel then holds no
+# dots, unrolled, prefetched, and a step in two launches (the ordinary kernel then holds no
 # flush code, so the flush's registers cost the ordinary steps nothing).
-FLUSH_VARIANTS = ({"flush": "tf32x3"}, {"flush": "unroll"}, {"flush": "prefetch"},
-                  {"split_flush": True}, {"flush": "unroll", "split_flush": True},
-                  {"flush": "tf32x3", "split_flush": True})  # fmt: skip
+FLUSH_VARIANTS = tuple({"flush": f} for f in ("tf32x3", "xsplit", "unroll", "prefetch")) + (
+    {"split_flush": True}, {"flush": "unroll", "split_flush": True},
+    {"flush": "tf32x3", "split_flush": True})  # fmt: skip
 
 
 def _with(cfg: dict, fn, *a):

@@ -1,5 +1,5 @@
 """The replayed decode kernel (``_replay_ssm_kernel``) compiled for sm_90 on a CPU, per state
-dtype, flush ("loop", "tf32x3", "unroll", "prefetch"; "loop/split": a split step's first
+dtype, flush ("loop", "tf32x3", "xsplit", "unroll", "prefetch"; "loop/split": a split step's first
 launch, which holds no flush code) and tile: registers, stack (spills) and shared memory,
 as cuobjdump reads them off the cubin (Triton's own ptxas; no GPU).
 
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiles", nargs="*", default=list(TILES), help="BLOCK_PxBLOCK_Nxwarps")
     p.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
-    p.add_argument("--flushes", nargs="*",
-                   default=["loop", "tf32x3", "unroll", "prefetch", "loop/split"])  # fmt: skip
+    flushes = ["loop", "tf32x3", "xsplit", "unroll", "prefetch", "loop/split"]
+    p.add_argument("--flushes", nargs="*", default=flushes)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     rows = []
@@ -86,6 +86,7 @@ def main(argv=None) -> int:
                            dot=bool(constexprs["FLUSH_DOT"]),
                            unroll=bool(constexprs["FLUSH_UNROLL"]),
                            prefetch=bool(constexprs["FLUSH_PREFETCH"]),
+                           xsplit=bool(constexprs["FLUSH_XSPLIT"]),
                            part=constexprs["PART"])  # fmt: skip
                 rows.append(row)
                 print(f"{dtype} {flush:10s} {tile:8s}: regs {row['regs']:3d} stack "

@@ -29,10 +29,10 @@ def test_step_bytes_and_smoke_run(tmp_path, monkeypatch):
     assert (tmp_path / "replayssm.json").is_file()
 
 
-# The flushes the tune tries after the tiles: dot, unrolled, prefetched, then split with the
+# The flushes the tune tries after the tiles: the dots, unrolled, prefetched, then split with the
 # loop, unrolled and the dot.
-VARIANTS = [("tf32x3", None), ("unroll", None), ("prefetch", None), (None, True),
-            ("unroll", True), ("tf32x3", True)]  # fmt: skip
+VARIANTS = [("tf32x3", None), ("xsplit", None), ("unroll", None), ("prefetch", None),
+            (None, True), ("unroll", True), ("tf32x3", True)]  # fmt: skip
 
 
 def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
@@ -55,7 +55,7 @@ def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "time_provider", fake_time)
     args = ["--smoke", "--batches", "1", "--buffer-len", "3", "--state-dtypes", "float32"]
     (row,) = bench.main([*args, "--tune", "--out", str(tmp_path)])
-    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64, 32, 32, 32, 32, 32, 32]
+    assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64] + [32] * len(VARIANTS)
     assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][3:]] == VARIANTS
     assert all(t["exact"] for t in row["tune"][3:])  # checked against the loop's states
     assert seen[:3] == [("ours_replay", 128), ("ours_replay", 32), ("ours_replay", 64)]

@@ -195,6 +195,7 @@ CONFIGS = [
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="tf32x3", split_flush=True),
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="prefetch"),
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="prefetch", split_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="xsplit"),  # fp32 rings: as tf32x3
 ]
 
 
@@ -217,6 +218,10 @@ def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
     assert not blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_UNROLL"]
     assert blocks(dict(BLOCK_P=8, BLOCK_N=16, flush="prefetch"), 64, 128)["FLUSH_PREFETCH"]
     assert not blocks(dict(BLOCK_P=8, BLOCK_N=16), 64, 128)["FLUSH_PREFETCH"]
+    xs = blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="xsplit"), 64, 128)
+    assert xs["FLUSH_DOT"] and xs["FLUSH_XSPLIT"]
+    xs = blocks(dict(BLOCK_P=8, BLOCK_N=32, flush="xsplit"), 64, 128)  # below: the loop
+    assert not xs["FLUSH_DOT"] and not xs["FLUSH_XSPLIT"]
     assert blocks(dict(BLOCK_P=8, split_flush=True), 64, 128)["SPLIT"]
     assert not blocks(dict(BLOCK_P=8), 64, 128)["SPLIT"]
     with pytest.raises(ValueError, match="flush"):
@@ -233,32 +238,59 @@ def test_unrolled_flush_over_a_longer_ring(device, monkeypatch, split):
     run_against_every_step(Case(batch=3, heads=2, headdim=8, dstate=16, groups=1, L=6), device)
 
 
+def _flush_run(case: Case, cfg: dict, device, monkeypatch):
+    """Outputs of L + 2 steps, then the states and counters after every line is folded:
+    a flush of full rings (step L) and a materialise of partial ones, with ``cfg``."""
+    monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
+    gen = torch.Generator().manual_seed(7)
+    lines = case.batch + 3
+    rs = make_rs(case, lines, device, gen)
+    p = params(case, device, gen)
+    idx = indices(case, lines, device, gen)
+    ys = []
+    for _ in range(case.L + 2):
+        x, dt, B, C = draw(case, device, gen)
+        y = replay_ssm_update(rs, x, dt, p["A"], B, C, **_kw(p), state_batch_indices=idx)
+        ys.append(y.clone())
+    real = idx[idx != PAD_SLOT_ID]
+    assert (rs.count[real.long()] == 2).all()  # a flush at step L, then two appends
+    replay_ssm_materialise(rs, p["A"], real, torch.ones_like(real, dtype=torch.bool))
+    return torch.stack(ys), rs.state.clone(), rs.count.clone()
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])
 def test_prefetched_flush_equals_the_loop(device, monkeypatch, split):
     """The prefetching flush makes the loop's updates in the loop's order: outputs, states
-    and counters equal bit for bit, over a flush of full rings and a materialise of partial
-    ones (L + 2 steps, then every line folded)."""
+    and counters equal bit for bit."""
     case = Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=5)
-    results = []
-    for flush in ("loop", "prefetch"):
-        cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush=flush, split_flush=split)
-        monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a, cfg=cfg: dict(cfg))
-        gen = torch.Generator().manual_seed(7)
-        lines = case.batch + 3
-        rs = make_rs(case, lines, device, gen)
-        p = params(case, device, gen)
-        idx = indices(case, lines, device, gen)
-        ys = []
-        for _ in range(case.L + 2):
-            x, dt, B, C = draw(case, device, gen)
-            y = replay_ssm_update(rs, x, dt, p["A"], B, C, **_kw(p), state_batch_indices=idx)
-            ys.append(y.clone())
-        real = idx[idx != PAD_SLOT_ID]
-        assert (rs.count[real.long()] == 2).all()  # a flush at step L, then two appends
-        replay_ssm_materialise(rs, p["A"], real, torch.ones_like(real, dtype=torch.bool))
-        results.append((torch.stack(ys), rs.state.clone(), rs.count.clone()))
-    (ya, sa, ca), (yb, sb, cb) = results
+    (ya, sa, ca), (yb, sb, cb) = (
+        _flush_run(
+            case,
+            dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush=f, split_flush=split),
+            device,
+            monkeypatch,
+        )  # fmt: skip
+        for f in ("loop", "prefetch")
+    )
     assert torch.equal(ya, yb) and torch.equal(sa, sb) and torch.equal(ca, cb)
+
+
+@pytest.mark.parametrize("act", [FP16, BF16], ids=["fp16", "bf16"])
+def test_xsplit_flush_is_fp32_exact(act, device, monkeypatch):
+    """The xsplit flush (three 16-bit tensor-core products: the weighted x split, the ring's
+    B as stored) against the loop's fp32 FMAs: outputs and states to fp32 rounding, and
+    the launches took it (dot tiles, a 16-bit ring)."""
+    if act is BF16 and device.type != "cuda":
+        pytest.skip("Triton 3.6's interpreter computes bf16 tl.dot wrongly: on the GPU box")
+    case = Case(batch=3, heads=4, headdim=32, dstate=32, groups=2, L=6, act=act)
+    seen, real = [], mamba_ssm_replay._blocks
+    monkeypatch.setattr(mamba_ssm_replay, "_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
+    (ya, sa, ca), (yb, sb, cb) = (
+        _flush_run(case, dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush=f), device, monkeypatch)
+        for f in ("loop", "xsplit")
+    )
+    assert any(b["FLUSH_XSPLIT"] and b["FLUSH_DOT"] for b in seen), "xsplit never launched"
+    assert rel(yb, ya) < 1e-6 and rel(sb, sa) < 1e-6 and torch.equal(ca, cb)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)

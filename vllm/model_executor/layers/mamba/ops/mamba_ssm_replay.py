@@ -117,6 +117,7 @@ def _replay_ssm_kernel(
     FLUSH_DOT: tl.constexpr,
     FLUSH_UNROLL: tl.constexpr,
     FLUSH_PREFETCH: tl.constexpr,
+    FLUSH_XSPLIT: tl.constexpr,
     PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
@@ -229,7 +230,21 @@ def _replay_ssm_kernel(
                 p_Bt = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
                 b_Bt = tl.load(p_Bt, mask=m_k[:, None] & m_n[None, :], other=0.0)
                 b_XW = b_X * b_w[None, :]
-                b_h += tl.dot(b_XW, b_Bt.to(tl.float32), input_precision="tf32x3")
+                if FLUSH_XSPLIT and ring_B_ptr.dtype.element_ty != tl.float32:
+                    # "xsplit": the ring's B is exact in its 16-bit dtype, so only the
+                    # weighted x needs splitting: three parts of that dtype (hi, mid, lo:
+                    # about fp32's 24 bits), each product with B exact and summed in fp32 by
+                    # the tensor core. Half tf32x3's products, 16-bit operands.
+                    ty = ring_B_ptr.dtype.element_ty
+                    b_hi = b_XW.to(ty)
+                    b_rest = b_XW - b_hi.to(tl.float32)
+                    b_mid = b_rest.to(ty)
+                    b_lo = (b_rest - b_mid.to(tl.float32)).to(ty)
+                    b_h = tl.dot(b_hi, b_Bt, acc=b_h)
+                    b_h = tl.dot(b_mid, b_Bt, acc=b_h)
+                    b_h = tl.dot(b_lo, b_Bt, acc=b_h)
+                else:
+                    b_h += tl.dot(b_XW, b_Bt.to(tl.float32), input_precision="tf32x3")
             elif FLUSH_UNROLL:
                 # The ring's RING entries unrolled, those past n weighing 0 (their dt loads
                 # as 0), newest first: each weight a scalar from the entry's dt and the
@@ -345,16 +360,18 @@ def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) ->
     return configs.lookup(CONFIG_DIR, key)
 
 
-FLUSHES = ("loop", "tf32x3", "unroll", "prefetch")
+FLUSHES = ("loop", "tf32x3", "xsplit", "unroll", "prefetch")
 
 
 def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     """The constexprs a configuration gives at this shape (tiles are powers of two).
     ``flush``: how a flush folds the ring into the state, "loop" (default: a rank-1 fp32
     update per entry), "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
-    are at least 16, ``tl.dot``'s least; else the loop), "unroll" (the loop's updates
-    unrolled over the ring's entries, each weight a scalar) or "prefetch" (the loop, each
-    entry's loads issued a trip ahead). ``split_flush``: a decode
+    are at least 16, ``tl.dot``'s least; else the loop), "xsplit" (as tf32x3, but three
+    products of 16-bit operands: the weighted x in three parts of the ring's dtype times
+    the ring's B as stored; with fp32 rings tf32x3), "unroll" (the loop's updates unrolled
+    over the ring's entries, each weight a scalar) or "prefetch" (the loop, each entry's
+    loads issued a trip ahead). ``split_flush``: a decode
     step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
     whose kernel then holds no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
@@ -363,7 +380,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     flush = cfg.get("flush", "loop")
     if flush not in FLUSHES:
         raise ValueError(f"replayssm launch table: flush must be one of {FLUSHES}, got {flush!r}")
-    dot = flush == "tf32x3" and block_p >= 16 and block_n >= 16
+    dot = flush in ("tf32x3", "xsplit") and block_p >= 16 and block_n >= 16
     out = dict(
         BLOCK_P=block_p,
         BLOCK_N=block_n,
@@ -372,6 +389,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         FLUSH_DOT=dot,
         FLUSH_UNROLL=flush == "unroll",
         FLUSH_PREFETCH=flush == "prefetch",
+        FLUSH_XSPLIT=dot and flush == "xsplit",
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
