@@ -56,20 +56,27 @@ wheels() {
     return $rc
 }
 # Replayed decode (docs/replayssm.md): the kernel table against upstream 0.33's kernels when
-# a carried .upstream/ holds them (~1 minute), then the CUDA-graph decode step at batch 128,
-# fp32 and bf16 state, replay on and off (~2 minutes). REPLAY_BENCH_ARGS adds kernel options.
+# a carried .upstream/ holds them (~1 minute), then the CUDA-graph decode step at each batch
+# of REPLAY_STEP_BATCHES (default 128; "1 8 128" is the rule of a device's entry in
+# engine_default.json), fp32 and bf16 state, replay on and off (~2 minutes a batch).
+# REPLAY_BENCH_ARGS adds kernel options.
 replay_bench() {
     local path="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     [ -d .upstream ] && path="$path:$PWD/.upstream"
     # shellcheck disable=SC2086
     PYTHONPATH=$path python3 -m benchmarks.kernels.benchmark_replayssm ${REPLAY_BENCH_ARGS:-} \
         --out "$out/replay" 2>&1 | tee "$out/replay.log"
-    local dtype flag
-    for dtype in float32 bfloat16; do
-        for flag in --use-replayssm --no-use-replayssm; do
-            python3 -m benchmarks.engine.benchmark_mamba2_step --backends triton --decode-batch 128 \
-                --num-decodes 127 --iters 16 --mamba-ssm-cache-dtype $dtype $flag \
-                --out "$out/replay/step_${dtype}${flag}.json" 2>&1 | tee -a "$out/replay_step.log"
+    local dtype flag b name
+    for b in ${REPLAY_STEP_BATCHES:-128}; do
+        for dtype in float32 bfloat16; do
+            for flag in --use-replayssm --no-use-replayssm; do
+                name="step_${dtype}${flag}"
+                [ "$b" = 128 ] || name="step_b${b}_${dtype}${flag}"
+                python3 -m benchmarks.engine.benchmark_mamba2_step --backends triton \
+                    --decode-batch "$b" --num-decodes $((b > 1 ? b - 1 : 1)) --iters 16 \
+                    --mamba-ssm-cache-dtype $dtype $flag --out "$out/replay/$name.json" 2>&1 |
+                    tee -a "$out/replay_step.log"
+            done
         done
     done
 }
