@@ -42,6 +42,12 @@ class MambaStateSpec:
     replay_dtype: torch.dtype | None = None
 
     @property
+    def replayable(self) -> bool:
+        """Whether replayed decode can serve this state: a Mamba2 one (3-D ``ssm_shape``) or
+        none at all (a conv-only layer); not Mamba1's (d_inner, dstate)."""
+        return 0 in self.ssm_shape or len(self.ssm_shape) == 3
+
+    @property
     def n_groups(self) -> int:
         """The Mamba2 layer's group count (a 3-D ``ssm_shape`` only)."""
         nheads, headdim, dstate = self._mamba2_ssm_shape()

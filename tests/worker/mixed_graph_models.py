@@ -23,7 +23,7 @@ def _hf_dir(make, tmp_path, **overrides) -> str:
 
 # Fewer layers than the model tests' checkpoints, every layer kind kept (FEW_LAYERS); Bamba's
 # is this engine config's Mamba2 layer then its attention layer.
-BAMBA_SMALL = replace(BAMBA, num_hidden_layers=2, attn_layer_indices=(1,))
+BAMBA_SMALL = replace(BAMBA, **FEW_LAYERS["bamba"])
 
 
 MODELS = {

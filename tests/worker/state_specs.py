@@ -22,8 +22,8 @@ def codestral_specs(ssm_dtype=torch.float32, layers=64) -> list[MambaStateSpec]:
 def sizing_config(max_num_seqs: int, enable_prefix_caching: bool | None) -> SimpleNamespace:
     """The fields ``cache_engine.checkpoint_lines_for`` reads, no count given."""
     return SimpleNamespace(
-        num_checkpoint_lines=None, use_replayssm=False, replayssm_buffer_len=16, block_size=16,
-        ssm_state_dtype=torch.float32, max_num_seqs=max_num_seqs, gpu_memory_utilization=0.9,
+        num_checkpoint_lines=None, block_size=16, ssm_state_dtype=torch.float32,
+        max_num_seqs=max_num_seqs, gpu_memory_utilization=0.9,
         enable_prefix_caching=enable_prefix_caching,
     )  # fmt: skip
 

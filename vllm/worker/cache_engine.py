@@ -102,22 +102,22 @@ def replay_len_for(model, config, device: torch.device) -> int:
         on = default_on(device)
     if not on:
         return 0
-    if getattr(config, "replayssm_by_default", False):
+    if config.replayssm_by_default:
         specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
-        if any(isinstance(s, MambaStateSpec) and len(s.ssm_shape) != 3 for s in specs):
+        if not all(s.replayable for s in specs if isinstance(s, MambaStateSpec)):
             logger.info("replayed decode off by default: this model has Mamba1 layers")
             return 0
     return config.replayssm_buffer_len
 
 
-def checkpoint_lines_for(model, config, device: torch.device) -> int:
+def checkpoint_lines_for(model, config, device: torch.device, replay: int = 0) -> int:
     """``config.num_checkpoint_lines``, or where it is None (caching on, no count given)
-    ``auto_checkpoint_lines`` of the model's state line, the least over the tensor-parallel
-    ranks (each measures its own memory); ValueError when none fits."""
+    ``auto_checkpoint_lines`` of the model's state line (its rings of ``replay`` L
+    included, ``replay_len_for``), the least over the tensor-parallel ranks (each measures
+    its own memory); ValueError when none fits."""
     lines = config.num_checkpoint_lines
     if lines is not None:
         return lines
-    replay = replay_len_for(model, config, device)
     specs = model.get_cache_specs(config.block_size, config.ssm_state_dtype).values()
     per_line = line_bytes(
         replace(s, replay_len=replay) for s in specs if isinstance(s, MambaStateSpec)

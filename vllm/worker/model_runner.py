@@ -79,14 +79,16 @@ class ModelRunner:
         t1 = time.perf_counter()
         self.builder = self.model.metadata_builder(self.device)
         # Prefix-cache checkpoint lines: as given, or what memory allows (cache_engine.py).
-        self.num_checkpoint_lines = lines = checkpoint_lines_for(self.model, config, self.device)
+        replay = replay_len_for(self.model, config, self.device)
+        lines = checkpoint_lines_for(self.model, config, self.device, replay)
+        self.num_checkpoint_lines = lines
         self.cache = CacheEngine(
             self.model,
             num_slots=n_seq + lines,
             block_size=config.block_size,
             ssm_dtype=config.ssm_state_dtype,
             device=self.device,
-            replayssm_buffer_len=replay_len_for(self.model, config, self.device),
+            replayssm_buffer_len=replay,
             num_checkpoint_lines=lines,
         )
         self.pool = self.cache.mamba_pool
