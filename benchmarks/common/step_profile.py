@@ -165,7 +165,8 @@ def summarize(
     step_prefix: str,
     graphed_kinds: tuple[str, ...] = (),
 ) -> dict:
-    """Per step kind: steps, mean wall/device/idle ms, mean ms and share of wall per category.
+    """Per step kind: steps, mean wall/device/idle ms, mean ms and share per category (of the
+    wall, or of the device time where the profiled ops sum past the wall).
 
     ``steps`` maps each step range's name to (its kind, its measured wall ms);
     ``graphed_kinds`` are the kinds that ran as CUDA-graph replays (attributed by kernel
@@ -188,6 +189,9 @@ def summarize(
         cat_ms = {c: statistics.fmean(per_step[n][c] for n in names) for c in CATEGORIES}
         device = sum(cat_ms.values())
         idle = max(0.0, wall - device)
+        # Shares of the larger of the two: on a loaded CPU the profiled run's ops can sum past
+        # the separately timed wall, and shares must still add up to 1.
+        base = max(wall, device)
         out[kind] = {
             "steps": len(names),
             "wall_ms": wall,
@@ -195,8 +199,8 @@ def summarize(
             "idle_ms": idle,
             "ms": cat_ms,
             "share": {
-                **{c: cat_ms[c] / wall if wall else 0.0 for c in CATEGORIES},
-                "idle": idle / wall if wall else 0.0,
+                **{c: cat_ms[c] / base if base else 0.0 for c in CATEGORIES},
+                "idle": idle / base if base else 0.0,
             },
             "attributed_by": "kernel names (CUDA graph)"
             if kind in graphed_kinds
