@@ -196,11 +196,14 @@ CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="prefetch"),
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="prefetch", split_flush=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="xsplit"),  # fp32 rings: as tf32x3
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, one_pass=True),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="xsplit", one_pass=True),
 ]
 
 
 def _cfg_id(c: dict) -> str:
     split = "_split" if c.get("split_flush") else ""
+    split += "_one" if c.get("one_pass") else ""
     return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}{split}"
 
 
@@ -298,6 +301,30 @@ def test_xsplit_flush_is_fp32_exact(device, monkeypatch):
 @pytest.mark.gpu
 def test_xsplit_flush_is_fp32_exact_bf16(monkeypatch):
     check_xsplit_flush(BF16, torch.device("cuda"), monkeypatch)
+
+
+@pytest.mark.parametrize("flush", ["loop", "xsplit"])
+def test_one_pass_flush_equals_two_passes(flush, device, monkeypatch):
+    """A flushing row's y taken from the state it writes (one_pass) against the output
+    pass's formula: the same states and counters bit for bit, outputs within an ulp of their
+    dtype (step L flushes every row), and the launches took it."""
+    case = Case(batch=3, heads=4, headdim=32, dstate=48, groups=2, L=5, act=FP16)
+    seen, real = [], mamba_ssm_replay._blocks
+    monkeypatch.setattr(mamba_ssm_replay, "_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
+    (ya, sa, ca), (yb, sb, cb) = (
+        _flush_run(
+            case,
+            dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush=flush, one_pass=one),
+            device,
+            monkeypatch,
+        )  # fmt: skip
+        for one in (False, True)
+    )
+    assert any(b["ONE_PASS"] for b in seen), "one_pass never launched"
+    assert torch.equal(sa, sb) and torch.equal(ca, cb)
+    # fp16 outputs: equal but for a rounding of the output dtype (one ulp, 2**-10 relative)
+    ya, yb = ya.float(), yb.float()
+    assert ((yb - ya).abs() <= ya.abs() * 2**-10 + 1e-6).all() and ya[case.L].abs().amax() > 0
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)

@@ -118,6 +118,7 @@ def _replay_ssm_kernel(
     FLUSH_UNROLL: tl.constexpr,
     FLUSH_PREFETCH: tl.constexpr,
     FLUSH_XSPLIT: tl.constexpr,
+    ONE_PASS: tl.constexpr,
     PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
@@ -127,7 +128,10 @@ def _replay_ssm_kernel(
     # whole step; a step split in two launches: PART 1 the output and the appends (a full
     # ring's row is marked with a count of -1: a row its append just filled must not
     # flush), then PART 2 the marked rows' flushes (other rows return at once), so the
-    # ordinary steps' kernel holds no flush code.
+    # ordinary steps' kernel holds no flush code. ONE_PASS (a whole decode step only): a
+    # flushing row skips the output pass and takes y from its new state, h_new . C, as it
+    # folds and writes each tile (one read of the state where the two passes read it twice;
+    # the state's loads of an ordinary step then wait on the counter).
     # Addressing: a line's and a head's offsets are int64 scalars, a tile's are int32.
     i_p = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -187,7 +191,10 @@ def _replay_ssm_kernel(
         keep = flush
         flush = False
 
-    if STEP and PART != 2:
+    out_pass = STEP and PART != 2
+    if out_pass and ONE_PASS and PART == 0:
+        out_pass = ~flush
+    if out_pass:
         # y from h0 and the ring, whether or not this step flushes (so the state's loads
         # wait for the line only, not for its counter; a flush's y is the same h_now C):
         #   y = exp(sum s) (h0 . C) + sum_k w_k (B_k . C) x_k + dt (B . C) x.
@@ -216,6 +223,7 @@ def _replay_ssm_kernel(
     if flush:
         # h = exp(sum s) h0 + sum_k w_k x_k B_k^T (+ dt x B^T), per dstate tile, written
         # back in the pool's dtype (the tiles were just read: they come from the cache).
+        b_yn = tl.zeros([BLOCK_P], tl.float32)
         for t in tl.static_range(N_TILES):
             o_n = t * BLOCK_N + o_t
             m_n = o_n < dstate
@@ -293,7 +301,15 @@ def _replay_ssm_kernel(
             if STEP:
                 b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
                 b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
+                if ONE_PASS and PART == 0:
+                    b_Cn = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
+                    b_yn += tl.sum(b_h * b_Cn[None, :], axis=1)
             tl.store(p_st, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
+        if STEP and ONE_PASS and PART == 0:
+            if HAS_D:
+                b_yn += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
+            p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
+            tl.store(p_out + o_p * stride_out_p, b_yn.to(out_ptr.dtype.element_ty), mask=m_p)
         b_n_new = b_n * 0
     elif keep:
         b_n_new = b_n * 0 - 1
@@ -371,7 +387,8 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     products of 16-bit operands: the weighted x in three parts of the ring's dtype times
     the ring's B as stored; with fp32 rings tf32x3), "unroll" (the loop's updates unrolled
     over the ring's entries, each weight a scalar) or "prefetch" (the loop, each entry's
-    loads issued a trip ahead). ``split_flush``: a decode
+    loads issued a trip ahead). ``one_pass``: a flushing row of a decode step skips the
+    output pass and takes y from the state it writes (``ONE_PASS``). ``split_flush``: a decode
     step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
     whose kernel then holds no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
@@ -390,6 +407,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         FLUSH_UNROLL=flush == "unroll",
         FLUSH_PREFETCH=flush == "prefetch",
         FLUSH_XSPLIT=dot and flush == "xsplit",
+        ONE_PASS=bool(cfg.get("one_pass", False)),
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
