@@ -1,0 +1,156 @@
+"""The replayed decode kernel's launch configurations and flush variants (``flush`` "loop",
+"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``; ``one_pass``): each against the
+every-step update, or against the loop's flush bit for bit or to rounding, and each asserted
+to have been launched where a table entry could miss it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.mamba.replay_utils import (
+    BF16,
+    FP16,
+    Case,
+    flush_run,
+    rel,
+    run_against_every_step,
+)
+from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay
+
+# Launch configurations other than the default table's: several row blocks per head (with
+# a tail), the state streamed in several dstate tiles (the last one partly masked), warps.
+# The flush as one tl.dot ("tf32x3") where both tiles are >= 16; an 8-row tile with a dot
+# flush falls back to the loop. The loop unrolled over the ring ("unroll"), any tile. A
+# step split in two launches (split_flush: outputs and appends, then the full rings' flushes).
+CONFIGS = [
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2),
+    dict(BLOCK_P=64, BLOCK_N=64, num_warps=4),
+    dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush="tf32x3"),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="tf32x3"),
+    dict(BLOCK_P=8, BLOCK_N=32, num_warps=1, flush="tf32x3"),
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll"),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="unroll"),
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, split_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="unroll", split_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="tf32x3", split_flush=True),
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="prefetch"),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="prefetch", split_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="xsplit"),  # fp32 rings: as tf32x3
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, one_pass=True),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="xsplit", one_pass=True),
+]
+
+
+def _cfg_id(c: dict) -> str:
+    split = "_split" if c.get("split_flush") else ""
+    split += "_one" if c.get("one_pass") else ""
+    return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}{split}"
+
+
+def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
+    blocks = mamba_ssm_replay._blocks
+    assert blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
+    assert not blocks(dict(BLOCK_P=8, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
+    assert not blocks(dict(BLOCK_P=32, BLOCK_N=32), 64, 128)["FLUSH_DOT"]
+    assert blocks(dict(BLOCK_P=8, BLOCK_N=16, flush="unroll"), 64, 128)["FLUSH_UNROLL"]
+    # Each flush is its own at any tile: "unroll" and "prefetch" never take the dot (they
+    # once did at tiles >= 16, so "unroll" measured as the dot, to the tenth of a us).
+    for flush in ("unroll", "prefetch"):
+        assert not blocks(dict(BLOCK_P=32, BLOCK_N=32, flush=flush), 64, 128)["FLUSH_DOT"]
+    assert blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="unroll"), 64, 128)["FLUSH_UNROLL"]
+    assert not blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_UNROLL"]
+    assert blocks(dict(BLOCK_P=8, BLOCK_N=16, flush="prefetch"), 64, 128)["FLUSH_PREFETCH"]
+    assert not blocks(dict(BLOCK_P=8, BLOCK_N=16), 64, 128)["FLUSH_PREFETCH"]
+    xs = blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="xsplit"), 64, 128)
+    assert xs["FLUSH_DOT"] and xs["FLUSH_XSPLIT"]
+    xs = blocks(dict(BLOCK_P=8, BLOCK_N=32, flush="xsplit"), 64, 128)  # below: the loop
+    assert not xs["FLUSH_DOT"] and not xs["FLUSH_XSPLIT"]
+    assert blocks(dict(BLOCK_P=8, split_flush=True), 64, 128)["SPLIT"]
+    assert not blocks(dict(BLOCK_P=8), 64, 128)["SPLIT"]
+    with pytest.raises(ValueError, match="flush"):
+        blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])
+def test_unrolled_flush_over_a_longer_ring(device, monkeypatch, split):
+    """The unrolled flush with 5 ring entries: rows flush with every count of entries
+    (staggered starts), each entry's weight its own decays (a wrong order or a missing
+    entry fails against the every-step update); also as a split step's second launch."""
+    cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll", split_flush=split)
+    monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
+    run_against_every_step(Case(batch=3, heads=2, headdim=8, dstate=16, groups=1, L=6), device)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])
+def test_prefetched_flush_equals_the_loop(device, monkeypatch, split):
+    """The prefetching flush makes the loop's updates in the loop's order: outputs, states
+    and counters equal bit for bit."""
+    case = Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=5)
+    (ya, sa, ca), (yb, sb, cb) = (
+        flush_run(
+            case,
+            dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush=f, split_flush=split),
+            device,
+            monkeypatch,
+        )  # fmt: skip
+        for f in ("loop", "prefetch")
+    )
+    assert torch.equal(ya, yb) and torch.equal(sa, sb) and torch.equal(ca, cb)
+
+
+def check_xsplit_flush(act: torch.dtype, device, monkeypatch) -> None:
+    """The xsplit flush (three 16-bit tensor-core products: the weighted x split, the ring's
+    B as stored) against the loop's fp32 FMAs: outputs and states to fp32 rounding, and
+    the launches took it (dot tiles, a 16-bit ring)."""
+    case = Case(batch=3, heads=4, headdim=32, dstate=32, groups=2, L=6, act=act)
+    seen, real = [], mamba_ssm_replay._blocks
+    monkeypatch.setattr(mamba_ssm_replay, "_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
+    (ya, sa, ca), (yb, sb, cb) = (
+        flush_run(case, dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush=f), device, monkeypatch)
+        for f in ("loop", "xsplit")
+    )
+    assert any(b["FLUSH_XSPLIT"] and b["FLUSH_DOT"] for b in seen), "xsplit never launched"
+    assert rel(yb, ya) < 1e-6 and rel(sb, sa) < 1e-6 and torch.equal(ca, cb)
+
+
+def test_xsplit_flush_is_fp32_exact(device, monkeypatch):
+    check_xsplit_flush(FP16, device, monkeypatch)
+
+
+# bf16 on the GPU only: Triton 3.6's interpreter computes bf16 tl.dot wrongly.
+@pytest.mark.gpu
+def test_xsplit_flush_is_fp32_exact_bf16(monkeypatch):
+    check_xsplit_flush(BF16, torch.device("cuda"), monkeypatch)
+
+
+@pytest.mark.parametrize("flush", ["loop", "xsplit"])
+def test_one_pass_flush_equals_two_passes(flush, device, monkeypatch):
+    """A flushing row's y taken from the state it writes (one_pass) against the output
+    pass's formula: the same states and counters bit for bit, outputs within an ulp of their
+    dtype (step L flushes every row), and the launches took it."""
+    case = Case(batch=3, heads=4, headdim=32, dstate=48, groups=2, L=5, act=FP16)
+    seen, real = [], mamba_ssm_replay._blocks
+    monkeypatch.setattr(mamba_ssm_replay, "_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
+    (ya, sa, ca), (yb, sb, cb) = (
+        flush_run(
+            case,
+            dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush=flush, one_pass=one),
+            device,
+            monkeypatch,
+        )  # fmt: skip
+        for one in (False, True)
+    )
+    assert any(b["ONE_PASS"] for b in seen), "one_pass never launched"
+    assert torch.equal(sa, sb) and torch.equal(ca, cb)
+    # fp16 outputs: equal but for a rounding of the output dtype (one ulp, 2**-10 relative)
+    ya, yb = ya.float(), yb.float()
+    assert ((yb - ya).abs() <= ya.abs() * 2**-10 + 1e-6).all() and ya[case.L].abs().amax() > 0
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_launch_configs_agree(cfg, device, monkeypatch):
+    """Every tiling computes the same steps, flushes and materialisation."""
+    monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
+    run_against_every_step(Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=3), device)
