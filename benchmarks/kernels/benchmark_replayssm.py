@@ -244,12 +244,12 @@ TUNE = tuple(
 )  # fmt: skip
 
 
-# The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): the
-# dots, unrolled, prefetched, a step in two launches (split: its ordinary kernel holds no
-# flush code), and one_pass (with the loop, xsplit, and the loop on a 16 x 128 tile).
+# The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): dots,
+# unrolled, prefetched, split steps, one_pass (early, late, with xsplit, on 16 x 128).
 FLUSH_VARIANTS = tuple({"flush": f} for f in ("tf32x3", "xsplit", "unroll", "prefetch")) + (
-    {"split_flush": True}, {"one_pass": True}, {"flush": "xsplit", "one_pass": True},
-    {"BLOCK_P": 16, "BLOCK_N": 128, "num_warps": 1, "one_pass": True})  # fmt: skip
+    {"split_flush": True}, {"one_pass": "early"}, {"one_pass": "late"},
+    {"flush": "xsplit", "one_pass": "early"}, {"flush": "xsplit", "one_pass": "late"},
+    {"BLOCK_P": 16, "BLOCK_N": 128, "num_warps": 1, "one_pass": "late"})  # fmt: skip
 
 
 def _with(cfg: dict, fn, *a):

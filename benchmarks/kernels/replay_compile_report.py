@@ -1,8 +1,8 @@
 """The replayed decode kernel (``_replay_ssm_kernel``) compiled for sm_90 on a CPU, per state
 dtype, flush ("loop", "tf32x3", "xsplit", "unroll", "prefetch"; "loop/split": a split step's first
-launch, which holds no flush code; "xsplit/one": with ``one_pass``) and tile: registers,
-stack (spills) and shared memory, as cuobjdump reads them off the cubin (Triton's own
-ptxas; no GPU).
+launch, which holds no flush code; "xsplit/one", "xsplit/late": with ``one_pass`` early or
+late) and tile: registers, stack (spills) and shared memory, as cuobjdump reads them off
+the cubin (Triton's own ptxas; no GPU).
 
     python -m benchmarks.kernels.replay_compile_report [--tiles 32x32x1 64x64x2] [--json F]
 
@@ -75,10 +75,11 @@ def main(argv=None) -> int:
             for tile in args.tiles:
                 bp, bn, nw = (int(v) for v in tile.split("x"))
                 # "<flush>/split": the step in two launches; the first (outputs and
-                # appends, no flush code) is the one compiled here. "<flush>/one": one_pass.
+                # appends, no flush code) is the one compiled here. "/one", "/late": one_pass.
                 method, _, mod = flush.partition("/")
                 cfg = dict(BLOCK_P=bp, BLOCK_N=bn, num_warps=nw, flush=method,
-                           split_flush=mod == "split", one_pass=mod == "one")  # fmt: skip
+                           split_flush=mod == "split",
+                           one_pass={"one": "early", "late": "late"}.get(mod, False))  # fmt: skip
                 kernel, largs, constexprs = record(DTYPES[dtype], cfg)
                 compiled, seconds = compile_cold(kernel, largs, constexprs)
                 res = resources(compiled)

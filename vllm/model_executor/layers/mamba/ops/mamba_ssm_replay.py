@@ -119,6 +119,7 @@ def _replay_ssm_kernel(
     FLUSH_PREFETCH: tl.constexpr,
     FLUSH_XSPLIT: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    ONE_EARLY: tl.constexpr,
     PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
@@ -131,7 +132,7 @@ def _replay_ssm_kernel(
     # ordinary steps' kernel holds no flush code. ONE_PASS (a whole decode step only): a
     # flushing row skips the output pass and takes y from its new state, h_new . C, as it
     # folds and writes each tile (one read of the state where the two passes read it twice;
-    # the state's loads of an ordinary step then wait on the counter).
+    # its state loads wait on the counter, but for the first tile's with ONE_EARLY).
     # Addressing: a line's and a head's offsets are int64 scalars, a tile's are int32.
     i_p = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -192,7 +193,15 @@ def _replay_ssm_kernel(
         flush = False
 
     out_pass = STEP and PART != 2
-    if out_pass and ONE_PASS and PART == 0:
+    ONE: tl.constexpr = ONE_PASS and STEP and PART == 0
+    EARLY: tl.constexpr = ONE and ONE_EARLY
+    if EARLY:
+        # The first state tile is read before the row's branch, so that its load waits for
+        # the line only, whichever pass then uses it (the others wait for the counter too).
+        m_n0 = o_t < dstate
+        p_st0 = p_s + o_p[:, None] * stride_state_p + o_t[None, :] * stride_state_n
+        b_first = tl.load(p_st0, mask=m_p[:, None] & m_n0[None, :], other=0.0)
+    if ONE:
         out_pass = ~flush
     if out_pass:
         # y from h0 and the ring, whether or not this step flushes (so the state's loads
@@ -205,7 +214,10 @@ def _replay_ssm_kernel(
             o_n = t * BLOCK_N + o_t
             m_n = o_n < dstate
             p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-            b_h0 = tl.load(p_st, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+            if EARLY and t == 0:
+                b_h0 = b_first.to(tl.float32)
+            else:
+                b_h0 = tl.load(p_st, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
             b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
             b_hc += tl.sum(b_h0 * b_C[None, :], axis=1)
             p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
@@ -229,7 +241,10 @@ def _replay_ssm_kernel(
             m_n = o_n < dstate
             m_s = m_p[:, None] & m_n[None, :]
             p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-            b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
+            if EARLY and t == 0:
+                b_h = b_first.to(tl.float32) * b_decay
+            else:
+                b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
             if FLUSH_DOT:
                 # The ring as one tensor-core product: (x_k w_k) over k times the ring's B
                 # tile, fp32 operands (entries k >= n are zero in b_X) split in three tf32
@@ -301,11 +316,11 @@ def _replay_ssm_kernel(
             if STEP:
                 b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
                 b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
-                if ONE_PASS and PART == 0:
+                if ONE:
                     b_Cn = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
                     b_yn += tl.sum(b_h * b_Cn[None, :], axis=1)
             tl.store(p_st, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
-        if STEP and ONE_PASS and PART == 0:
+        if ONE:
             if HAS_D:
                 b_yn += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
             p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
@@ -388,7 +403,8 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     the ring's B as stored; with fp32 rings tf32x3), "unroll" (the loop's updates unrolled
     over the ring's entries, each weight a scalar) or "prefetch" (the loop, each entry's
     loads issued a trip ahead). ``one_pass``: a flushing row of a decode step skips the
-    output pass and takes y from the state it writes (``ONE_PASS``). ``split_flush``: a decode
+    output pass and takes y from the state it writes (``ONE_PASS``); "early" (or true)
+    reads the first state tile before the row's branch, "late" in it. ``split_flush``: a decode
     step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
     whose kernel then holds no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
@@ -398,6 +414,11 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     if flush not in FLUSHES:
         raise ValueError(f"replayssm launch table: flush must be one of {FLUSHES}, got {flush!r}")
     dot = flush in ("tf32x3", "xsplit") and block_p >= 16 and block_n >= 16
+    one = cfg.get("one_pass", False)
+    if one not in (False, True, "early", "late"):
+        raise ValueError(
+            f"replayssm launch table: one_pass must be a bool, 'early' or 'late', got {one!r}"
+        )
     out = dict(
         BLOCK_P=block_p,
         BLOCK_N=block_n,
@@ -407,7 +428,8 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         FLUSH_UNROLL=flush == "unroll",
         FLUSH_PREFETCH=flush == "prefetch",
         FLUSH_XSPLIT=dot and flush == "xsplit",
-        ONE_PASS=bool(cfg.get("one_pass", False)),
+        ONE_PASS=bool(one),
+        ONE_EARLY=one in (True, "early"),
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
