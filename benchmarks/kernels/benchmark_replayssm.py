@@ -244,12 +244,12 @@ TUNE = tuple(
 )  # fmt: skip
 
 
-# The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): dots,
-# unrolled, prefetched, split steps, one_pass (early, late, with xsplit, on 16 x 128).
+# The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): the
+# dots, unrolled, prefetched, and a step in two launches (the ordinary kernel then holds no
+# flush code, so the flush's registers cost the ordinary steps nothing).
 FLUSH_VARIANTS = tuple({"flush": f} for f in ("tf32x3", "xsplit", "unroll", "prefetch")) + (
-    {"split_flush": True}, {"one_pass": "early"}, {"one_pass": "late"},
-    {"flush": "xsplit", "one_pass": "early"}, {"flush": "xsplit", "one_pass": "late"},
-    {"BLOCK_P": 16, "BLOCK_N": 128, "num_warps": 1, "one_pass": "late"})  # fmt: skip
+    {"split_flush": True}, {"flush": "unroll", "split_flush": True},
+    {"flush": "tf32x3", "split_flush": True})  # fmt: skip
 
 
 def _with(cfg: dict, fn, *a):
@@ -279,7 +279,7 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
     if (args.tune or args.tune_flush) and replay.batch_bucket(batch) == batch:
         best, chosen = None, None  # --tune-flush: the table's tiles only, with the loop
         entry = {k: v for k, v in replay.launch_config(batch, P, N, dtype).items()
-                 if k not in ("flush", "split_flush", "one_pass")}  # fmt: skip
+                 if k not in ("flush", "split_flush")}  # fmt: skip
         for cfg in [entry] if args.tune_flush else tune_configs():
             try:
                 us = time_with(cfg, case, up)

@@ -1,8 +1,7 @@
 """The replayed decode kernel (``_replay_ssm_kernel``) compiled for sm_90 on a CPU, per state
 dtype, flush ("loop", "tf32x3", "xsplit", "unroll", "prefetch"; "loop/split": a split step's first
-launch, which holds no flush code; "xsplit/one", "xsplit/late": with ``one_pass`` early or
-late) and tile: registers, stack (spills) and shared memory, as cuobjdump reads them off
-the cubin (Triton's own ptxas; no GPU).
+launch, which holds no flush code) and tile: registers, stack (spills) and shared memory,
+as cuobjdump reads them off the cubin (Triton's own ptxas; no GPU).
 
     python -m benchmarks.kernels.replay_compile_report [--tiles 32x32x1 64x64x2] [--json F]
 
@@ -75,11 +74,10 @@ def main(argv=None) -> int:
             for tile in args.tiles:
                 bp, bn, nw = (int(v) for v in tile.split("x"))
                 # "<flush>/split": the step in two launches; the first (outputs and
-                # appends, no flush code) is the one compiled here. "/one", "/late": one_pass.
-                method, _, mod = flush.partition("/")
+                # appends, no flush code) is the one compiled here.
+                method, _, split = flush.partition("/")
                 cfg = dict(BLOCK_P=bp, BLOCK_N=bn, num_warps=nw, flush=method,
-                           split_flush=mod == "split",
-                           one_pass={"one": "early", "late": "late"}.get(mod, False))  # fmt: skip
+                           split_flush=split == "split")  # fmt: skip
                 kernel, largs, constexprs = record(DTYPES[dtype], cfg)
                 compiled, seconds = compile_cold(kernel, largs, constexprs)
                 res = resources(compiled)
@@ -89,7 +87,6 @@ def main(argv=None) -> int:
                            unroll=bool(constexprs["FLUSH_UNROLL"]),
                            prefetch=bool(constexprs["FLUSH_PREFETCH"]),
                            xsplit=bool(constexprs["FLUSH_XSPLIT"]),
-                           one_pass=bool(constexprs["ONE_PASS"]),
                            part=constexprs["PART"])  # fmt: skip
                 rows.append(row)
                 print(f"{dtype} {flush:10s} {tile:8s}: regs {row['regs']:3d} stack "

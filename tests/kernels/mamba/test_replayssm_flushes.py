@@ -1,5 +1,5 @@
 """The replayed decode kernel's launch configurations and flush variants (``flush`` "loop",
-"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``; ``one_pass``): each against the
+"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``): each against the
 every-step update, or against the loop's flush bit for bit or to rounding, and each asserted
 to have been launched where a table entry could miss it."""
 
@@ -38,15 +38,11 @@ CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="prefetch"),
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="prefetch", split_flush=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="xsplit"),  # fp32 rings: as tf32x3
-    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, one_pass=True),
-    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, one_pass="late"),
-    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="xsplit", one_pass=True),
 ]
 
 
 def _cfg_id(c: dict) -> str:
     split = "_split" if c.get("split_flush") else ""
-    split += {True: "_one", "late": "_onelate"}.get(c.get("one_pass"), "")
     return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}{split}"
 
 
@@ -72,11 +68,6 @@ def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
     assert not blocks(dict(BLOCK_P=8), 64, 128)["SPLIT"]
     with pytest.raises(ValueError, match="flush"):
         blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
-    one = blocks(dict(BLOCK_P=8, one_pass="late"), 64, 128)
-    assert one["ONE_PASS"] and not one["ONE_EARLY"]
-    assert not blocks(dict(BLOCK_P=8), 64, 128)["ONE_PASS"]
-    with pytest.raises(ValueError, match="one_pass"):
-        blocks(dict(BLOCK_P=8, one_pass="sometimes"), 64, 128)
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])
@@ -129,31 +120,6 @@ def test_xsplit_flush_is_fp32_exact(device, monkeypatch):
 @pytest.mark.gpu
 def test_xsplit_flush_is_fp32_exact_bf16(monkeypatch):
     check_xsplit_flush(BF16, torch.device("cuda"), monkeypatch)
-
-
-@pytest.mark.parametrize("flush,one", [("loop", "early"), ("xsplit", True), ("loop", "late")])
-def test_one_pass_flush_equals_two_passes(flush, one, device, monkeypatch):
-    """A flushing row's y taken from the state it writes (one_pass) against the output
-    pass's formula: the same states and counters bit for bit, outputs within an ulp of their
-    dtype (step L flushes every row), and the launches took it."""
-    case = Case(batch=3, heads=4, headdim=32, dstate=48, groups=2, L=5, act=FP16)
-    seen, real = [], mamba_ssm_replay._blocks
-    monkeypatch.setattr(mamba_ssm_replay, "_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
-    (ya, sa, ca), (yb, sb, cb) = (
-        flush_run(
-            case,
-            dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush=flush, one_pass=variant),
-            device,
-            monkeypatch,
-        )  # fmt: skip
-        for variant in (False, one)
-    )
-    early = one != "late"
-    assert any(b["ONE_PASS"] and b["ONE_EARLY"] == early for b in seen), "never launched"
-    assert torch.equal(sa, sb) and torch.equal(ca, cb)
-    # fp16 outputs: equal but for a rounding of the output dtype (one ulp, 2**-10 relative)
-    ya, yb = ya.float(), yb.float()
-    assert ((yb - ya).abs() <= ya.abs() * 2**-10 + 1e-6).all() and ya[case.L].abs().amax() > 0
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)

@@ -118,8 +118,6 @@ def _replay_ssm_kernel(
     FLUSH_UNROLL: tl.constexpr,
     FLUSH_PREFETCH: tl.constexpr,
     FLUSH_XSPLIT: tl.constexpr,
-    ONE_PASS: tl.constexpr,
-    ONE_EARLY: tl.constexpr,
     PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
@@ -129,10 +127,7 @@ def _replay_ssm_kernel(
     # whole step; a step split in two launches: PART 1 the output and the appends (a full
     # ring's row is marked with a count of -1: a row its append just filled must not
     # flush), then PART 2 the marked rows' flushes (other rows return at once), so the
-    # ordinary steps' kernel holds no flush code. ONE_PASS (a whole decode step only): a
-    # flushing row skips the output pass and takes y from its new state, h_new . C, as it
-    # folds and writes each tile (one read of the state where the two passes read it twice;
-    # its state loads wait on the counter, but for the first tile's with ONE_EARLY).
+    # ordinary steps' kernel holds no flush code.
     # Addressing: a line's and a head's offsets are int64 scalars, a tile's are int32.
     i_p = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -192,18 +187,7 @@ def _replay_ssm_kernel(
         keep = flush
         flush = False
 
-    out_pass = STEP and PART != 2
-    ONE: tl.constexpr = ONE_PASS and STEP and PART == 0
-    EARLY: tl.constexpr = ONE and ONE_EARLY
-    if EARLY:
-        # The first state tile is read before the row's branch, so that its load waits for
-        # the line only, whichever pass then uses it (the others wait for the counter too).
-        m_n0 = o_t < dstate
-        p_st0 = p_s + o_p[:, None] * stride_state_p + o_t[None, :] * stride_state_n
-        b_first = tl.load(p_st0, mask=m_p[:, None] & m_n0[None, :], other=0.0)
-    if ONE:
-        out_pass = ~flush
-    if out_pass:
+    if STEP and PART != 2:
         # y from h0 and the ring, whether or not this step flushes (so the state's loads
         # wait for the line only, not for its counter; a flush's y is the same h_now C):
         #   y = exp(sum s) (h0 . C) + sum_k w_k (B_k . C) x_k + dt (B . C) x.
@@ -214,10 +198,7 @@ def _replay_ssm_kernel(
             o_n = t * BLOCK_N + o_t
             m_n = o_n < dstate
             p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-            if EARLY and t == 0:
-                b_h0 = b_first.to(tl.float32)
-            else:
-                b_h0 = tl.load(p_st, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+            b_h0 = tl.load(p_st, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
             b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
             b_hc += tl.sum(b_h0 * b_C[None, :], axis=1)
             p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
@@ -235,16 +216,12 @@ def _replay_ssm_kernel(
     if flush:
         # h = exp(sum s) h0 + sum_k w_k x_k B_k^T (+ dt x B^T), per dstate tile, written
         # back in the pool's dtype (the tiles were just read: they come from the cache).
-        b_yn = tl.zeros([BLOCK_P], tl.float32)
         for t in tl.static_range(N_TILES):
             o_n = t * BLOCK_N + o_t
             m_n = o_n < dstate
             m_s = m_p[:, None] & m_n[None, :]
             p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-            if EARLY and t == 0:
-                b_h = b_first.to(tl.float32) * b_decay
-            else:
-                b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
+            b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
             if FLUSH_DOT:
                 # The ring as one tensor-core product: (x_k w_k) over k times the ring's B
                 # tile, fp32 operands (entries k >= n are zero in b_X) split in three tf32
@@ -316,15 +293,7 @@ def _replay_ssm_kernel(
             if STEP:
                 b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
                 b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
-                if ONE:
-                    b_Cn = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
-                    b_yn += tl.sum(b_h * b_Cn[None, :], axis=1)
             tl.store(p_st, b_h.to(state_ptr.dtype.element_ty), mask=m_s)
-        if ONE:
-            if HAS_D:
-                b_yn += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
-            p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
-            tl.store(p_out + o_p * stride_out_p, b_yn.to(out_ptr.dtype.element_ty), mask=m_p)
         b_n_new = b_n * 0
     elif keep:
         b_n_new = b_n * 0 - 1
@@ -402,9 +371,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     products of 16-bit operands: the weighted x in three parts of the ring's dtype times
     the ring's B as stored; with fp32 rings tf32x3), "unroll" (the loop's updates unrolled
     over the ring's entries, each weight a scalar) or "prefetch" (the loop, each entry's
-    loads issued a trip ahead). ``one_pass``: a flushing row of a decode step skips the
-    output pass and takes y from the state it writes (``ONE_PASS``); "early" (or true)
-    reads the first state tile before the row's branch, "late" in it. ``split_flush``: a decode
+    loads issued a trip ahead). ``split_flush``: a decode
     step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
     whose kernel then holds no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
@@ -414,11 +381,6 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     if flush not in FLUSHES:
         raise ValueError(f"replayssm launch table: flush must be one of {FLUSHES}, got {flush!r}")
     dot = flush in ("tf32x3", "xsplit") and block_p >= 16 and block_n >= 16
-    one = cfg.get("one_pass", False)
-    if one not in (False, True, "early", "late"):
-        raise ValueError(
-            f"replayssm launch table: one_pass must be a bool, 'early' or 'late', got {one!r}"
-        )
     out = dict(
         BLOCK_P=block_p,
         BLOCK_N=block_n,
@@ -428,8 +390,6 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         FLUSH_UNROLL=flush == "unroll",
         FLUSH_PREFETCH=flush == "prefetch",
         FLUSH_XSPLIT=dot and flush == "xsplit",
-        ONE_PASS=bool(one),
-        ONE_EARLY=one in (True, "early"),
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
