@@ -27,20 +27,27 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TILES = ("32x32x1", "16x64x1", "32x64x2", "64x64x2")  # BLOCK_P x BLOCK_N x num_warps
 
 
-def record(state_dtype: torch.dtype, cfg: dict):
-    """(args, constexprs) of one decode step's launch with launch configuration ``cfg``."""
-    from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp
+def zero_pool(state_dtype: torch.dtype, lines: int):
+    """A ``ReplayedSSMState`` of ``lines`` lines at the layer's shape, bf16 rings, zeros."""
     from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import ReplayedSSMState
-    from vllm.triton_utils import launch
 
-    lines, act = BATCH + 1, torch.bfloat16
-    rs = ReplayedSSMState(
+    act = torch.bfloat16
+    return ReplayedSSMState(
         torch.zeros(lines, H, P, N, dtype=state_dtype),
         torch.zeros(lines, H, L - 1, P, dtype=act),
         torch.zeros(lines, G, L - 1, N, dtype=act),
         torch.zeros(lines, H, L - 1, dtype=torch.float32),
         torch.zeros(lines, H, P, dtype=torch.int8),
     )
+
+
+def record(state_dtype: torch.dtype, cfg: dict):
+    """(args, constexprs) of one decode step's launch with launch configuration ``cfg``."""
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp
+    from vllm.triton_utils import launch
+
+    act = torch.bfloat16
+    rs = zero_pool(state_dtype, BATCH + 1)
     x, dt = torch.zeros(BATCH, H, P, dtype=act), torch.zeros(BATCH, H, dtype=act)
     B = torch.zeros(BATCH, G, N, dtype=act)
     A, D, dt_bias = torch.zeros(H), torch.zeros(H), torch.zeros(H)

@@ -20,14 +20,12 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 import torch  # noqa: E402
 
+from benchmarks.kernels.replay_compile_report import G, H, N, P, zero_pool  # noqa: E402
 from benchmarks.kernels.sm90_compile import LaunchRecorder, compile_sm90, resources  # noqa: E402
 from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp  # noqa: E402
-from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import (  # noqa: E402
-    ReplayedSSMState,
-)
 from vllm.triton_utils import launch  # noqa: E402
 
-H, P, N, G, L, BATCH = 128, 64, 128, 8, 16, 4
+BATCH = 4  # the Codestral-7B layer of replay_compile_report: H 128 x P 64, N 128, G 8, L 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KINDS = ("step", "materialise", "materialise_init")
 
@@ -48,14 +46,8 @@ def table_entries():
 def recorded(cfg: dict, state_dtype: torch.dtype, kind: str) -> list:
     """(args, constexprs) of each launch a decode step or a materialisation makes with the
     launch configuration ``cfg`` (recorded, not run)."""
-    lines, act = BATCH + 1, torch.bfloat16
-    rs = ReplayedSSMState(
-        torch.zeros(lines, H, P, N, dtype=state_dtype),
-        torch.zeros(lines, H, L - 1, P, dtype=act),
-        torch.zeros(lines, G, L - 1, N, dtype=act),
-        torch.zeros(lines, H, L - 1, dtype=torch.float32),
-        torch.zeros(lines, H, P, dtype=torch.int8),
-    )
+    act = torch.bfloat16
+    rs = zero_pool(state_dtype, BATCH + 1)
     A, D, dt_bias = torch.zeros(H), torch.zeros(H), torch.zeros(H)
     idx = torch.arange(1, BATCH + 1, dtype=torch.int32)
     if kind == "step":
