@@ -1,7 +1,7 @@
 """The replayed decode kernel's launch configurations and flush variants (``flush`` "loop",
-"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``): each against the
-every-step update, or against the loop's flush bit for bit or to rounding, and each asserted
-to have been launched where a table entry could miss it."""
+"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``): each against the every-step
+update, or against the loop's flush bit for bit or to rounding; xsplit's launches are
+asserted to have taken it (below the dot tiles it falls back to the loop)."""
 
 from __future__ import annotations
 
