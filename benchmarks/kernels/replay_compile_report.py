@@ -41,29 +41,43 @@ def zero_pool(state_dtype: torch.dtype, lines: int):
     )
 
 
-def record(state_dtype: torch.dtype, cfg: dict):
-    """(args, constexprs) of one decode step's launch with launch configuration ``cfg``."""
+def recorded(state_dtype: torch.dtype, cfg: dict, kind: str = "step", batch: int = BATCH) -> list:
+    """(args, constexprs) of every launch variant a decode step (``kind`` "step") or a
+    materialisation ("materialise", "materialise_init": with ``has_initial_state``) makes
+    with launch configuration ``cfg`` (recorded, not run; a split step's first is PART 1)."""
     from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp
     from vllm.triton_utils import launch
 
     act = torch.bfloat16
-    rs = zero_pool(state_dtype, BATCH + 1)
-    x, dt = torch.zeros(BATCH, H, P, dtype=act), torch.zeros(BATCH, H, dtype=act)
-    B = torch.zeros(BATCH, G, N, dtype=act)
+    rs = zero_pool(state_dtype, batch + 1)
     A, D, dt_bias = torch.zeros(H), torch.zeros(H), torch.zeros(H)
-    idx = torch.arange(1, BATCH + 1, dtype=torch.int32)
-    recorder = LaunchRecorder(first_only=True)
+    idx = torch.arange(1, batch + 1, dtype=torch.int32)
+    if kind == "step":
+        x, dt = torch.zeros(batch, H, P, dtype=act), torch.zeros(batch, H, dtype=act)
+        B = torch.zeros(batch, G, N, dtype=act)
+        step = (x, dt, A, B, B.clone(), D, dt_bias, True, 0.0, float("inf"), idx, None)
+        out = torch.empty_like(x)
+    else:
+        init = torch.ones(batch, dtype=torch.bool) if kind == "materialise_init" else None
+        step = (None, None, A, None, None, None, None, False, 0.0, float("inf"), idx, init)
+        out = None
+    recorder = LaunchRecorder()
     real = rp.launch_config
     rp.launch_config = lambda *a: dict(cfg)
     launch._SESSION = recorder
     try:
-        rp._launch(rs.state, rs.ring_x, rs.ring_B, rs.ring_dt, rs.count, x, dt, A, B,
-                   B.clone(), D, dt_bias, True, 0.0, float("inf"), idx, None, 0,
-                   torch.empty_like(x))  # fmt: skip
+        rp._launch(*rs.tensors(), *step, 0, out)
     finally:
         launch._SESSION = None
         rp.launch_config = real
-    _, args, constexprs = recorder.launches[0]  # a split step: its first launch
+    return [(args, constexprs) for _, args, constexprs in recorder.launches]
+
+
+def record(state_dtype: torch.dtype, cfg: dict):
+    """(kernel, args, constexprs) of one decode step's first launch with ``cfg``."""
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp
+
+    args, constexprs = recorded(state_dtype, cfg)[0]
     return rp._replay_ssm_kernel, args, constexprs
 
 

@@ -20,12 +20,11 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 import torch  # noqa: E402
 
-from benchmarks.kernels.replay_compile_report import G, H, N, P, zero_pool  # noqa: E402
-from benchmarks.kernels.sm90_compile import LaunchRecorder, compile_sm90, resources  # noqa: E402
+# The Codestral-7B layer of replay_compile_report (128 heads x 64, state 128, 8 groups, L 16).
+from benchmarks.kernels.replay_compile_report import recorded  # noqa: E402
+from benchmarks.kernels.sm90_compile import compile_sm90, resources  # noqa: E402
 from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp  # noqa: E402
-from vllm.triton_utils import launch  # noqa: E402
 
-BATCH = 4  # the Codestral-7B layer of replay_compile_report: H 128 x P 64, N 128, G 8, L 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KINDS = ("step", "materialise", "materialise_init")
 
@@ -43,39 +42,11 @@ def table_entries():
                 yield path.name, key, cfg, dtype
 
 
-def recorded(cfg: dict, state_dtype: torch.dtype, kind: str) -> list:
-    """(args, constexprs) of each launch a decode step or a materialisation makes with the
-    launch configuration ``cfg`` (recorded, not run)."""
-    act = torch.bfloat16
-    rs = zero_pool(state_dtype, BATCH + 1)
-    A, D, dt_bias = torch.zeros(H), torch.zeros(H), torch.zeros(H)
-    idx = torch.arange(1, BATCH + 1, dtype=torch.int32)
-    if kind == "step":
-        x, dt = torch.zeros(BATCH, H, P, dtype=act), torch.zeros(BATCH, H, dtype=act)
-        B = torch.zeros(BATCH, G, N, dtype=act)
-        step = (x, dt, A, B, B.clone(), D, dt_bias, True, 0.0, float("inf"), idx, None)
-        out = torch.empty_like(x)
-    else:
-        init = torch.ones(BATCH, dtype=torch.bool) if kind == "materialise_init" else None
-        step = (None, None, A, None, None, None, None, False, 0.0, float("inf"), idx, init)
-        out = None
-    recorder = LaunchRecorder()
-    real = rp.launch_config
-    rp.launch_config = lambda *a: dict(cfg)
-    launch._SESSION = recorder
-    try:
-        rp._launch(*rs.tensors(), *step, 0, out)
-    finally:
-        launch._SESSION = None
-        rp.launch_config = real
-    return [(args, constexprs) for _, args, constexprs in recorder.launches]
-
-
 def main() -> int:
     done = {}
     for table, key, cfg, dtype in table_entries():
         for kind in KINDS:
-            for args, constexprs in recorded(cfg, DTYPES[dtype], kind):
+            for args, constexprs in recorded(DTYPES[dtype], cfg, kind, batch=4):
                 sig = (dtype, kind, tuple(sorted(constexprs.items())))
                 if sig not in done:
                     res = resources(compile_sm90(rp._replay_ssm_kernel, args, constexprs))
