@@ -42,9 +42,10 @@ def zero_pool(state_dtype: torch.dtype, lines: int):
 
 
 def recorded(state_dtype: torch.dtype, cfg: dict, kind: str = "step", batch: int = BATCH) -> list:
-    """(args, constexprs) of every launch variant a decode step (``kind`` "step") or a
-    materialisation ("materialise", "materialise_init": with ``has_initial_state``) makes
-    with launch configuration ``cfg`` (recorded, not run; a split step's first is PART 1)."""
+    """(kernel, args, constexprs) of every launch variant a decode step (``kind`` "step") or
+    a materialisation ("materialise", "materialise_init": with ``has_initial_state``) makes
+    with launch configuration ``cfg`` (recorded, not run; a split step's first is PART 1;
+    ``bc_pre``'s launch ahead comes first)."""
     from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp
     from vllm.triton_utils import launch
 
@@ -70,15 +71,15 @@ def recorded(state_dtype: torch.dtype, cfg: dict, kind: str = "step", batch: int
     finally:
         launch._SESSION = None
         rp.launch_config = real
-    return [(args, constexprs) for _, args, constexprs in recorder.launches]
+    return [(launcher.kernel, args, c) for launcher, args, c in recorder.launches]
 
 
 def record(state_dtype: torch.dtype, cfg: dict):
-    """(kernel, args, constexprs) of one decode step's first launch with ``cfg``."""
+    """(kernel, args, constexprs) of one decode step's first launch of the step kernel with
+    ``cfg``."""
     from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay as rp
 
-    args, constexprs = recorded(state_dtype, cfg)[0]
-    return rp._replay_ssm_kernel, args, constexprs
+    return next(r for r in recorded(state_dtype, cfg) if r[0] is rp._replay_ssm_kernel)
 
 
 def main(argv=None) -> int:

@@ -29,16 +29,20 @@ def test_step_bytes_and_smoke_run(tmp_path, monkeypatch):
     assert (tmp_path / "replayssm.json").is_file()
 
 
-# The flushes the tune tries after the tiles: the dots, unrolled, prefetched, then split with the
-# loop, unrolled and the dot.
-VARIANTS = [("tf32x3", None), ("xsplit", None), ("unroll", None), ("prefetch", None),
-            (None, True), ("unroll", True), ("tf32x3", True)]  # fmt: skip
+# The flushes the tune tries after the tiles: the dots, then bc_pre with the loop, the dots
+# and a split step: (flush, split_flush, bc_pre).
+VARIANTS = [("tf32x3", None, None), ("xsplit", None, None), (None, None, True),
+            ("tf32x3", None, True), ("xsplit", None, True), (None, True, True)]  # fmt: skip
+
+
+def _variant(t: dict) -> tuple:
+    return t.get("flush"), t.get("split_flush"), t.get("bc_pre")
 
 
 def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     """--tune times each (BLOCK_P, BLOCK_N, num_warps) as given (it once forced BLOCK_N 128,
     so the table's 32/64 tiles were never measured), then the fastest's other flushes (a
-    tl.dot, unrolled, split in two launches), and writes the fastest exact one, BLOCK_N and
+    tl.dot, bc_pre, split in two launches), and writes the fastest exact one, BLOCK_N and
     flush too."""
     monkeypatch.setattr(sys, "argv", ["benchmark_replayssm.py"])
     monkeypatch.setattr(bench, "TUNE", ((16, 128, 1), (16, 32, 1), (16, 64, 1)))
@@ -56,7 +60,7 @@ def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
     args = ["--smoke", "--batches", "1", "--buffer-len", "3", "--state-dtypes", "float32"]
     (row,) = bench.main([*args, "--tune", "--out", str(tmp_path)])
     assert [t["BLOCK_N"] for t in row["tune"]] == [128, 32, 64] + [32] * len(VARIANTS)
-    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][3:]] == VARIANTS
+    assert [_variant(t) for t in row["tune"][3:]] == VARIANTS
     assert all(t["exact"] for t in row["tune"][3:])  # checked against the loop's states
     assert seen[:3] == [("ours_replay", 128), ("ours_replay", 32), ("ours_replay", 64)]
     assert ("ours_replay", 32) in seen[4:]  # the providers then run the chosen entry
@@ -68,21 +72,21 @@ def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):
 
 def test_tune_flush_keeps_the_table_tiles(tmp_path, monkeypatch):
     """--tune-flush sweeps no tiles: it starts from the table's entry with its flush dropped
-    (the loop), then the other flushes and the split step on those tiles; the split wins."""
+    (the loop), then the other flushes and bc_pre on those tiles; bc_pre's split step wins."""
     monkeypatch.setattr(sys, "argv", ["benchmark_replayssm.py"])
     table_entry = {"BLOCK_P": 8, "BLOCK_N": 16, "num_warps": 1, "flush": "tf32x3"}
     monkeypatch.setattr(bench.replay, "launch_config", lambda *a: dict(table_entry))
 
     def fake_time(name, case, up):
         cfg = bench.replay.launch_config(1, 64, 128, torch.float32)
-        return [0.5 if cfg.get("split_flush") and "flush" not in cfg else 1.0] * 3
+        return [0.5 if cfg.get("split_flush") and cfg.get("bc_pre") else 1.0] * 3
 
     monkeypatch.setattr(bench, "time_provider", fake_time)
     args = ["--smoke", "--batches", "1", "--buffer-len", "3", "--state-dtypes", "float32"]
     (row,) = bench.main([*args, "--tune-flush", "--out", str(tmp_path)])
     tiles = {"BLOCK_P": 8, "BLOCK_N": 16, "num_warps": 1}
     assert row["tune"][0] == {**tiles, "us": 1.0}  # the loop on the table's tiles, alone
-    assert [(t.get("flush"), t.get("split_flush")) for t in row["tune"][1:]] == VARIANTS
+    assert [_variant(t) for t in row["tune"][1:]] == VARIANTS
     (table,) = [p for p in tmp_path.glob("*.json") if p.name != "replayssm.json"]
     (entry,) = json.loads(table.read_text())["entries"].values()
-    assert entry == {**tiles, "split_flush": True}
+    assert entry == {**tiles, "bc_pre": True, "split_flush": True}

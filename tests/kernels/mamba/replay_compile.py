@@ -46,13 +46,13 @@ def main() -> int:
     done = {}
     for table, key, cfg, dtype in table_entries():
         for kind in KINDS:
-            for args, constexprs in recorded(DTYPES[dtype], cfg, kind, batch=4):
-                sig = (dtype, kind, tuple(sorted(constexprs.items())))
+            for kernel, args, constexprs in recorded(DTYPES[dtype], cfg, kind, batch=4):
+                sig = (kernel.fn.__name__, dtype, kind, tuple(sorted(constexprs.items())))
                 if sig not in done:
-                    res = resources(compile_sm90(rp._replay_ssm_kernel, args, constexprs))
+                    res = resources(compile_sm90(kernel, args, constexprs))
                     done[sig] = dict(regs=res["regs"], stack=res["stack"])
                 row = dict(table=table, key=key, state_dtype=dtype, kind=kind,
-                           part=constexprs["PART"], **done[sig])  # fmt: skip
+                           kernel=sig[0], part=constexprs.get("PART"), **done[sig])  # fmt: skip
                 print(json.dumps(row), flush=True)
     return 0
 

@@ -1,5 +1,5 @@
 """The replayed decode kernel's launch configurations and flush variants (``flush`` "loop",
-"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``): each against the every-step
+"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``; ``bc_pre``): each against the every-step
 update, or against the loop's flush bit for bit or to rounding; xsplit's launches are
 asserted to have taken it (below the dot tiles it falls back to the loop)."""
 
@@ -38,11 +38,14 @@ CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="prefetch"),
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="prefetch", split_flush=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="xsplit"),  # fp32 rings: as tf32x3
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, bc_pre=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="tf32x3", bc_pre=True, split_flush=True),
 ]
 
 
 def _cfg_id(c: dict) -> str:
     split = "_split" if c.get("split_flush") else ""
+    split += "_bcpre" if c.get("bc_pre") else ""
     return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}{split}"
 
 
@@ -127,3 +130,22 @@ def test_launch_configs_agree(cfg, device, monkeypatch):
     """Every tiling computes the same steps, flushes and materialisation."""
     monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
     run_against_every_step(Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=3), device)
+
+
+@pytest.mark.parametrize("act", [torch.float32, FP16], ids=["fp32", "fp16"])
+def test_precomputed_bc_equals_each_programs_own(act, device, monkeypatch):
+    """bc_pre (the B_k . C products by a launch ahead, once per row and group) against each
+    program's own products: outputs to fp32 rounding (the same sums over dstate, in
+    another order), states and counters equal (a flush does not read them); padded rows
+    included, and the launch ahead ran on every step."""
+    case = Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=5, act=act)
+    launches, real = [], mamba_ssm_replay._launch_bc
+    monkeypatch.setattr(
+        mamba_ssm_replay, "_launch_bc", lambda *a: launches.append(a[3].shape) or real(*a)
+    )
+    (ya, sa, ca), (yb, sb, cb) = (
+        flush_run(case, dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, bc_pre=pre), device, monkeypatch)
+        for pre in (False, True)
+    )
+    assert len(launches) == case.L + 2, "bc_pre's launch ahead did not run on every step"
+    assert rel(yb, ya) < 1e-6 and torch.equal(sb, sa) and torch.equal(cb, ca)

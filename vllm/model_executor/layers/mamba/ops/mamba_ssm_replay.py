@@ -87,12 +87,51 @@ def _ring_weights(p_rdt, stride_rdt_k, b_n, b_a, b_now, RING: tl.constexpr, BLOC
     return b_w, b_decay
 
 
+@triton.jit(do_not_specialize=["idx_ptr"])
+def _replay_bc_kernel(
+    ring_B_ptr, count_ptr, B_ptr, C_ptr, idx_ptr, bc_ptr,
+    dstate, heads_per_group, pad_slot_id,
+    stride_rB_line, stride_rB_group, stride_rB_k, stride_rB_n,
+    stride_cnt_line, stride_cnt_head,
+    stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
+    stride_idx_b, stride_bc_b, stride_bc_g,
+    RING: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # "bc_pre": one program per (row, group) computes the step's products B_k . C of the
+    # ring's valid entries (k < n) and B . C of this step (at entry RING), once for the
+    # group's heads, which then read BLOCK_KB floats instead of the ring's B tiles.
+    i_b = tl.program_id(0).to(tl.int64)
+    i_g = tl.program_id(1)
+    line = tl.load(idx_ptr + i_b * stride_idx_b).to(tl.int64)
+    if line == pad_slot_id:
+        return
+    i_h = (i_g * heads_per_group).to(tl.int64)  # the group's first head: every head's n
+    b_n = tl.load(count_ptr + line * stride_cnt_line + i_h * stride_cnt_head).to(tl.int32)
+    o_k = tl.arange(0, BLOCK_KB)
+    m_k = (o_k < b_n) & (o_k < RING)
+    p_rB = ring_B_ptr + line * stride_rB_line + i_g.to(tl.int64) * stride_rB_group
+    p_B = B_ptr + i_b * stride_B_b + i_g * stride_B_g
+    p_C = C_ptr + i_b * stride_C_b + i_g * stride_C_g
+    o_n = tl.arange(0, BLOCK_N)  # the whole dstate
+    m_n = o_n < dstate
+    b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
+    p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
+    b_Bs = tl.load(p_Bs, mask=m_k[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+    b_Bcur = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
+    b_Bs = tl.where(o_k[:, None] == RING, b_Bcur[None, :], b_Bs)
+    b_bc = tl.sum(b_Bs * b_C[None, :], axis=1)
+    p_bc = bc_ptr + i_b * stride_bc_b + i_g.to(tl.int64) * stride_bc_g
+    tl.store(p_bc + o_k, b_bc, mask=o_k <= RING)
+
+
 # The lines may be a slice of the step's index buffer at any offset (the prefills' follow
-# the decodes'): their alignment must not select the compiled variant.
-@triton.jit(do_not_specialize=["idx_ptr", "init_ptr"])
+# the decodes'): their alignment must not select the compiled variant (nor bc_pre's buffer's).
+@triton.jit(do_not_specialize=["idx_ptr", "init_ptr", "bc_ptr"])
 def _replay_ssm_kernel(
     state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, count_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, idx_ptr, init_ptr, out_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, idx_ptr, init_ptr, out_ptr, bc_ptr,
     headdim, dstate, heads_per_group, pad_slot_id, dt_min, dt_max,
     stride_state_line, stride_state_head, stride_state_p, stride_state_n,
     stride_rx_line, stride_rx_head, stride_rx_k, stride_rx_p,
@@ -102,7 +141,7 @@ def _replay_ssm_kernel(
     stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_A_h,
     stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
     stride_D_h, stride_dt_bias_h, stride_idx_b, stride_init_b,
-    stride_out_b, stride_out_h, stride_out_p,
+    stride_out_b, stride_out_h, stride_out_p, stride_bc_b, stride_bc_g,
     RING: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STEP: tl.constexpr,
@@ -118,6 +157,7 @@ def _replay_ssm_kernel(
     FLUSH_UNROLL: tl.constexpr,
     FLUSH_PREFETCH: tl.constexpr,
     FLUSH_XSPLIT: tl.constexpr,
+    BC_PRE: tl.constexpr,
     PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
@@ -201,13 +241,22 @@ def _replay_ssm_kernel(
             b_h0 = tl.load(p_st, mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
             b_C = tl.load(p_C + o_n * stride_C_n, mask=m_n, other=0.0).to(tl.float32)
             b_hc += tl.sum(b_h0 * b_C[None, :], axis=1)
-            p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
-            b_Bs = tl.load(p_Bs, mask=m_k[:, None] & m_n[None, :], other=0.0)
-            b_cb += tl.sum(b_Bs.to(tl.float32) * b_C[None, :], axis=1)
-            b_Bcur = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0)
-            b_bc += b_Bcur.to(tl.float32) * b_C
+            if not BC_PRE:
+                p_Bs = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
+                b_Bs = tl.load(p_Bs, mask=m_k[:, None] & m_n[None, :], other=0.0)
+                b_cb += tl.sum(b_Bs.to(tl.float32) * b_C[None, :], axis=1)
+                b_Bcur = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0)
+                b_bc += b_Bcur.to(tl.float32) * b_C
+        if BC_PRE:
+            # B_k . C and B . C from _replay_bc_kernel (this row and group, this step):
+            # the ring's B tiles are not read for the output.
+            p_bc = bc_ptr + i_b * stride_bc_b + i_g.to(tl.int64) * stride_bc_g
+            b_cb = tl.load(p_bc + o_k, mask=m_k, other=0.0)
+            b_bcnow = tl.load(p_bc + RING)
+        else:
+            b_bcnow = tl.sum(b_bc, axis=0)
         b_y = b_decay * b_hc + tl.sum(b_X * (b_w * b_cb)[None, :], axis=1)
-        b_y += (b_dt * tl.sum(b_bc, axis=0)) * b_xf
+        b_y += (b_dt * b_bcnow) * b_xf
         if HAS_D:
             b_y += tl.load(D_ptr + i_h * stride_D_h).to(tl.float32) * b_xf
         p_out = out_ptr + i_b * stride_out_b + i_h.to(tl.int64) * stride_out_h
@@ -319,6 +368,7 @@ def _replay_ssm_kernel(
 
 # Launch with the compiled kernel cached by its specialisation (host cost).
 _LAUNCH = CachedLauncher(_replay_ssm_kernel)
+_LAUNCH_BC = CachedLauncher(_replay_bc_kernel)
 
 
 @functools.cache
@@ -371,7 +421,9 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     products of 16-bit operands: the weighted x in three parts of the ring's dtype times
     the ring's B as stored; with fp32 rings tf32x3), "unroll" (the loop's updates unrolled
     over the ring's entries, each weight a scalar) or "prefetch" (the loop, each entry's
-    loads issued a trip ahead). ``split_flush``: a decode
+    loads issued a trip ahead). ``bc_pre``: a decode step's products B_k . C computed
+    once per row and group by a launch ahead (``BC_PRE``), not by each head's programs
+    from the ring's B tiles. ``split_flush``: a decode
     step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
     whose kernel then holds no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
@@ -390,6 +442,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         FLUSH_UNROLL=flush == "unroll",
         FLUSH_PREFETCH=flush == "prefetch",
         FLUSH_XSPLIT=dot and flush == "xsplit",
+        BC_PRE=bool(cfg.get("bc_pre", False)),
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
@@ -450,6 +503,10 @@ def _launch(
     step = x is not None
     cfg = _blocks(launch_config(batch, headdim, dstate, state.dtype), headdim, dstate)
     parts = _parts(cfg, step)
+    cfg["BC_PRE"] = cfg["BC_PRE"] and step
+    bc = None
+    if cfg["BC_PRE"]:
+        bc = _launch_bc(ring_B, count, B, C, indices, nheads // ngroups, pad_slot_id, ring)
     grid = (triton.cdiv(headdim, cfg["BLOCK_P"]), nheads, batch)
     # Absent tensors pass ``state`` (never read: their flag compiles the load away) and
     # stride 0; a materialisation has no step tensors.
@@ -468,6 +525,7 @@ def _launch(
         indices,
         none if has_initial_state is None else has_initial_state,
         none if out is None else out,
+        ring_dt if bc is None else bc,  # fp32 either way: one compiled variant
         headdim, dstate, nheads // ngroups, pad_slot_id, dt_lo, dt_hi,
         *state.stride(), *ring_x.stride(), *ring_B.stride(), *ring_dt.stride(), *count.stride(),
         *step_strides,
@@ -476,6 +534,7 @@ def _launch(
         indices.stride(0),
         0 if has_initial_state is None else has_initial_state.stride(0),
         *((0, 0, 0) if out is None else out.stride()),
+        *((0, 0) if bc is None else bc.stride()[:2]),
     )  # fmt: skip
     constexprs = dict(
         RING=ring,
@@ -494,12 +553,29 @@ def _launch(
         for b in BATCH_BUCKETS:
             blocks = _blocks(launch_config(b, headdim, dstate, state.dtype), headdim, dstate)
             for part in _parts(blocks, step):
+                blocks["BC_PRE"] = blocks["BC_PRE"] and step
                 c = {**constexprs, **blocks, "PART": part}
                 seen[tuple(sorted(c.items()))] = c
         return list(seen.values())
 
     for part in parts:  # a split step: outputs and appends, then the full rings' flushes
         _LAUNCH(grid, args, {**constexprs, "PART": part}, variants)
+
+
+def _launch_bc(ring_B, count, B, C, indices, heads_per_group, pad_slot_id, ring):
+    """``bc_pre``'s launch ahead of the step: (batch, ngroups, BLOCK_KB) fp32 products,
+    entries k < n of the ring's B_k . C and entry ``ring`` this step's B . C."""
+    batch, ngroups, dstate = B.shape
+    kb = max(16, triton.next_power_of_2(ring + 1))
+    bc = torch.empty((batch, ngroups, kb), dtype=torch.float32, device=B.device)
+    args = (
+        ring_B, count, B, C, indices, bc, dstate, heads_per_group, pad_slot_id,
+        *ring_B.stride(), *count.stride()[:2], *B.stride(), *C.stride(), indices.stride(0),
+        *bc.stride()[:2],
+    )  # fmt: skip
+    constexprs = dict(RING=ring, BLOCK_KB=kb, BLOCK_N=triton.next_power_of_2(dstate), num_warps=1)
+    _LAUNCH_BC((batch, ngroups), args, constexprs)
+    return bc
 
 
 def replay_ssm_update(
