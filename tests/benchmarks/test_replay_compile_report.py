@@ -19,18 +19,19 @@ def test_loop_and_dot_flushes_compile_at_the_h200_fp32_tile(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {(r["flush"], r["tile"]): r for r in json.loads(out.read_text())["rows"]}
-    flushes = ("loop", "tf32x3", "xsplit", "unroll", "prefetch", "loop/split")
+    flushes = ("loop", "tf32x3", "xsplit", "loop/split", "xsplit/bc", "loop/split+bc")
     assert set(rows) == {(f, t) for f in flushes for t in ("32x32x1", "8x32x1")}
     assert all(r["regs"] > 0 and r["stack"] >= 0 for r in rows.values())
     # The dot is taken at the H200 table's tile, not below tl.dot's 16 rows.
     assert rows["tf32x3", "32x32x1"]["dot"] and not rows["tf32x3", "8x32x1"]["dot"]
     assert rows["xsplit", "32x32x1"]["xsplit"] and not rows["xsplit", "8x32x1"]["xsplit"]
-    assert not rows["loop", "32x32x1"]["dot"] and not rows["loop", "32x32x1"]["unroll"]
-    for tile in ("32x32x1", "8x32x1"):  # each flush its own at every tile, never the dot
-        assert rows["unroll", tile]["unroll"] and not rows["unroll", tile]["dot"]
-        assert rows["prefetch", tile]["prefetch"] and not rows["prefetch", tile]["dot"]
+    assert not rows["loop", "32x32x1"]["dot"] and not rows["loop", "32x32x1"]["bc_pre"]
     for tile in ("32x32x1", "8x32x1"):  # a split step's first launch: no flush code
         split, whole = rows["loop/split", tile], rows["loop", tile]
         assert split["part"] == 1 and whole["part"] == 0
         assert split["stack"] == 0, (tile, split)
+        # bc_pre: the step kernel (not the launch ahead) with BC_PRE, whole or split
+        assert rows["xsplit/bc", tile]["bc_pre"] and rows["xsplit/bc", tile]["part"] == 0
+        bc_split = rows["loop/split+bc", tile]
+        assert bc_split["bc_pre"] and bc_split["part"] == 1 and bc_split["stack"] == 0
     assert re.search(r"^fp32 tf32x3 +32x32x1 *: regs", proc.stdout, re.M), proc.stdout

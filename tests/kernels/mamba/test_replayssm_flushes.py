@@ -1,5 +1,5 @@
 """The replayed decode kernel's launch configurations and flush variants (``flush`` "loop",
-"tf32x3", "xsplit", "unroll", "prefetch"; ``split_flush``; ``bc_pre``): each against the every-step
+"tf32x3", "xsplit"; ``split_flush``; ``bc_pre``): each against the every-step
 update, or against the loop's flush bit for bit or to rounding; xsplit's launches are
 asserted to have taken it (below the dot tiles it falls back to the loop)."""
 
@@ -21,8 +21,8 @@ from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay
 # Launch configurations other than the default table's: several row blocks per head (with
 # a tail), the state streamed in several dstate tiles (the last one partly masked), warps.
 # The flush as one tl.dot ("tf32x3") where both tiles are >= 16; an 8-row tile with a dot
-# flush falls back to the loop. The loop unrolled over the ring ("unroll"), any tile. A
-# step split in two launches (split_flush: outputs and appends, then the full rings' flushes).
+# flush falls back to the loop. A step split in two launches (split_flush: outputs and
+# appends, then the full rings' flushes). bc_pre: the B_k . C products by a launch ahead.
 CONFIGS = [
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2),
@@ -30,13 +30,10 @@ CONFIGS = [
     dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush="tf32x3"),
     dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="tf32x3"),
     dict(BLOCK_P=8, BLOCK_N=32, num_warps=1, flush="tf32x3"),
-    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll"),
-    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="unroll"),
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, split_flush=True),
-    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="unroll", split_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, bc_pre=True, split_flush=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="tf32x3", split_flush=True),
-    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="prefetch"),
-    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="prefetch", split_flush=True),
+    dict(BLOCK_P=32, BLOCK_N=32, num_warps=2, flush="xsplit", bc_pre=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="xsplit"),  # fp32 rings: as tf32x3
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, bc_pre=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="tf32x3", bc_pre=True, split_flush=True),
@@ -54,50 +51,28 @@ def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
     assert blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
     assert not blocks(dict(BLOCK_P=8, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_DOT"]
     assert not blocks(dict(BLOCK_P=32, BLOCK_N=32), 64, 128)["FLUSH_DOT"]
-    assert blocks(dict(BLOCK_P=8, BLOCK_N=16, flush="unroll"), 64, 128)["FLUSH_UNROLL"]
-    # Each flush is its own at any tile: "unroll" and "prefetch" never take the dot (they
-    # once did at tiles >= 16, so "unroll" measured as the dot, to the tenth of a us).
-    for flush in ("unroll", "prefetch"):
-        assert not blocks(dict(BLOCK_P=32, BLOCK_N=32, flush=flush), 64, 128)["FLUSH_DOT"]
-    assert blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="unroll"), 64, 128)["FLUSH_UNROLL"]
-    assert not blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="tf32x3"), 64, 128)["FLUSH_UNROLL"]
-    assert blocks(dict(BLOCK_P=8, BLOCK_N=16, flush="prefetch"), 64, 128)["FLUSH_PREFETCH"]
-    assert not blocks(dict(BLOCK_P=8, BLOCK_N=16), 64, 128)["FLUSH_PREFETCH"]
     xs = blocks(dict(BLOCK_P=32, BLOCK_N=32, flush="xsplit"), 64, 128)
     assert xs["FLUSH_DOT"] and xs["FLUSH_XSPLIT"]
     xs = blocks(dict(BLOCK_P=8, BLOCK_N=32, flush="xsplit"), 64, 128)  # below: the loop
     assert not xs["FLUSH_DOT"] and not xs["FLUSH_XSPLIT"]
     assert blocks(dict(BLOCK_P=8, split_flush=True), 64, 128)["SPLIT"]
     assert not blocks(dict(BLOCK_P=8), 64, 128)["SPLIT"]
+    assert blocks(dict(BLOCK_P=8, bc_pre=True), 64, 128)["BC_PRE"]
+    assert not blocks(dict(BLOCK_P=8), 64, 128)["BC_PRE"]
     with pytest.raises(ValueError, match="flush"):
         blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
+    with pytest.raises(ValueError, match="flush"):  # taken out: measured losers
+        blocks(dict(BLOCK_P=32, flush="unroll"), 64, 128)
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])
-def test_unrolled_flush_over_a_longer_ring(device, monkeypatch, split):
-    """The unrolled flush with 5 ring entries: rows flush with every count of entries
-    (staggered starts), each entry's weight its own decays (a wrong order or a missing
-    entry fails against the every-step update); also as a split step's second launch."""
-    cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush="unroll", split_flush=split)
+def test_precomputed_bc_over_a_longer_ring(device, monkeypatch, split):
+    """bc_pre with 5 ring entries, through every count of entries twice: each step reads
+    the launch ahead's products, each entry's at its own index (a shifted or stale product
+    fails against the every-step update); also with the step split in two launches."""
+    cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, bc_pre=True, split_flush=split)
     monkeypatch.setattr(mamba_ssm_replay, "launch_config", lambda *a: dict(cfg))
     run_against_every_step(Case(batch=3, heads=2, headdim=8, dstate=16, groups=1, L=6), device)
-
-
-@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])
-def test_prefetched_flush_equals_the_loop(device, monkeypatch, split):
-    """The prefetching flush makes the loop's updates in the loop's order: outputs, states
-    and counters equal bit for bit."""
-    case = Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=5)
-    (ya, sa, ca), (yb, sb, cb) = (
-        flush_run(
-            case,
-            dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, flush=f, split_flush=split),
-            device,
-            monkeypatch,
-        )  # fmt: skip
-        for f in ("loop", "prefetch")
-    )
-    assert torch.equal(ya, yb) and torch.equal(sa, sb) and torch.equal(ca, cb)
 
 
 def check_xsplit_flush(act: torch.dtype, device, monkeypatch) -> None:

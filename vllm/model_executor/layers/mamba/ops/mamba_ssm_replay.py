@@ -154,8 +154,6 @@ def _replay_ssm_kernel(
     BLOCK_N: tl.constexpr,
     N_TILES: tl.constexpr,
     FLUSH_DOT: tl.constexpr,
-    FLUSH_UNROLL: tl.constexpr,
-    FLUSH_PREFETCH: tl.constexpr,
     FLUSH_XSPLIT: tl.constexpr,
     BC_PRE: tl.constexpr,
     PART: tl.constexpr,
@@ -294,41 +292,6 @@ def _replay_ssm_kernel(
                     b_h = tl.dot(b_lo, b_Bt, acc=b_h)
                 else:
                     b_h += tl.dot(b_XW, b_Bt.to(tl.float32), input_precision="tf32x3")
-            elif FLUSH_UNROLL:
-                # The ring's RING entries unrolled, those past n weighing 0 (their dt loads
-                # as 0), newest first: each weight a scalar from the entry's dt and the
-                # decays of the entries after it (summed term by term, as in _ring_weights),
-                # so no weight is picked out of a vector across the lanes and the entries'
-                # loads need not wait on a loop.
-                b_later = b_a * 0.0
-                for kk in tl.static_range(RING):
-                    k = RING - 1 - kk
-                    valid = k < b_n
-                    r_dt = tl.load(p_rdt + k * stride_rdt_k, mask=valid, other=0.0)
-                    w_k = tl.exp(b_later + b_now) * r_dt
-                    b_later += r_dt * b_a
-                    p_xk = p_rx + k * stride_rx_k + o_p * stride_rx_p
-                    b_xk = tl.load(p_xk, mask=m_p & valid, other=0.0)
-                    p_Bk = p_rB + k * stride_rB_k + o_n * stride_rB_n
-                    b_Bk = tl.load(p_Bk, mask=m_n & valid, other=0.0)
-                    b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
-            elif FLUSH_PREFETCH:
-                # The loop below with each entry's x and B loaded one trip ahead (masked off
-                # past the last), so a trip's loads land while the previous trip's update
-                # runs: the same updates in the same order, two vectors more in registers.
-                first = b_n > 0
-                b_xk = tl.load(p_rx + o_p * stride_rx_p, mask=m_p & first, other=0.0)
-                b_Bk = tl.load(p_rB + o_n * stride_rB_n, mask=m_n & first, other=0.0)
-                for k in range(0, b_n):
-                    ahead = k + 1 < b_n
-                    p_xk = p_rx + (k + 1) * stride_rx_k + o_p * stride_rx_p
-                    b_xnext = tl.load(p_xk, mask=m_p & ahead, other=0.0)
-                    p_Bk = p_rB + (k + 1) * stride_rB_k + o_n * stride_rB_n
-                    b_Bnext = tl.load(p_Bk, mask=m_n & ahead, other=0.0)
-                    w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
-                    b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
-                    b_xk = b_xnext
-                    b_Bk = b_Bnext
             else:
                 # One rank-1 fp32 update per valid entry (plain fp32 FMAs, no operand tiles
                 # held in registers; each entry's loads wait on the loop).
@@ -410,7 +373,7 @@ def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) ->
     return configs.lookup(CONFIG_DIR, key)
 
 
-FLUSHES = ("loop", "tf32x3", "xsplit", "unroll", "prefetch")
+FLUSHES = ("loop", "tf32x3", "xsplit")
 
 
 def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
@@ -419,13 +382,11 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     update per entry), "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
     are at least 16, ``tl.dot``'s least; else the loop), "xsplit" (as tf32x3, but three
     products of 16-bit operands: the weighted x in three parts of the ring's dtype times
-    the ring's B as stored; with fp32 rings tf32x3), "unroll" (the loop's updates unrolled
-    over the ring's entries, each weight a scalar) or "prefetch" (the loop, each entry's
-    loads issued a trip ahead). ``bc_pre``: a decode step's products B_k . C computed
-    once per row and group by a launch ahead (``BC_PRE``), not by each head's programs
-    from the ring's B tiles. ``split_flush``: a decode
-    step as two launches (``SPLIT``, taken off by ``_launch``): the outputs and appends,
-    whose kernel then holds no flush code, and the full rings' flushes."""
+    the ring's B as stored; with fp32 rings tf32x3). ``bc_pre``: a decode step's products
+    B_k . C computed once per row and group by a launch ahead (``BC_PRE``), not by each
+    head's programs from the ring's B tiles. ``split_flush``: a decode step as two launches
+    (``SPLIT``, taken off by ``_launch``): the outputs and appends, whose kernel then holds
+    no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
     block_n = min(int(cfg.get("BLOCK_N", full_n)), full_n)
     block_p = min(int(cfg["BLOCK_P"]), full_p)
@@ -439,8 +400,6 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         N_TILES=triton.cdiv(full_n, block_n),
         num_warps=int(cfg.get("num_warps", 1)),
         FLUSH_DOT=dot,
-        FLUSH_UNROLL=flush == "unroll",
-        FLUSH_PREFETCH=flush == "prefetch",
         FLUSH_XSPLIT=dot and flush == "xsplit",
         BC_PRE=bool(cfg.get("bc_pre", False)),
         SPLIT=bool(cfg.get("split_flush", False)),
