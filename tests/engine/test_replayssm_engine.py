@@ -148,16 +148,25 @@ def test_outputs_equal_every_step(device, monkeypatch):
     assert calls["update"] > 0 and calls["materialise"] > 0
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split-flush"])
-def test_flushed_and_hooked_states_equal_every_step(device, monkeypatch, split):
+@pytest.mark.parametrize("mode", ["one-launch", "split-flush", "bc-pre-at-1"])
+def test_flushed_and_hooked_states_equal_every_step(device, monkeypatch, mode):
     """One request alone (slot 1, the first: line 0 is the null line): 2L decode steps end
     on a flush; then a second request's L + 1 decodes end one step into the ring, and the
     hook folds it in. Also with every launch configuration's step split in two launches
-    (split_flush), which the warm-up must compile too."""
-    if split:
-        real = mamba_ssm_replay.launch_config
+    (split_flush), and with bc_pre in batch 1's entry only (its launch ahead, which the
+    warm-up must compile too)."""
+    real = mamba_ssm_replay.launch_config
+    extra = {"one-launch": {}, "split-flush": {"split_flush": True}}.get(mode)
+    if extra is None:  # bc-pre-at-1
         monkeypatch.setattr(mamba_ssm_replay, "launch_config",
-                            lambda *a: {**real(*a), "split_flush": True})  # fmt: skip
+                            lambda b, *a: {**real(b, *a), "bc_pre": b == 1})  # fmt: skip
+    elif extra:
+        monkeypatch.setattr(mamba_ssm_replay, "launch_config",
+                            lambda *a: {**real(*a), **extra})  # fmt: skip
+    bc_rows, real_bc = [], mamba_ssm_replay._launch_bc
+    monkeypatch.setattr(mamba_ssm_replay, "_launch_bc",
+                        lambda *a: bc_rows.append(a[3].shape[0]) or real_bc(*a))  # fmt: skip
+    split = mode == "split-flush"
     parts, launch = set(), mamba_ssm_replay._LAUNCH
 
     def recorded(grid, args, constexprs, *rest):
@@ -186,6 +195,8 @@ def test_flushed_and_hooked_states_equal_every_step(device, monkeypatch, split):
     assert launch_misses() == misses, "the warm-up missed a replayed kernel variant"
     # steps in two launches when split, else one; a materialisation is always one
     assert parts == ({(True, 1), (True, 2)} if split else {(True, 0)}) | {(False, 0)}
+    # bc_pre's launch ahead ran on the one-row steps (and only with bc_pre)
+    assert (1 in bc_rows) == (mode == "bc-pre-at-1"), bc_rows
 
 
 def test_hybrid_mamba2_layers_replayed():

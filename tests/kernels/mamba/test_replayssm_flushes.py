@@ -12,11 +12,18 @@ from tests.kernels.mamba.replay_utils import (
     BF16,
     FP16,
     Case,
+    draw,
     flush_run,
+    indices,
+    make_rs,
+    params,
     rel,
     run_against_every_step,
+    step_kw,
 )
 from vllm.model_executor.layers.mamba.ops import mamba_ssm_replay
+from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay import replay_ssm_update
+from vllm.triton_utils.launch import launch_misses, precompile
 
 # Launch configurations other than the default table's: several row blocks per head (with
 # a tail), the state streamed in several dstate tiles (the last one partly masked), warps.
@@ -63,6 +70,31 @@ def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
         blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
     with pytest.raises(ValueError, match="flush"):  # taken out: measured losers
         blocks(dict(BLOCK_P=32, flush="unroll"), 64, 128)
+
+
+def test_precompile_records_bc_pre_of_another_bucket(device, monkeypatch):
+    """A warm-up step whose bucket has no bc_pre still compiles the launch ahead when
+    another bucket takes it (the engine's warm-up runs batches 1 and 2 only): a later
+    step in that bucket misses no variant."""
+    cfg = dict(BLOCK_P=8, BLOCK_N=16, num_warps=1)
+    monkeypatch.setattr(mamba_ssm_replay, "launch_config",
+                        lambda b, *a: dict(cfg, bc_pre=b > 8))  # fmt: skip
+    case = Case(batch=12, heads=2, headdim=8, dstate=16, groups=1, L=4)
+    gen = torch.Generator().manual_seed(3)
+    rs = make_rs(case, case.batch + 3, device, gen)
+    p = params(case, device, gen)
+    idx = indices(case, case.batch + 3, device, gen)
+    x, dt, B, C = draw(case, device, gen)
+    with precompile():  # a 3-row step: bucket 8, no bc_pre
+        replay_ssm_update(rs, x[:3], dt[:3], p["A"], B[:3], C[:3], **step_kw(p),
+                          state_batch_indices=idx[:3])  # fmt: skip
+    launched, real = [], mamba_ssm_replay._launch_bc
+    monkeypatch.setattr(mamba_ssm_replay, "_launch_bc",
+                        lambda *a: launched.append(1) or real(*a))  # fmt: skip
+    misses = launch_misses()
+    replay_ssm_update(rs, x, dt, p["A"], B, C, **step_kw(p), state_batch_indices=idx)
+    assert launched, "the 12-row step (bucket 32) did not take bc_pre"
+    assert launch_misses() == misses, "precompile missed bc_pre's launch ahead"
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-launch", "split"])

@@ -60,6 +60,7 @@ from vllm.model_executor.layers.mamba.ops.mamba_ssm_replay_ref import (
 from vllm.model_executor.layers.mamba.ops.mamba_ssm_triton import discretize_dt
 from vllm.tensor_checks import FLOAT_DTYPES, check_state_update_shapes, check_tensor
 from vllm.triton_utils import configs, tl, triton
+from vllm.triton_utils.host import recording
 from vllm.triton_utils.launch import CachedLauncher
 
 __all__ = ["ReplayedSSMState", "replay_ssm_materialise", "replay_ssm_update"]
@@ -466,6 +467,9 @@ def _launch(
     bc = None
     if cfg["BC_PRE"]:
         bc = _launch_bc(ring_B, count, B, C, indices, nheads // ngroups, pad_slot_id, ring)
+    elif step and recording() and _any_bc_pre(headdim, dstate, state.dtype):
+        # Inside precompile(): bc_pre's launch ahead is recorded when any bucket takes it.
+        _launch_bc(ring_B, count, B, C, indices, nheads // ngroups, pad_slot_id, ring)
     grid = (triton.cdiv(headdim, cfg["BLOCK_P"]), nheads, batch)
     # Absent tensors pass ``state`` (never read: their flag compiles the load away) and
     # stride 0; a materialisation has no step tensors.
@@ -519,6 +523,12 @@ def _launch(
 
     for part in parts:  # a split step: outputs and appends, then the full rings' flushes
         _LAUNCH(grid, args, {**constexprs, "PART": part}, variants)
+
+
+def _any_bc_pre(headdim: int, dstate: int, state_dtype: torch.dtype) -> bool:
+    return any(
+        launch_config(b, headdim, dstate, state_dtype).get("bc_pre", False) for b in BATCH_BUCKETS
+    )
 
 
 def _launch_bc(ring_B, count, B, C, indices, heads_per_group, pad_slot_id, ring):
