@@ -24,7 +24,7 @@ written every L-th, plus the ring's mean (L-1)/2 entries read and one written (x
 plus x, B, C, dt and out. % of copy: of the device-to-device copy measured in the same run.
 ``--tune`` sweeps the replayed kernel's launch configurations per batch bucket and writes
 the winners as a launch table (``NVIDIA_H200.json`` form, into --out); ``--tune-flush`` keeps
-the table's tiles and tries only the other flushes and the split step on them. ``--smoke``: a tiny
+the table's tiles and tries only the other flush variants on them. ``--smoke``: a tiny
 shape on the CPU under the Triton interpreter (checks only; times are meaningless).
 """
 
@@ -245,11 +245,11 @@ TUNE = tuple(
 
 
 # The flushes --tune tries on the fastest tiles (the loop's is the tiles' own entry): the
-# dots, and bc_pre (B_k . C once per row and group, a launch ahead) with the loop, the dots
-# or a split step. Unroll, prefetch and the split step alone lost on both cards (their
-# pages): the kernel keeps them, the sweep no longer times them.
+# dots; bc_pre (B_k . C by a launch ahead) with the loop, the dots or a split step;
+# fuse_flush with the loop and the dots (unroll, prefetch, the split step lost: their pages).
 _BC = ({}, {"flush": "tf32x3"}, {"flush": "xsplit"}, {"split_flush": True})
-FLUSH_VARIANTS = ({"flush": "tf32x3"}, {"flush": "xsplit"}, *({"bc_pre": True, **v} for v in _BC))
+FLUSH_VARIANTS = ({"flush": "tf32x3"}, {"flush": "xsplit"}, *({"bc_pre": True, **v} for v in _BC),
+                  *({"fuse_flush": True, **v} for v in _BC[:3]))  # fmt: skip
 
 
 def _with(cfg: dict, fn, *a):
@@ -279,7 +279,7 @@ def run_case(batch, dtype, args, gbps, up, up_skip, entries) -> dict:
     if (args.tune or args.tune_flush) and replay.batch_bucket(batch) == batch:
         best, chosen = None, None  # --tune-flush: the table's tiles only, with the loop
         entry = {k: v for k, v in replay.launch_config(batch, P, N, dtype).items()
-                 if k not in ("flush", "split_flush", "bc_pre")}  # fmt: skip
+                 if k not in ("flush", "split_flush", "bc_pre", "fuse_flush")}  # fmt: skip
         for cfg in [entry] if args.tune_flush else tune_configs():
             try:
                 us = time_with(cfg, case, up)

@@ -1,7 +1,7 @@
 """The replayed decode kernel (``_replay_ssm_kernel``) compiled for sm_90 on a CPU, per state
 dtype, flush ("loop", "tf32x3", "xsplit"; "loop/split": a split step's first launch, which
-holds no flush code; "/bc": with bc_pre, the step kernel reading the launch ahead's B_k . C)
-and tile: registers, stack (spills) and shared memory,
+holds no flush code; "/bc": with bc_pre, the step kernel reading the launch ahead's B_k . C;
+"/fused": with fuse_flush) and tile: registers, stack (spills) and shared memory,
 as cuobjdump reads them off the cubin (Triton's own ptxas; no GPU).
 
     python -m benchmarks.kernels.replay_compile_report [--tiles 32x32x1 64x64x2] [--json F]
@@ -87,7 +87,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiles", nargs="*", default=list(TILES), help="BLOCK_PxBLOCK_Nxwarps")
     p.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
-    flushes = ["loop", "tf32x3", "xsplit", "loop/split", "xsplit/bc", "loop/split+bc"]
+    flushes = [
+        "loop",
+        "tf32x3",
+        "xsplit",
+        "loop/split",
+        "xsplit/bc",
+        "loop/split+bc",
+        "loop/fused",
+        "xsplit/fused",
+        "tf32x3/fused+bc",
+    ]
     p.add_argument("--flushes", nargs="*", default=flushes)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -102,7 +112,8 @@ def main(argv=None) -> int:
                 method, _, mods = flush.partition("/")
                 mods = set(mods.split("+"))
                 cfg = dict(BLOCK_P=bp, BLOCK_N=bn, num_warps=nw, flush=method,
-                           split_flush="split" in mods, bc_pre="bc" in mods)  # fmt: skip
+                           split_flush="split" in mods, bc_pre="bc" in mods,
+                           fuse_flush="fused" in mods)  # fmt: skip
                 kernel, largs, constexprs = record(DTYPES[dtype], cfg)
                 compiled, seconds = compile_cold(kernel, largs, constexprs)
                 res = resources(compiled)
@@ -110,6 +121,7 @@ def main(argv=None) -> int:
                            regs=res["regs"], stack=res["stack"], shared=res["shared"],
                            dot=bool(constexprs["FLUSH_DOT"]),
                            bc_pre=bool(constexprs["BC_PRE"]),
+                           fused=bool(constexprs["FUSE_FLUSH"]),
                            xsplit=bool(constexprs["FLUSH_XSPLIT"]),
                            part=constexprs["PART"])  # fmt: skip
                 rows.append(row)

@@ -29,14 +29,16 @@ def test_step_bytes_and_smoke_run(tmp_path, monkeypatch):
     assert (tmp_path / "replayssm.json").is_file()
 
 
-# The flushes the tune tries after the tiles: the dots, then bc_pre with the loop, the dots
-# and a split step: (flush, split_flush, bc_pre).
-VARIANTS = [("tf32x3", None, None), ("xsplit", None, None), (None, None, True),
-            ("tf32x3", None, True), ("xsplit", None, True), (None, True, True)]  # fmt: skip
+# The flushes the tune tries after the tiles: the dots, bc_pre with the loop, the dots and a
+# split step, then fuse_flush with the loop and the dots: (flush, split_flush, bc_pre, fused).
+VARIANTS = [("tf32x3", None, None, None), ("xsplit", None, None, None),
+            (None, None, True, None), ("tf32x3", None, True, None), ("xsplit", None, True, None),
+            (None, True, True, None), (None, None, None, True), ("tf32x3", None, None, True),
+            ("xsplit", None, None, True)]  # fmt: skip
 
 
 def _variant(t: dict) -> tuple:
-    return t.get("flush"), t.get("split_flush"), t.get("bc_pre")
+    return t.get("flush"), t.get("split_flush"), t.get("bc_pre"), t.get("fuse_flush")
 
 
 def test_tune_sweeps_the_dstate_tile(tmp_path, monkeypatch):

@@ -19,7 +19,17 @@ def test_loop_and_dot_flushes_compile_at_the_h200_fp32_tile(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {(r["flush"], r["tile"]): r for r in json.loads(out.read_text())["rows"]}
-    flushes = ("loop", "tf32x3", "xsplit", "loop/split", "xsplit/bc", "loop/split+bc")
+    flushes = (
+        "loop",
+        "tf32x3",
+        "xsplit",
+        "loop/split",
+        "xsplit/bc",
+        "loop/split+bc",
+        "loop/fused",
+        "xsplit/fused",
+        "tf32x3/fused+bc",
+    )
     assert set(rows) == {(f, t) for f in flushes for t in ("32x32x1", "8x32x1")}
     assert all(r["regs"] > 0 and r["stack"] >= 0 for r in rows.values())
     # The dot is taken at the H200 table's tile, not below tl.dot's 16 rows.
@@ -34,4 +44,6 @@ def test_loop_and_dot_flushes_compile_at_the_h200_fp32_tile(tmp_path):
         assert rows["xsplit/bc", tile]["bc_pre"] and rows["xsplit/bc", tile]["part"] == 0
         bc_split = rows["loop/split+bc", tile]
         assert bc_split["bc_pre"] and bc_split["part"] == 1 and bc_split["stack"] == 0
+        fused = rows["loop/fused", tile]
+        assert fused["fused"] and fused["part"] == 0 and not rows["loop", tile]["fused"]
     assert re.search(r"^fp32 tf32x3 +32x32x1 *: regs", proc.stdout, re.M), proc.stdout

@@ -1,5 +1,5 @@
 """The replayed decode kernel's launch configurations and flush variants (``flush`` "loop",
-"tf32x3", "xsplit"; ``split_flush``; ``bc_pre``): each against the every-step
+"tf32x3", "xsplit"; ``split_flush``; ``bc_pre``; ``fuse_flush``): each against the every-step
 update, or against the loop's flush bit for bit or to rounding; xsplit's launches are
 asserted to have taken it (below the dot tiles it falls back to the loop)."""
 
@@ -44,12 +44,16 @@ CONFIGS = [
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="xsplit"),  # fp32 rings: as tf32x3
     dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, bc_pre=True),
     dict(BLOCK_P=16, BLOCK_N=32, num_warps=2, flush="tf32x3", bc_pre=True, split_flush=True),
+    dict(BLOCK_P=8, BLOCK_N=16, num_warps=1, fuse_flush=True),
+    dict(BLOCK_P=16, BLOCK_N=16, num_warps=2, flush="tf32x3", fuse_flush=True, bc_pre=True),
+    dict(BLOCK_P=16, BLOCK_N=32, num_warps=1, flush="xsplit", fuse_flush=True, split_flush=True),
 ]
 
 
 def _cfg_id(c: dict) -> str:
     split = "_split" if c.get("split_flush") else ""
     split += "_bcpre" if c.get("bc_pre") else ""
+    split += "_fused" if c.get("fuse_flush") else ""
     return "P{BLOCK_P}_N{BLOCK_N}_w{num_warps}".format(**c) + f"_{c.get('flush', 'loop')}{split}"
 
 
@@ -65,6 +69,8 @@ def test_flush_choice_is_checked_and_falls_back_below_dot_tiles():
     assert blocks(dict(BLOCK_P=8, split_flush=True), 64, 128)["SPLIT"]
     assert not blocks(dict(BLOCK_P=8), 64, 128)["SPLIT"]
     assert blocks(dict(BLOCK_P=8, bc_pre=True), 64, 128)["BC_PRE"]
+    assert blocks(dict(BLOCK_P=8, fuse_flush=True), 64, 128)["FUSE_FLUSH"]
+    assert not blocks(dict(BLOCK_P=8), 64, 128)["FUSE_FLUSH"]
     assert not blocks(dict(BLOCK_P=8), 64, 128)["BC_PRE"]
     with pytest.raises(ValueError, match="flush"):
         blocks(dict(BLOCK_P=32, flush="ieee"), 64, 128)
@@ -156,3 +162,24 @@ def test_precomputed_bc_equals_each_programs_own(act, device, monkeypatch):
     )
     assert len(launches) == case.L + 2, "bc_pre's launch ahead did not run on every step"
     assert rel(yb, ya) < 1e-6 and torch.equal(sb, sa) and torch.equal(cb, ca)
+
+
+@pytest.mark.parametrize("flush", ["loop", "tf32x3"])
+def test_fused_flush_equals_two_passes(flush, device, monkeypatch):
+    """fuse_flush (a flushing row folds each tile in the output pass, from the h0 it read)
+    makes the two passes' computations: outputs, states and counters bit for bit, the
+    materialisation (never fused) included; its launches took it."""
+    case = Case(batch=3, heads=4, headdim=20, dstate=40, groups=2, L=5)
+    seen, real = [], mamba_ssm_replay._blocks
+    monkeypatch.setattr(mamba_ssm_replay, "_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
+    (ya, sa, ca), (yb, sb, cb) = (
+        flush_run(
+            case,
+            dict(BLOCK_P=16, BLOCK_N=16, num_warps=1, flush=flush, fuse_flush=f),
+            device,
+            monkeypatch,
+        )  # fmt: skip
+        for f in (False, True)
+    )
+    assert any(b["FUSE_FLUSH"] for b in seen), "fuse_flush never launched"
+    assert torch.equal(ya, yb) and torch.equal(sa, sb) and torch.equal(ca, cb)

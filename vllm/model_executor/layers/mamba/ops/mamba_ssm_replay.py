@@ -88,6 +88,46 @@ def _ring_weights(p_rdt, stride_rdt_k, b_n, b_a, b_now, RING: tl.constexpr, BLOC
     return b_w, b_decay
 
 
+@triton.jit
+def _fold_tile(b_h, b_X, b_w, b_n, p_rx, p_rB, stride_rx_k, stride_rx_p, stride_rB_k,
+               stride_rB_n, o_p, o_n, o_k, m_p, m_n, m_k,
+               FLUSH_DOT: tl.constexpr, FLUSH_XSPLIT: tl.constexpr):  # fmt: skip
+    """A state tile (BLOCK_P rows x BLOCK_N of dstate, fp32, already decayed) plus the ring:
+    h += sum_k w_k x_k B_k^T over the valid entries (k < n)."""
+    if FLUSH_DOT:
+        # The ring as one tensor-core product: (x_k w_k) over k times the ring's B tile,
+        # fp32 operands (entries k >= n are zero in b_X) split in three tf32 products
+        # (about fp32's accuracy; an "ieee" fp32 dot spills at every tile:
+        # benchmarks/kernels/replay_compile_report.py).
+        p_Bt = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
+        b_Bt = tl.load(p_Bt, mask=m_k[:, None] & m_n[None, :], other=0.0)
+        b_XW = b_X * b_w[None, :]
+        if FLUSH_XSPLIT and p_rB.dtype.element_ty != tl.float32:
+            # "xsplit": the ring's B is exact in its 16-bit dtype, so only the weighted x
+            # needs splitting: three parts of that dtype (hi, mid, lo: about fp32's 24
+            # bits), each product with B exact and summed in fp32 by the tensor core. Half
+            # tf32x3's products, 16-bit operands.
+            ty = p_rB.dtype.element_ty
+            b_hi = b_XW.to(ty)
+            b_rest = b_XW - b_hi.to(tl.float32)
+            b_mid = b_rest.to(ty)
+            b_lo = (b_rest - b_mid.to(tl.float32)).to(ty)
+            b_h = tl.dot(b_hi, b_Bt, acc=b_h)
+            b_h = tl.dot(b_mid, b_Bt, acc=b_h)
+            b_h = tl.dot(b_lo, b_Bt, acc=b_h)
+        else:
+            b_h += tl.dot(b_XW, b_Bt.to(tl.float32), input_precision="tf32x3")
+    else:
+        # One rank-1 fp32 update per valid entry (plain fp32 FMAs, no operand tiles held
+        # in registers; each entry's loads wait on the loop).
+        for k in range(0, b_n):
+            w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
+            b_xk = tl.load(p_rx + k * stride_rx_k + o_p * stride_rx_p, mask=m_p, other=0.0)
+            b_Bk = tl.load(p_rB + k * stride_rB_k + o_n * stride_rB_n, mask=m_n, other=0.0)
+            b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
+    return b_h
+
+
 @triton.jit(do_not_specialize=["idx_ptr"])
 def _replay_bc_kernel(
     ring_B_ptr, count_ptr, B_ptr, C_ptr, idx_ptr, bc_ptr,
@@ -157,6 +197,7 @@ def _replay_ssm_kernel(
     FLUSH_DOT: tl.constexpr,
     FLUSH_XSPLIT: tl.constexpr,
     BC_PRE: tl.constexpr,
+    FUSE_FLUSH: tl.constexpr,
     PART: tl.constexpr,
 ):  # fmt: skip
     # One program per (block of BLOCK_P state rows, head, row); the row's programs are
@@ -246,6 +287,18 @@ def _replay_ssm_kernel(
                 b_cb += tl.sum(b_Bs.to(tl.float32) * b_C[None, :], axis=1)
                 b_Bcur = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0)
                 b_bc += b_Bcur.to(tl.float32) * b_C
+            if FUSE_FLUSH:
+                # fuse_flush: a flushing row folds and writes this tile from the h0 it has
+                # just read (y still comes from h0 by the right-hand form), so the flush
+                # reads no tile a second time; the state's loads still wait on nothing.
+                if flush:
+                    b_h = _fold_tile(b_h0 * b_decay, b_X, b_w, b_n, p_rx, p_rB, stride_rx_k,
+                                     stride_rx_p, stride_rB_k, stride_rB_n, o_p, o_n, o_k,
+                                     m_p, m_n, m_k, FLUSH_DOT, FLUSH_XSPLIT)  # fmt: skip
+                    b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0)
+                    b_h += (b_dt * b_xf)[:, None] * b_Bn.to(tl.float32)[None, :]
+                    tl.store(p_st, b_h.to(state_ptr.dtype.element_ty),
+                             mask=m_p[:, None] & m_n[None, :])  # fmt: skip
         if BC_PRE:
             # B_k . C and B . C from _replay_bc_kernel (this row and group, this step):
             # the ring's B tiles are not read for the output.
@@ -263,46 +316,17 @@ def _replay_ssm_kernel(
 
     if flush:
         # h = exp(sum s) h0 + sum_k w_k x_k B_k^T (+ dt x B^T), per dstate tile, written
-        # back in the pool's dtype (the tiles were just read: they come from the cache).
-        for t in tl.static_range(N_TILES):
+        # back in the pool's dtype (the tiles were just read: they come from the cache);
+        # with fuse_flush a whole decode step has written them in its output pass.
+        for t in tl.static_range(0 if FUSE_FLUSH and STEP and PART == 0 else N_TILES):
             o_n = t * BLOCK_N + o_t
             m_n = o_n < dstate
             m_s = m_p[:, None] & m_n[None, :]
             p_st = p_s + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
             b_h = tl.load(p_st, mask=m_s, other=0.0).to(tl.float32) * b_decay
-            if FLUSH_DOT:
-                # The ring as one tensor-core product: (x_k w_k) over k times the ring's B
-                # tile, fp32 operands (entries k >= n are zero in b_X) split in three tf32
-                # products (about fp32's accuracy; an "ieee" fp32 dot spills at every tile:
-                # benchmarks/kernels/replay_compile_report.py).
-                p_Bt = p_rB + o_k[:, None] * stride_rB_k + o_n[None, :] * stride_rB_n
-                b_Bt = tl.load(p_Bt, mask=m_k[:, None] & m_n[None, :], other=0.0)
-                b_XW = b_X * b_w[None, :]
-                if FLUSH_XSPLIT and ring_B_ptr.dtype.element_ty != tl.float32:
-                    # "xsplit": the ring's B is exact in its 16-bit dtype, so only the
-                    # weighted x needs splitting: three parts of that dtype (hi, mid, lo:
-                    # about fp32's 24 bits), each product with B exact and summed in fp32 by
-                    # the tensor core. Half tf32x3's products, 16-bit operands.
-                    ty = ring_B_ptr.dtype.element_ty
-                    b_hi = b_XW.to(ty)
-                    b_rest = b_XW - b_hi.to(tl.float32)
-                    b_mid = b_rest.to(ty)
-                    b_lo = (b_rest - b_mid.to(tl.float32)).to(ty)
-                    b_h = tl.dot(b_hi, b_Bt, acc=b_h)
-                    b_h = tl.dot(b_mid, b_Bt, acc=b_h)
-                    b_h = tl.dot(b_lo, b_Bt, acc=b_h)
-                else:
-                    b_h += tl.dot(b_XW, b_Bt.to(tl.float32), input_precision="tf32x3")
-            else:
-                # One rank-1 fp32 update per valid entry (plain fp32 FMAs, no operand tiles
-                # held in registers; each entry's loads wait on the loop).
-                for k in range(0, b_n):
-                    w_k = tl.sum(tl.where(o_k == k, b_w, 0.0), axis=0)
-                    p_xk = p_rx + k * stride_rx_k + o_p * stride_rx_p
-                    b_xk = tl.load(p_xk, mask=m_p, other=0.0)
-                    p_Bk = p_rB + k * stride_rB_k + o_n * stride_rB_n
-                    b_Bk = tl.load(p_Bk, mask=m_n, other=0.0)
-                    b_h += (w_k * b_xk.to(tl.float32))[:, None] * b_Bk.to(tl.float32)[None, :]
+            b_h = _fold_tile(b_h, b_X, b_w, b_n, p_rx, p_rB, stride_rx_k, stride_rx_p,
+                             stride_rB_k, stride_rB_n, o_p, o_n, o_k, m_p, m_n, m_k,
+                             FLUSH_DOT, FLUSH_XSPLIT)  # fmt: skip
             if STEP:
                 b_Bn = tl.load(p_B + o_n * stride_B_n, mask=m_n, other=0.0).to(tl.float32)
                 b_h += (b_dt * b_xf)[:, None] * b_Bn[None, :]
@@ -385,7 +409,9 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     products of 16-bit operands: the weighted x in three parts of the ring's dtype times
     the ring's B as stored; with fp32 rings tf32x3). ``bc_pre``: a decode step's products
     B_k . C computed once per row and group by a launch ahead (``BC_PRE``), not by each
-    head's programs from the ring's B tiles. ``split_flush``: a decode step as two launches
+    head's programs from the ring's B tiles. ``fuse_flush``: a flushing row of a whole decode
+    step folds and writes each state tile in the output pass, from the tile that pass read
+    (no second read). ``split_flush``: a decode step as two launches
     (``SPLIT``, taken off by ``_launch``): the outputs and appends, whose kernel then holds
     no flush code, and the full rings' flushes."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
@@ -403,6 +429,7 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         FLUSH_DOT=dot,
         FLUSH_XSPLIT=dot and flush == "xsplit",
         BC_PRE=bool(cfg.get("bc_pre", False)),
+        FUSE_FLUSH=bool(cfg.get("fuse_flush", False)),
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
