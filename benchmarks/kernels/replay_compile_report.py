@@ -87,17 +87,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiles", nargs="*", default=list(TILES), help="BLOCK_PxBLOCK_Nxwarps")
     p.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
-    flushes = [
-        "loop",
-        "tf32x3",
-        "xsplit",
-        "loop/split",
-        "xsplit/bc",
-        "loop/split+bc",
-        "loop/fused",
-        "xsplit/fused",
-        "tf32x3/fused+bc",
-    ]
+    flushes = ["loop", "tf32x3", "xsplit", "loop/split", "xsplit/bc", "loop/split+bc",
+               "loop/fused", "xsplit/fused", "tf32x3/fused+bc"]  # fmt: skip
     p.add_argument("--flushes", nargs="*", default=flushes)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -130,8 +121,8 @@ def main(argv=None) -> int:
                       flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(shape=dict(H=H, P=P, N=N, G=G, L=L, batch=BATCH), rows=rows), f,
-                      indent=1)  # fmt: skip
+            json.dump(dict(shape=dict(H=H, P=P, N=N, G=G, L=L, batch=BATCH), rows=rows,
+                           flushes=args.flushes), f, indent=1)  # fmt: skip
     return 0
 
 
