@@ -401,7 +401,7 @@ def _config(bucket: int, headdim: int, dstate: int, state_dtype: torch.dtype) ->
 FLUSHES = ("loop", "tf32x3", "xsplit")
 
 
-def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
+def _blocks(cfg: dict, headdim: int, dstate: int, step: bool = True) -> dict:
     """The constexprs a configuration gives at this shape (tiles are powers of two).
     ``flush``: how a flush folds the ring into the state, "loop" (default: a rank-1 fp32
     update per entry), "tf32x3" (one ``tl.dot`` in three tf32 products, where both tiles
@@ -413,7 +413,8 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
     step folds and writes each state tile in the output pass, from the tile that pass read
     (no second read). ``split_flush``: a decode step as two launches
     (``SPLIT``, taken off by ``_launch``): the outputs and appends, whose kernel then holds
-    no flush code, and the full rings' flushes."""
+    no flush code, and the full rings' flushes. bc_pre and fuse_flush are a decode step's
+    options: off for a materialisation (``step`` False)."""
     full_p, full_n = triton.next_power_of_2(headdim), triton.next_power_of_2(dstate)
     block_n = min(int(cfg.get("BLOCK_N", full_n)), full_n)
     block_p = min(int(cfg["BLOCK_P"]), full_p)
@@ -428,8 +429,8 @@ def _blocks(cfg: dict, headdim: int, dstate: int) -> dict:
         num_warps=int(cfg.get("num_warps", 1)),
         FLUSH_DOT=dot,
         FLUSH_XSPLIT=dot and flush == "xsplit",
-        BC_PRE=bool(cfg.get("bc_pre", False)),
-        FUSE_FLUSH=bool(cfg.get("fuse_flush", False)),
+        BC_PRE=step and bool(cfg.get("bc_pre", False)),
+        FUSE_FLUSH=step and bool(cfg.get("fuse_flush", False)),
         SPLIT=bool(cfg.get("split_flush", False)),
     )
     if "num_stages" in cfg:
@@ -488,9 +489,8 @@ def _launch(
     if batch == 0:
         return
     step = x is not None
-    cfg = _blocks(launch_config(batch, headdim, dstate, state.dtype), headdim, dstate)
+    cfg = _blocks(launch_config(batch, headdim, dstate, state.dtype), headdim, dstate, step)
     parts = _parts(cfg, step)
-    cfg["BC_PRE"] = cfg["BC_PRE"] and step
     bc = None
     if cfg["BC_PRE"]:
         bc = _launch_bc(ring_B, count, B, C, indices, nheads // ngroups, pad_slot_id, ring)
@@ -541,9 +541,9 @@ def _launch(
     def variants() -> list[dict]:
         seen = {}
         for b in BATCH_BUCKETS:
-            blocks = _blocks(launch_config(b, headdim, dstate, state.dtype), headdim, dstate)
+            cfg_b = launch_config(b, headdim, dstate, state.dtype)
+            blocks = _blocks(cfg_b, headdim, dstate, step)
             for part in _parts(blocks, step):
-                blocks["BC_PRE"] = blocks["BC_PRE"] and step
                 c = {**constexprs, **blocks, "PART": part}
                 seen[tuple(sorted(c.items()))] = c
         return list(seen.values())
