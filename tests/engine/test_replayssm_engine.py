@@ -96,15 +96,36 @@ def test_unset_takes_the_devices_measured_default(device, monkeypatch):
     elsewhere and on the CPU; each device listed there is spelled as its launch table."""
     monkeypatch.delenv("VLLM_USE_REPLAYSSM", raising=False)
     llm = LLM(CONFIG, load_format="dummy", dtype="float32", device=device.type, max_num_seqs=2)
-    on = mamba_ssm_replay.default_on(llm.engine.runner.device)
+    config = llm.engine.config
+    on = mamba_ssm_replay.default_on(llm.engine.runner.device, config.ssm_state_dtype)
     assert llm.engine.runner.pool.replay_len == (16 if on else 0)
-    assert llm.engine.config.use_replayssm is None
+    assert config.use_replayssm is None
     assert mamba_ssm_replay.default_on(torch.device("cpu")) is False
     listed = mamba_ssm_replay._engine_defaults()
     assert listed["NVIDIA_H100_80GB_HBM3"]["use_replayssm"] is True
     for name, entry in listed.items():
         assert (mamba_ssm_replay.CONFIG_DIR / f"{name}.json").is_file(), name
-        assert isinstance(entry["use_replayssm"], bool) and entry["measured"]
+        on = entry["use_replayssm"]
+        if isinstance(on, dict):  # per state dtype: torch's names, each True or False
+            assert on and all(isinstance(getattr(torch, k), torch.dtype) for k in on), name
+            on = list(on.values())
+        assert all(isinstance(v, bool) for v in (on if isinstance(on, list) else [on]))
+        assert entry["measured"], name
+
+
+def test_a_default_per_state_dtype(monkeypatch):
+    """An entry may name state dtypes: on for those marked true only; a dtype it does not
+    name stays off (the H200's entry: fp32 state on, bf16 off)."""
+    gpu = torch.device("cuda", 0)  # a name only: nothing runs on it
+    monkeypatch.setattr(mamba_ssm_replay.configs, "device_file_name", lambda d: "GPU_X")
+    table = {"GPU_X": {"use_replayssm": {"float32": True, "bfloat16": False}, "measured": "-"}}
+    monkeypatch.setattr(mamba_ssm_replay, "_engine_defaults", lambda: table)
+    assert mamba_ssm_replay.default_on(gpu, torch.float32) is True
+    assert mamba_ssm_replay.default_on(gpu, torch.bfloat16) is False
+    assert mamba_ssm_replay.default_on(gpu, torch.float16) is False
+    assert mamba_ssm_replay.default_on(torch.device("cpu"), torch.float32) is False
+    table["GPU_X"]["use_replayssm"] = True
+    assert mamba_ssm_replay.default_on(gpu, torch.bfloat16) is True
 
 
 def test_pool_memory_counts_the_ring(device):

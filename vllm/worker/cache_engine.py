@@ -95,11 +95,11 @@ def auto_checkpoint_lines(per_line: int, num_seqs: int, free_bytes: int | None,
 def replay_len_for(model, config, device: torch.device) -> int:
     """The ring length L every Mamba spec of ``model`` gets (0: no replay). ``use_replayssm``
     True: ``replayssm_buffer_len`` (a Mamba1 layer's spec then refuses it); False: 0; not
-    given: ``VLLM_USE_REPLAYSSM`` if set, else the device's measured default
-    (``mamba_ssm_replay.default_on``), and never for a model with Mamba1 layers."""
+    given: ``VLLM_USE_REPLAYSSM`` if set, else the device's measured default for the SSM
+    state's dtype (``mamba_ssm_replay.default_on``), and never for a model with Mamba1 layers."""
     on = config.use_replayssm
     if on is None:
-        on = default_on(device)
+        on = default_on(device, config.ssm_state_dtype)
     if not on:
         return 0
     if config.replayssm_by_default:

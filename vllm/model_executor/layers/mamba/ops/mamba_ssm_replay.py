@@ -365,14 +365,18 @@ def _engine_defaults() -> dict:
         return json.load(f)["devices"]
 
 
-def default_on(device: torch.device) -> bool:
-    """Whether ``use_replayssm`` left unset turns replayed decode on for ``device``: only on
-    the GPUs ``configs/replayssm/engine_default.json`` lists as on, where replay measured
-    faster at every batch from 8 and no slower at 1 (issue 30's rule); off elsewhere."""
+def default_on(device: torch.device, state_dtype: torch.dtype = torch.float32) -> bool:
+    """Whether ``use_replayssm`` left unset turns replayed decode on for ``device`` and an SSM
+    state of ``state_dtype``: only where ``configs/replayssm/engine_default.json`` lists the
+    GPU as on (for every state dtype, or for this one: ``{"float32": true, ...}``), where
+    replay measured faster at every batch from 8 and no slower at 1 (issue 30's rule); off
+    elsewhere, and for a state dtype the entry does not name."""
     if device.type != "cuda":
         return False
-    entry = _engine_defaults().get(configs.device_file_name(device), {})
-    return entry.get("use_replayssm") is True
+    on = _engine_defaults().get(configs.device_file_name(device), {}).get("use_replayssm")
+    if isinstance(on, dict):
+        on = on.get(str(state_dtype).removeprefix("torch."))
+    return on is True
 
 
 def use_replay_kernel(x: torch.Tensor) -> bool:
