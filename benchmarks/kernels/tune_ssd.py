@@ -61,6 +61,12 @@ VARIANTS += [
         # the 128-register cap (measured: docs/benchmarks/ssd_h200.md).
         dict(BLOCK_K=32, PREFETCH=True),
         dict(BLOCK_K=32, PREFETCH=True, maxnreg=None),
+        # HEADS 2: a program for two heads of a group, each CB and C block loaded once for
+        # both (sm_90 at Codestral: 193 registers uncapped, 168 with a 12-byte stack; 8 warps
+        # fit 128 without spills).
+        dict(BLOCK_K=32, HEADS=2, maxnreg=None),
+        dict(BLOCK_K=32, HEADS=2, maxnreg=168),
+        dict(BLOCK_K=32, HEADS=2, num_warps=8, maxnreg=128),
     )
 ]
 VARIANTS += [

@@ -14,7 +14,10 @@ marker (``pad_slot_id``) gets y = 0, as in the reference. Only the rows of the c
 
 One program per (chunk, group, head of the group, headdim block), heads of a group next to
 each other so that the group's CB and C blocks are read from L2 while they are hot; each
-program walks its chunk's block rows.
+program walks its chunk's block rows. ``HEADS`` 2 (launch table key; 1 by default) gives a
+program two neighbouring heads of one group: each CB and C block it loads serves both,
+halving the kernel's largest L2 reads (the fp32 CB blocks and C), for a second accumulator.
+Each head's arithmetic and its order are those of a one-head program: bit-identical.
 """
 
 from __future__ import annotations
@@ -22,6 +25,61 @@ from __future__ import annotations
 from vllm.model_executor.layers.mamba.ops.ssd_bmm import STEP_POINTERS, _dot_lhs_f32, _dot_rhs_f32
 from vllm.triton_utils import tl, triton
 from vllm.triton_utils.launch import CachedLauncher
+
+
+@triton.jit
+def _off_diagonal(b_cb, p_cs, p_dt, p_x, o_k, o_xk, k0, stride_x_t, b_cs_m, m_p, acc,
+                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """One source block below the diagonal block for one head: its decays factor through the
+    block's last row r, exp2(cs[l] - cs[r]) * exp2(cs[r] - cs[s]), both <= 1, so the block
+    takes BLOCK_M + BLOCK_K exponentials instead of BLOCK_M * BLOCK_K."""
+    b_cs_k = tl.load(p_cs + k0 + o_k)
+    b_cs_r = tl.load(p_cs + k0 + (BLOCK_K - 1))
+    b_dt_k = tl.load(p_dt + k0 + o_k)
+    b_rows = tl.exp2(b_cs_m - b_cs_r)
+    b_cols = tl.exp2(b_cs_r - b_cs_k) * b_dt_k
+    b_w = b_cb * b_rows[:, None] * b_cols[None, :]
+    b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_p[None, :], other=0.0)
+    return _dot_lhs_f32(b_w, b_x, acc, SPLIT)
+
+
+@triton.jit
+def _diagonal(b_cb, causal, p_cs, p_dt, p_x, o_s, m_s, o_xk, k0, stride_x_t, b_cs_m, m_p, acc,
+              SPLIT: tl.constexpr):  # fmt: skip
+    """One source block of the diagonal block for one head: the decay per element, -inf
+    above the diagonal (no exp2 overflows); the select keeps CB blocks the CB job did not
+    write out of the sum."""
+    b_cs_k = tl.load(p_cs + o_s, mask=m_s, other=0.0)
+    b_dt_k = tl.load(p_dt + o_s, mask=m_s, other=0.0)
+    b_seg = tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], float("-inf"))
+    b_w = tl.where(causal, b_cb * tl.exp2(b_seg) * b_dt_k[None, :], 0.0)
+    b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_s[:, None] & m_p[None, :], other=0.0)
+    return _dot_lhs_f32(b_w, b_x, acc, SPLIT)
+
+
+@triton.jit
+def _store_rows(acc, live, i_h, p_x, o_m, o_p, m_y, m_p, z_ptr, D_ptr, out_ptr, row0,
+                stride_x_t, stride_x_p, stride_z_t, stride_z_h, stride_z_p, stride_D_h,
+                stride_D_p, stride_out_t, stride_out_h, stride_out_p, HAS_D: tl.constexpr,
+                D_HAS_HDIM: tl.constexpr, HAS_Z: tl.constexpr):  # fmt: skip
+    """One head's rows: + D x, times silu(z), zeros for a padded sequence, stored."""
+    if HAS_D:
+        o_xm = o_m[:, None] * stride_x_t + o_p[None, :] * stride_x_p
+        b_x = tl.load(p_x + o_xm, mask=m_y, other=0.0).to(tl.float32)
+        if D_HAS_HDIM:
+            b_D = tl.load(D_ptr + i_h * stride_D_h + o_p * stride_D_p, mask=m_p, other=0.0)
+            acc += b_x * b_D.to(tl.float32)[None, :]
+        else:
+            acc += b_x * tl.load(D_ptr + i_h * stride_D_h).to(tl.float32)
+    if HAS_Z:
+        p_z = z_ptr + row0 * stride_z_t + i_h * stride_z_h
+        p_z = p_z + o_m[:, None] * stride_z_t + o_p[None, :] * stride_z_p
+        b_z = tl.load(p_z, mask=m_y, other=0.0).to(tl.float32)
+        acc = acc * b_z * tl.sigmoid(b_z)
+    acc = tl.where(live, acc, 0.0)
+    p_y = out_ptr + row0 * stride_out_t + i_h * stride_out_h
+    p_y = p_y + o_m[:, None] * stride_out_t + o_p[None, :] * stride_out_p
+    tl.store(p_y, acc.to(out_ptr.dtype.element_ty), mask=m_y)
 
 
 @triton.jit(do_not_specialize=[n for n in STEP_POINTERS if n != "chunk_lines_ptr"])
@@ -73,16 +131,19 @@ def _ssd_chunk_scan_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
+    HEADS: tl.constexpr,
 ):
     # Programs: row block fastest (the heaviest, last, first), then headdim block, then the
     # heads (a group's heads are neighbours: its CB and C blocks are read from L2), chunks.
     N_MB: tl.constexpr = (CHUNK + BLOCK_M - 1) // BLOCK_M
     N_PB: tl.constexpr = (HEADDIM + BLOCK_P - 1) // BLOCK_P
+    N_HB: tl.constexpr = NHEADS // HEADS
+    tl.static_assert((NHEADS // NGROUPS) % HEADS == 0, "HEADS must divide a group's heads")
     i_pid = tl.program_id(0)
     i_mb = N_MB - 1 - i_pid % N_MB
     i_pb = (i_pid // N_MB) % N_PB
-    i_h = (i_pid // (N_MB * N_PB)) % NHEADS
-    i_c = (i_pid // (N_MB * N_PB * NHEADS)).to(tl.int64)
+    i_h = (i_pid // (N_MB * N_PB)) % N_HB * HEADS  # the program's first head
+    i_c = (i_pid // (N_MB * N_PB * N_HB)).to(tl.int64)
     i_g = i_h // (NHEADS // NGROUPS)
 
     start = tl.load(chunk_starts_ptr + i_c)
@@ -109,6 +170,11 @@ def _ssd_chunk_scan_kernel(
     p_ws = (i_c * NHEADS + i_h) * CHUNK  # dt and cs of (chunk, head)
     b_cs_m = tl.load(cs_ptr + p_ws + o_m, mask=m_m, other=0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+    # The second head (HEADS 2): its workspace rows, start state and x one head further.
+    b_cs_m1 = b_cs_m
+    acc1 = acc
+    if HEADS == 2:
+        b_cs_m1 = tl.load(cs_ptr + p_ws + CHUNK + o_m, mask=m_m, other=0.0)
 
     # Carried: exp2(cs[l]) * C[l] @ S^T, S the chunk's start state (P x N).
     if has_start:
@@ -119,15 +185,20 @@ def _ssd_chunk_scan_kernel(
         p_S = p_S + o_n[:, None] + o_p[None, :] * DSTATE  # S^T: (BLOCK_N, BLOCK_P)
         for n0 in tl.static_range(0, DSTATE, BLOCK_N):
             m_n = (n0 + o_n) < DSTATE
+            m_S = m_n[:, None] & m_p[None, :]
             b_C = tl.load(p_C + n0 * stride_C_n, mask=m_m[:, None] & m_n[None, :], other=0.0)
-            b_S = tl.load(p_S + n0, mask=m_n[:, None] & m_p[None, :], other=0.0)
+            b_S = tl.load(p_S + n0, mask=m_S, other=0.0)
             acc = _dot_rhs_f32(b_C, b_S, acc, SPLIT_STATE)
+            if HEADS == 2:
+                b_S = tl.load(p_S + HEADDIM * DSTATE + n0, mask=m_S, other=0.0)
+                acc1 = _dot_rhs_f32(b_C, b_S, acc1, SPLIT_STATE)
         acc = acc * tl.exp2(b_cs_m)[:, None]
+        if HEADS == 2:
+            acc1 = acc1 * tl.exp2(b_cs_m1)[:, None]
 
     # Local: sum_{s <= l} CB[l, s] exp2(cs[l] - cs[s]) dt[s] x[s], per block of BLOCK_K
-    # sources. Below the diagonal block the decay factors through the source block's last
-    # row r: exp2(cs[l] - cs[r]) * exp2(cs[r] - cs[s]), both <= 1, so a block takes
-    # BLOCK_M + BLOCK_K exponentials instead of BLOCK_M * BLOCK_K.
+    # sources (_off_diagonal below the diagonal block, _diagonal on it), each CB block
+    # loaded once for the program's heads.
     # Scalar 64-bit bases, 32-bit offset tensors (nothing 64-bit is carried by the loops).
     p_cb = cb_ptr + (i_c * NGROUPS + i_g) * (CHUNK * CHUNK)
     o_cb = o_m[:, None] * CHUNK + o_k[None, :]
@@ -139,7 +210,7 @@ def _ssd_chunk_scan_kernel(
         # The loop's loads one source block ahead, into registers (the launch keeps one
         # stage: a pipelined register-operand wgmma races). Block 0 before the loop (x
         # masked off when m0 = 0; the rest lies in this chunk's workspace); the last trip's
-        # loads masked off (no block past m0 is read).
+        # loads masked off (no block past m0 is read). One head a program (ssd_configs).
         n_cb = tl.load(p_cb + o_cb, mask=m_m[:, None], other=0.0)
         n_cs_k = tl.load(p_cs + o_k)
         n_cs_r = tl.load(p_cs + (BLOCK_K - 1))
@@ -165,46 +236,33 @@ def _ssd_chunk_scan_kernel(
     else:
         for k0 in range(0, m0, BLOCK_K):  # every source row < m0 < clen: no masks but rows'
             b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None], other=0.0).to(tl.float32)
-            b_cs_k = tl.load(p_cs + k0 + o_k)
-            b_cs_r = tl.load(p_cs + k0 + (BLOCK_K - 1))
-            b_dt_k = tl.load(p_dt + k0 + o_k)
-            b_rows = tl.exp2(b_cs_m - b_cs_r)
-            b_cols = tl.exp2(b_cs_r - b_cs_k) * b_dt_k
-            b_w = b_cb * b_rows[:, None] * b_cols[None, :]
-            b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_p[None, :], other=0.0)
-            acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
-    # The diagonal block: the decay per element, -inf above the diagonal (no exp2
-    # overflows); the select keeps CB blocks the CB job did not write out of the sum.
+            acc = _off_diagonal(b_cb, p_cs, p_dt, p_x, o_k, o_xk, k0, stride_x_t, b_cs_m, m_p,
+                                acc, BLOCK_K, SPLIT)  # fmt: skip
+            if HEADS == 2:
+                acc1 = _off_diagonal(b_cb, p_cs + CHUNK, p_dt + CHUNK, p_x + stride_x_h, o_k,
+                                     o_xk, k0, stride_x_t, b_cs_m1, m_p, acc1, BLOCK_K,
+                                     SPLIT)  # fmt: skip
     for k0 in range(m0, tl.minimum(m0 + BLOCK_M, clen), BLOCK_K):
         o_s = k0 + o_k
         m_s = o_s < clen
         b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None] & m_s[None, :], other=0.0)
-        b_cs_k = tl.load(p_cs + o_s, mask=m_s, other=0.0)
-        b_dt_k = tl.load(p_dt + o_s, mask=m_s, other=0.0)
+        b_cb = b_cb.to(tl.float32)
         causal = (o_m[:, None] >= o_s[None, :]) & m_s[None, :]
-        b_seg = tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], float("-inf"))
-        b_w = tl.where(causal, b_cb.to(tl.float32) * tl.exp2(b_seg) * b_dt_k[None, :], 0.0)
-        b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_s[:, None] & m_p[None, :], other=0.0)
-        acc = _dot_lhs_f32(b_w, b_x, acc, SPLIT)
+        acc = _diagonal(b_cb, causal, p_cs, p_dt, p_x, o_s, m_s, o_xk, k0, stride_x_t, b_cs_m,
+                        m_p, acc, SPLIT)  # fmt: skip
+        if HEADS == 2:
+            acc1 = _diagonal(b_cb, causal, p_cs + CHUNK, p_dt + CHUNK, p_x + stride_x_h, o_s,
+                             m_s, o_xk, k0, stride_x_t, b_cs_m1, m_p, acc1, SPLIT)  # fmt: skip
 
     m_y = m_m[:, None] & m_p[None, :]
-    if HAS_D:
-        o_xm = o_m[:, None] * stride_x_t + o_p[None, :] * stride_x_p
-        b_x = tl.load(p_x + o_xm, mask=m_y, other=0.0).to(tl.float32)
-        if D_HAS_HDIM:
-            b_D = tl.load(D_ptr + i_h * stride_D_h + o_p * stride_D_p, mask=m_p, other=0.0)
-            acc += b_x * b_D.to(tl.float32)[None, :]
-        else:
-            acc += b_x * tl.load(D_ptr + i_h * stride_D_h).to(tl.float32)
-    if HAS_Z:
-        p_z = z_ptr + row0 * stride_z_t + i_h * stride_z_h
-        p_z = p_z + o_m[:, None] * stride_z_t + o_p[None, :] * stride_z_p
-        b_z = tl.load(p_z, mask=m_y, other=0.0).to(tl.float32)
-        acc = acc * b_z * tl.sigmoid(b_z)
-    acc = tl.where(live, acc, 0.0)
-    p_y = out_ptr + row0 * stride_out_t + i_h * stride_out_h
-    p_y = p_y + o_m[:, None] * stride_out_t + o_p[None, :] * stride_out_p
-    tl.store(p_y, acc.to(out_ptr.dtype.element_ty), mask=m_y)
+    _store_rows(acc, live, i_h, p_x, o_m, o_p, m_y, m_p, z_ptr, D_ptr, out_ptr, row0, stride_x_t,
+                stride_x_p, stride_z_t, stride_z_h, stride_z_p, stride_D_h, stride_D_p,
+                stride_out_t, stride_out_h, stride_out_p, HAS_D, D_HAS_HDIM, HAS_Z)  # fmt: skip
+    if HEADS == 2:
+        _store_rows(acc1, live, i_h + 1, p_x + stride_x_h, o_m, o_p, m_y, m_p, z_ptr, D_ptr,
+                    out_ptr, row0, stride_x_t, stride_x_p, stride_z_t, stride_z_h, stride_z_p,
+                    stride_D_h, stride_D_p, stride_out_t, stride_out_h, stride_out_p, HAS_D,
+                    D_HAS_HDIM, HAS_Z)  # fmt: skip
 
 
 _LAUNCH = CachedLauncher(_ssd_chunk_scan_kernel)
@@ -212,8 +270,9 @@ _LAUNCH = CachedLauncher(_ssd_chunk_scan_kernel)
 
 def chunk_scan_programs(num_chunks: int, nheads: int, headdim: int, chunk_size: int,
                         cfg: dict) -> int:  # fmt: skip
-    """Launch 3's grid: one program per (chunk, head, headdim block, row block)."""
-    return num_chunks * nheads * -(-headdim // cfg["BLOCK_P"]) * -(-chunk_size // cfg["BLOCK_M"])
+    """Launch 3's grid: one program per (chunk, HEADS heads, headdim block, row block)."""
+    heads = nheads // cfg.get("HEADS", 1)
+    return num_chunks * heads * -(-headdim // cfg["BLOCK_P"]) * -(-chunk_size // cfg["BLOCK_M"])
 
 
 def launch_chunk_scan(x, z, C, D, layout, state_indices, has_initial_state, ws, out,

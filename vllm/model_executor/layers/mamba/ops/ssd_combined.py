@@ -147,6 +147,16 @@ def ssd_configs(
         BLOCK_N=block(dstate, passing["BLOCK_N"]),
     )
     scan.setdefault("PREFETCH", False)  # the source loop's loads a block ahead (chunk scan)
+    # Heads per chunk-scan program: 1 or 2, and only where it divides a group's heads (a
+    # program's heads share their CB and C blocks); PREFETCH takes one.
+    heads = scan.setdefault("HEADS", 1)
+    if heads not in (1, 2) or isinstance(heads, bool):
+        raise ValueError(f"SSD launch table entry {key}: chunk_scan HEADS must be 1 or 2, "
+                         f"got {heads!r}")  # fmt: skip
+    if heads == 2 and scan["PREFETCH"]:
+        raise ValueError(f"SSD launch table entry {key}: chunk_scan PREFETCH takes HEADS 1")
+    if (nheads // ngroups) % heads:
+        scan["HEADS"] = 1
     block_m = block(chunk_size, scan["BLOCK_M"])
     scan.update(
         SPLIT=out_dtype == torch.float32,
