@@ -313,6 +313,8 @@ def main(argv=None):
     p.add_argument("--kernels", nargs="+", default=None,
                    help="sweep only these kernels' variants (chunk_state, state_passing, "
                         "chunk_scan, cb); the default configuration is always timed")  # fmt: skip
+    p.add_argument("--with-key", default=None,
+                   help="sweep only the variants that set this launch-table key (e.g. HEADS)")  # fmt: skip
     args = p.parse_args(argv)
     variants = VARIANTS
     if args.kernels:
@@ -320,6 +322,10 @@ def main(argv=None):
         if unknown:
             p.error(f"--kernels: no variants of {sorted(unknown)}")
         variants = [v for v in VARIANTS if v[0] == "default" or v[0] in args.kernels]
+    if args.with_key:
+        variants = [v for v in variants if v[0] == "default" or args.with_key in v[1]]
+        if len(variants) == 1:
+            p.error(f"--with-key: no variant sets {args.with_key}")
     timer = ColdTimer()
     results = {n: measure(n, timer, args.reps, variants, args.upstream_split) for n in args.cases}
     summary = dict(results=results)
