@@ -314,7 +314,7 @@ def main(argv=None):
                    help="sweep only these kernels' variants (chunk_state, state_passing, "
                         "chunk_scan, cb); the default configuration is always timed")  # fmt: skip
     p.add_argument("--with-key", default=None,
-                   help="sweep only the variants that set this launch-table key (e.g. HEADS)")  # fmt: skip
+                   help="sweep only the variants setting this table key (e.g. HEADS)")  # fmt: skip
     args = p.parse_args(argv)
     variants = VARIANTS
     if args.kernels:
