@@ -116,6 +116,7 @@ def tile_of(constexprs: dict) -> str:
         "FUSED",
         "FOLD",
         "PREFETCH",
+        "HEADS",
     )
     short = {"num_warps": "w", "num_stages": "s", "BLOCK_SIZE_": "", "BLOCK_": ""}
     out = []

@@ -88,3 +88,28 @@ def test_chunk_scan_source_loops_are_not_pipelined(table):
         # Codestral (BLOCK_K 32 < BLOCK_M): off-diagonal and diagonal loops; Granite's
         # default.json entry (BLOCK_K = BLOCK_M 64) leaves one loop with a dot.
         assert len([lp for lp in r["loops"] if lp["mma"]]) == (2 if shape == "codestral" else 1)
+
+
+@pytest.fixture(scope="module")
+def one_head(tmp_path_factory) -> dict:
+    return _rows(tmp_path_factory, "chunk_scan.HEADS=1", "chunk_scan.maxnreg=null")
+
+
+@pytest.fixture(scope="module")
+def two_heads(tmp_path_factory) -> dict:
+    return _rows(tmp_path_factory, "chunk_scan.HEADS=2", "chunk_scan.maxnreg=null")
+
+
+def test_chunk_scan_two_heads_share_their_cb_loads(one_head, two_heads):
+    """HEADS 2 (tune_ssd's variants): half the programs, each source trip two heads' dots
+    (twice the HGMMA) from one CB block (fewer than twice the loads and instructions), still
+    the register-operand wgmma, unpipelined and without spills (uncapped)."""
+    one, two = one_head[("codestral", "chunk scan")], two_heads[("codestral", "chunk scan")]
+    assert "HEADS 1" in one["config"] and "HEADS 2" in two["config"]
+    assert two["programs"] * 2 == one["programs"]
+    assert two["dot"] == "wgmma" and two["rs"] > 0 and two["bufs"] == 1 and two["pend"] == 0
+    assert two["stack"] == 0 and two["spill_st"] == 0
+    off_one, off_two = one["loops"][0], two["loops"][0]  # the off-diagonal source loop
+    assert off_two["mma"] == 2 * off_one["mma"]
+    assert off_one["gld"] < off_two["gld"] < 2 * off_one["gld"]
+    assert off_two["instrs"] < 2 * off_one["instrs"]
