@@ -44,15 +44,16 @@ def _off_diagonal(b_cb, p_cs, p_dt, p_x, o_k, o_xk, k0, stride_x_t, b_cs_m, m_p,
 
 
 @triton.jit
-def _diagonal(b_cb, causal, p_cs, p_dt, p_x, o_s, m_s, o_xk, k0, stride_x_t, b_cs_m, m_p, acc,
+def _diagonal(b_cb, o_m, p_cs, p_dt, p_x, o_s, m_s, o_xk, k0, stride_x_t, b_cs_m, m_p, acc,
               SPLIT: tl.constexpr):  # fmt: skip
     """One source block of the diagonal block for one head: the decay per element, -inf
     above the diagonal (no exp2 overflows); the select keeps CB blocks the CB job did not
     write out of the sum."""
     b_cs_k = tl.load(p_cs + o_s, mask=m_s, other=0.0)
     b_dt_k = tl.load(p_dt + o_s, mask=m_s, other=0.0)
+    causal = (o_m[:, None] >= o_s[None, :]) & m_s[None, :]
     b_seg = tl.where(causal, b_cs_m[:, None] - b_cs_k[None, :], float("-inf"))
-    b_w = tl.where(causal, b_cb * tl.exp2(b_seg) * b_dt_k[None, :], 0.0)
+    b_w = tl.where(causal, b_cb.to(tl.float32) * tl.exp2(b_seg) * b_dt_k[None, :], 0.0)
     b_x = tl.load(p_x + k0 * stride_x_t + o_xk, mask=m_s[:, None] & m_p[None, :], other=0.0)
     return _dot_lhs_f32(b_w, b_x, acc, SPLIT)
 
@@ -246,13 +247,11 @@ def _ssd_chunk_scan_kernel(
         o_s = k0 + o_k
         m_s = o_s < clen
         b_cb = tl.load(p_cb + k0 + o_cb, mask=m_m[:, None] & m_s[None, :], other=0.0)
-        b_cb = b_cb.to(tl.float32)
-        causal = (o_m[:, None] >= o_s[None, :]) & m_s[None, :]
-        acc = _diagonal(b_cb, causal, p_cs, p_dt, p_x, o_s, m_s, o_xk, k0, stride_x_t, b_cs_m,
-                        m_p, acc, SPLIT)  # fmt: skip
+        acc = _diagonal(b_cb, o_m, p_cs, p_dt, p_x, o_s, m_s, o_xk, k0, stride_x_t, b_cs_m, m_p,
+                        acc, SPLIT)  # fmt: skip
         if HEADS == 2:
-            acc1 = _diagonal(b_cb, causal, p_cs + CHUNK, p_dt + CHUNK, p_x + stride_x_h, o_s,
-                             m_s, o_xk, k0, stride_x_t, b_cs_m1, m_p, acc1, SPLIT)  # fmt: skip
+            acc1 = _diagonal(b_cb, o_m, p_cs + CHUNK, p_dt + CHUNK, p_x + stride_x_h, o_s, m_s,
+                             o_xk, k0, stride_x_t, b_cs_m1, m_p, acc1, SPLIT)  # fmt: skip
 
     m_y = m_m[:, None] & m_p[None, :]
     _store_rows(acc, live, i_h, p_x, o_m, o_p, m_y, m_p, z_ptr, D_ptr, out_ptr, row0, stride_x_t,
