@@ -343,3 +343,52 @@ def check_against_torch(case: Case, inp: Inputs, device) -> None:
         assert_close(inp.pool[lines].float() / scale, final[live] / scale, "scan", tol)
     for line in sorted(set(range(case.num_lines)) - {inp.lines[i] for i in live}):
         assert torch.equal(inp.pool[line], before[line]), f"line {line} was touched"
+
+
+# Chunk-scan cases for a launch-table key that must not change a bit (PREFETCH, HEADS): with
+# small_blocks' 16-row and 16-source blocks over chunks of 32 and 64, row blocks with 0, 1
+# and several off-diagonal source blocks, chunks shorter than a row block, initial states
+# (the carried dot), z and a per-headdim D (the epilogue), padded sequences, 16-bit inputs.
+SCAN_KEY_CASES = [
+    Case((70,), chunk=64, heads=2, groups=1),  # 4 row blocks: 0-3 source blocks each
+    Case((1, 33, 0, 64, 5), chunk=32, pads=1),  # a 1-row chunk, a chunk of 1, lengths 0
+    Case((40, 90), chunk=64, heads=8, groups=2, init="all", z=True, D2=True),
+    Case((50, 17), chunk=32, dtype=FP16, headdim=16, dstate=32, init="mixed"),
+    Case((45,), chunk=32, dtype=FP16, state_dtype=FP16, strided=True, pads=1),
+]
+
+
+def forget_launches(monkeypatch, launcher) -> None:
+    """``launcher`` (a ``CachedLauncher``) forgets what it launched, so what a test launches
+    next shows in ``launched``."""
+    monkeypatch.setattr(launcher, "seen", set())
+    monkeypatch.setattr(launcher, "cache", {})
+
+
+def launched(launcher, key: str) -> set:
+    """The values of constexpr ``key`` in what ``launcher`` launched (None: not given)."""
+    keys = set(launcher.seen) | set(launcher.cache)
+    return {dict(k[2]).get(key) for k in keys}
+
+
+def assert_scan_key_bit_identical(case: Case, device, monkeypatch, key: str, value) -> None:
+    """The SSD of ``case`` with the chunk scan's launch-table ``key`` at ``value`` (and
+    small_blocks) writes the same bits, outputs and pool, as with the table's own value, and
+    each run launched the value it was given."""
+    from vllm.model_executor.layers.mamba.ops import ssd_chunk_scan
+
+    launcher = ssd_chunk_scan._LAUNCH
+    forget_launches(monkeypatch, launcher)
+    small_blocks(monkeypatch)
+    ref = build(case, device)
+    y0 = run_ssd(case, ref, device)
+    (default,) = launched(launcher, key)
+    assert default != value, f"the table already sets {key} to {value!r}"
+    forget_launches(monkeypatch, launcher)
+    small_blocks(monkeypatch, **{f"chunk_scan__{key}": value})
+    got = build(case, device)
+    y1 = run_ssd(case, got, device)
+    assert launched(launcher, key) == {value}, f"the chunk scan with {key} {value} did not run"
+    rows = slice(case.offset, case.offset + sum(case.lens))
+    assert torch.equal(y1[rows], y0[rows])
+    assert torch.equal(got.pool, ref.pool)

@@ -3,69 +3,48 @@ one group and loads each CB and C block once for both.
 
 Each head's arithmetic and its order are a one-head program's, so outputs and pools must be
 bit-identical to ``HEADS`` 1, here under the interpreter and on the GPU box (the device
-fixture). Blocks of 16 rows and 16 sources over chunks of 32 and 64 give row blocks with 0,
-1 and several off-diagonal source blocks; the cases take initial states (the carried dot
-per head), z and a per-headdim D (the per-head epilogue), padded sequences and 16-bit
-inputs. Each test checks which variant was launched.
+fixture), over ``SCAN_KEY_CASES`` (initial states: the carried dot per head; z and a
+per-headdim D: the per-head epilogue). Each test checks which variant was launched.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.kernels.mamba.ssd_utils import (
+    SCAN_KEY_CASES,
     Case,
+    assert_scan_key_bit_identical,
     build,
     check_against_reference,
-    run_ssd,
+    forget_launches,
+    launched,
     small_blocks,
 )
 from tests.models.mamba2_utils import FP16
 from vllm.model_executor.layers.mamba.ops import ssd_chunk_scan, ssd_combined
 from vllm.model_executor.layers.mamba.ops.ssd_launch import PLANS
 
-CASES = [
-    Case((70,), chunk=64, heads=2, groups=1),  # 4 row blocks: 0-3 source blocks each
-    Case((1, 33, 0, 64, 5), chunk=32, pads=1),  # a 1-row chunk, a chunk of 1, lengths 0
-    Case((40, 90), chunk=64, heads=8, groups=2, init="all", z=True, D2=True),
-    Case((50, 17), chunk=32, dtype=FP16, headdim=16, dstate=32, init="mixed"),
-    Case((45,), chunk=32, dtype=FP16, state_dtype=FP16, strided=True, pads=1),
-]
 TWO = dict(chunk_scan__HEADS=2)
 
 
 def _launched_heads() -> set:
-    keys = set(ssd_chunk_scan._LAUNCH.seen) | set(ssd_chunk_scan._LAUNCH.cache)
-    return {dict(key[2]).get("HEADS") for key in keys}
+    return launched(ssd_chunk_scan._LAUNCH, "HEADS")
 
 
 @pytest.fixture
 def fresh_launcher(monkeypatch):
     """The chunk scan's launcher forgets what it launched, so this test's launch shows."""
-    monkeypatch.setattr(ssd_chunk_scan._LAUNCH, "seen", set())
-    monkeypatch.setattr(ssd_chunk_scan._LAUNCH, "cache", {})
+    forget_launches(monkeypatch, ssd_chunk_scan._LAUNCH)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_two_heads_are_bit_identical(case, device, monkeypatch, fresh_launcher):
-    small_blocks(monkeypatch)
-    ref = build(case, device)
-    y0 = run_ssd(case, ref, device)
-    assert _launched_heads() == {1}
-    monkeypatch.setattr(ssd_chunk_scan._LAUNCH, "seen", set())
-    monkeypatch.setattr(ssd_chunk_scan._LAUNCH, "cache", {})
-    small_blocks(monkeypatch, **TWO)
-    got = build(case, device)
-    y1 = run_ssd(case, got, device)
-    assert _launched_heads() == {2}, "the two-head chunk scan did not run"
-    rows = slice(case.offset, case.offset + sum(case.lens))
-    assert torch.equal(y1[rows], y0[rows])
-    assert torch.equal(got.pool, ref.pool)
+@pytest.mark.parametrize("case", SCAN_KEY_CASES, ids=lambda c: c.id)
+def test_two_heads_are_bit_identical(case, device, monkeypatch):
+    assert_scan_key_bit_identical(case, device, monkeypatch, "HEADS", 2)
 
 
 def test_two_heads_match_the_reference(device, monkeypatch, fresh_launcher, nan_poison):
-    case = CASES[2]
+    case = SCAN_KEY_CASES[2]
     small_blocks(monkeypatch, **TWO)
     check_against_reference(case, build(case, device), device)
     assert _launched_heads() == {2}
