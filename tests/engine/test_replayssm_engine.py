@@ -100,7 +100,7 @@ def test_unset_takes_the_devices_measured_default(device, monkeypatch):
     on = mamba_ssm_replay.default_on(llm.engine.runner.device, config.ssm_state_dtype)
     assert llm.engine.runner.pool.replay_len == (16 if on else 0)
     assert config.use_replayssm is None
-    assert mamba_ssm_replay.default_on(torch.device("cpu")) is False
+    assert mamba_ssm_replay.default_on(torch.device("cpu"), torch.float32) is False
     listed = mamba_ssm_replay._engine_defaults()
     assert listed["NVIDIA_H100_80GB_HBM3"]["use_replayssm"] is True
     for name, entry in listed.items():

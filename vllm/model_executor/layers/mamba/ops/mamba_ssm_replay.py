@@ -365,7 +365,7 @@ def _engine_defaults() -> dict:
         return json.load(f)["devices"]
 
 
-def default_on(device: torch.device, state_dtype: torch.dtype = torch.float32) -> bool:
+def default_on(device: torch.device, state_dtype: torch.dtype) -> bool:
     """Whether ``use_replayssm`` left unset turns replayed decode on for ``device`` and an SSM
     state of ``state_dtype``: only where ``configs/replayssm/engine_default.json`` lists the
     GPU as on (for every state dtype, or for this one: ``{"float32": true, ...}``), where
