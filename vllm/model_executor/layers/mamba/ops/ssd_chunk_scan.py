@@ -140,6 +140,7 @@ def _ssd_chunk_scan_kernel(
     N_PB: tl.constexpr = (HEADDIM + BLOCK_P - 1) // BLOCK_P
     N_HB: tl.constexpr = NHEADS // HEADS
     tl.static_assert((NHEADS // NGROUPS) % HEADS == 0, "HEADS must divide a group's heads")
+    tl.static_assert(HEADS == 1 or not PREFETCH, "PREFETCH takes one head a program")
     i_pid = tl.program_id(0)
     i_mb = N_MB - 1 - i_pid % N_MB
     i_pb = (i_pid // N_MB) % N_PB
