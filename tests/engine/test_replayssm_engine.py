@@ -105,11 +105,12 @@ def test_unset_takes_the_devices_measured_default(device, monkeypatch):
     assert listed["NVIDIA_H100_80GB_HBM3"]["use_replayssm"] is True
     for name, entry in listed.items():
         assert (mamba_ssm_replay.CONFIG_DIR / f"{name}.json").is_file(), name
-        on = entry["use_replayssm"]
-        if isinstance(on, dict):  # per state dtype: torch's names, each True or False
-            assert on and all(isinstance(getattr(torch, k), torch.dtype) for k in on), name
-            on = list(on.values())
-        assert all(isinstance(v, bool) for v in (on if isinstance(on, list) else [on]))
+        by_dtype = entry["use_replayssm"]
+        if not isinstance(by_dtype, dict):  # one value for every state dtype
+            by_dtype = {"float32": by_dtype}
+        # Per state dtype: torch's names, each True or False.
+        assert by_dtype and all(isinstance(getattr(torch, k), torch.dtype) for k in by_dtype)
+        assert all(isinstance(v, bool) for v in by_dtype.values()), name
         assert entry["measured"], name
 
 
